@@ -1,0 +1,1 @@
+"""Client-side NumPyClients: one file per algorithm, plumbing in base.py."""

@@ -1,0 +1,161 @@
+"""Plumbing shared by every client, written once.
+
+:class:`PFLClient` is a ``NumPyClient`` that knows its ``partition-id`` (from the node
+config), reads the run configuration sent by the server with every message, loads its
+local train/test split, builds models on the configured device and keeps personal state
+in ``context.state`` through :class:`ClientState` (which survives rounds in simulation
+and deployment; module globals do not).
+
+Subclasses implement ``fit_round`` (what one round of local training is) and
+``personal_model`` (what is evaluated as this client's personalized model).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from flwr.client import NumPyClient
+from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
+
+from flower_pfl.config import RunConfig
+from flower_pfl.data import ClientData, load_client_data
+from flower_pfl.models import NamedLayers, get_arrays, model_for, resolve_device, set_arrays
+from flower_pfl.training import TrainSpec, evaluate, train
+
+
+class ClientState:
+    """Typed access to ``context.state`` (a RecordDict): arrays and small value dicts."""
+
+    def __init__(self, record_dict) -> None:
+        self.records = record_dict
+
+    def get_arrays(self, key: str) -> list[np.ndarray] | None:
+        if key not in self.records:
+            return None
+        return [a.copy() for a in self.records[key].to_numpy_ndarrays()]
+
+    def set_arrays(self, key: str, arrays: Sequence[np.ndarray]) -> None:
+        self.records[key] = ArrayRecord([np.ascontiguousarray(a) for a in arrays])
+
+    def get_values(self, key: str) -> dict[str, Any] | None:
+        if key not in self.records:
+            return None
+        return dict(self.records[key])
+
+    def set_values(self, key: str, values: Mapping[str, Any]) -> None:
+        self.records[key] = ConfigRecord(OrderedDict(values))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.records
+
+
+_CFG_CACHE: dict[str, RunConfig] = {}
+
+
+def parse_run_config(text: str) -> RunConfig:
+    if text not in _CFG_CACHE:
+        _CFG_CACHE.clear()
+        _CFG_CACHE[text] = RunConfig.from_json(text)
+    return _CFG_CACHE[text]
+
+
+class PFLClient(NumPyClient):
+    """Base NumPyClient: identity, configuration, data, device, state, evaluation."""
+
+    def __init__(self, context: Context) -> None:
+        self.ctx = context
+        if "partition-id" not in context.node_config:
+            raise RuntimeError("this node has no 'partition-id' in its node config; start the "
+                               "SuperNode with --node-config 'partition-id=<i> num-partitions=<n>'")
+        self.pid = int(context.node_config["partition-id"])
+        self.data_root = context.node_config.get("data-root") or os.environ.get("FLOWER_PFL_DATA")
+        self.state = ClientState(context.state)
+        self.cfg: RunConfig | None = None
+        self.data: ClientData | None = None
+        self.device = torch.device("cpu")
+        self.spec: TrainSpec | None = None
+
+    # ------------------------------------------------------------------ subclass hooks
+    def fit_round(self, parameters: NDArrays, config: Mapping[str, Scalar]
+                  ) -> tuple[NDArrays, dict[str, Scalar]]:
+        """One round of local training; returns (arrays to upload, metrics)."""
+        raise NotImplementedError
+
+    def personal_model(self, parameters: NDArrays, config: Mapping[str, Scalar]) -> NamedLayers:
+        """The model evaluated as this client's personalized model."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ Flower methods
+    def get_properties(self, config: Mapping[str, Scalar]) -> dict[str, Scalar]:
+        return {"partition-id": self.pid}
+
+    def fit(self, parameters: NDArrays, config: Mapping[str, Scalar]):
+        self.setup(config)
+        arrays, metrics = self.fit_round(parameters, config)
+        metrics = {"partition-id": self.pid, **metrics}
+        return arrays, self.data.num_train, metrics
+
+    def evaluate(self, parameters: NDArrays, config: Mapping[str, Scalar]):
+        self.setup(config)
+        model = self.personal_model(parameters, config)
+        loss, acc = self.test(model)
+        metrics: dict[str, Scalar] = {"partition-id": self.pid, "accuracy": acc,
+                                      "num-train": self.data.num_train}
+        if config.get("eval-global") and parameters:
+            g_loss, g_acc = self.test(self.new_model(parameters))
+            metrics.update({"global_accuracy": g_acc, "global_loss": g_loss})
+        return loss, self.data.num_test, metrics
+
+    # ------------------------------------------------------------------------ helpers
+    def setup(self, config: Mapping[str, Scalar]) -> None:
+        self.cfg = parse_run_config(str(config["cfg"]))
+        self.data = load_client_data(self.cfg.values, self.pid, self.data_root)
+        self.device = resolve_device(self.cfg["device"])
+        self.spec = TrainSpec.from_config(self.cfg)
+        self.round = int(config.get("round", 0))
+
+    def new_model(self, arrays: Sequence[np.ndarray] | None = None) -> NamedLayers:
+        model = model_for(self.cfg)
+        if arrays is not None and len(arrays):
+            set_arrays(model, arrays)
+        return model.to(self.device)
+
+    def generator(self, salt: int = 0) -> torch.Generator:
+        """Seeded per (run seed, client, round): reproducible mini-batch orders."""
+        g = torch.Generator()
+        g.manual_seed(hash((self.cfg["seed"], self.pid, self.round, salt)) & 0x7FFFFFFF)
+        return g
+
+    def local_train(self, model: NamedLayers, regularizer=None, num_steps: int | None = None,
+                    salt: int = 0) -> dict[str, float]:
+        return train(model, self.data.x_train, self.data.y_train, self.spec,
+                     self.generator(salt), self.device, regularizer=regularizer,
+                     num_steps=num_steps)
+
+    def test(self, model: NamedLayers) -> tuple[float, float]:
+        return evaluate(model, self.data.x_test, self.data.y_test, self.device)
+
+    def save_personal(self, model: NamedLayers, key: str = "personal") -> None:
+        self.state.set_arrays(key, get_arrays(model))
+
+    def load_personal(self, key: str = "personal") -> NamedLayers | None:
+        arrays = self.state.get_arrays(key)
+        return None if arrays is None else self.new_model(arrays)
+
+
+class PersonalStateClient(PFLClient):
+    """Clients whose personalized model lives in ``context.state`` between rounds.
+
+    Evaluation uses the stored personal model; a client that has never trained yet
+    evaluates what the server sent (the global/cloud model), or its initial model.
+    """
+
+    def personal_model(self, parameters, config):
+        model = self.load_personal()
+        if model is not None:
+            return model
+        return self.new_model(parameters if parameters else None)

@@ -1,0 +1,30 @@
+"""FedAvg and FedAvg-FT clients.
+
+FedAvg: start from the global model, run the configured local SGD, upload.  Its
+personalized model IS the global model.  FedAvg-FT: same training; for personalized
+evaluation the global model is first fine-tuned for ``finetune-steps`` mini-batch steps
+on the client's local training data (not kept: the next round starts from the global
+model again).
+"""
+
+from __future__ import annotations
+
+from clients.base import PFLClient
+from flower_pfl.models import get_arrays
+
+
+class FedAvgClient(PFLClient):
+    def fit_round(self, parameters, config):
+        model = self.new_model(parameters)
+        metrics = self.local_train(model)
+        return get_arrays(model), metrics
+
+    def personal_model(self, parameters, config):
+        return self.new_model(parameters)
+
+
+class FedAvgFTClient(FedAvgClient):
+    def personal_model(self, parameters, config):
+        model = self.new_model(parameters)
+        self.local_train(model, num_steps=int(config["finetune-steps"]), salt=1)
+        return model

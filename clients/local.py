@@ -1,0 +1,16 @@
+"""Separate / Local client: trains its own model from the shared initialisation, alone.
+
+The model lives in ``context.state`` between rounds; nothing is uploaded.
+"""
+
+from __future__ import annotations
+
+from clients.base import PersonalStateClient
+
+
+class LocalClient(PersonalStateClient):
+    def fit_round(self, parameters, config):
+        model = self.load_personal() or self.new_model()
+        metrics = self.local_train(model)
+        self.save_personal(model)
+        return [], metrics

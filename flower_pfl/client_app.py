@@ -1,0 +1,44 @@
+"""Flower ClientApp: one NumPyClient per message, chosen by the strategy the server runs.
+
+The server names its strategy and sends the validated run configuration with every
+message, so a SuperNode needs no copy of simulation.yaml; ``client_fn`` returns a thin
+dispatcher that instantiates the registered NumPyClient for that strategy.
+"""
+
+from __future__ import annotations
+
+from flwr.client import ClientApp, NumPyClient
+from flwr.common import Context
+
+from flower_pfl import registry
+
+
+class RegistryClient(NumPyClient):
+    """Delegates each call to the registered client class of the server's strategy."""
+
+    def __init__(self, context: Context) -> None:
+        self.ctx = context
+
+    def _client(self, config) -> NumPyClient:
+        name = config.get("strategy")
+        if name is None:  # handshake: any client answers get_properties the same way
+            from clients.base import PFLClient
+
+            return PFLClient(self.ctx)
+        return registry.get(str(name)).client_cls()(self.ctx)
+
+    def get_properties(self, config):
+        return self._client(config).get_properties(config)
+
+    def fit(self, parameters, config):
+        return self._client(config).fit(parameters, config)
+
+    def evaluate(self, parameters, config):
+        return self._client(config).evaluate(parameters, config)
+
+
+def client_fn(context: Context):
+    return RegistryClient(context).to_client()
+
+
+app = ClientApp(client_fn=client_fn)

@@ -1,0 +1,295 @@
+"""Load and validate ``simulation.yaml``: the one place that knows its schema.
+
+A run is described by one YAML file plus optional ``key=value`` overrides (dotted
+keys, YAML-typed values).  Every problem in the file -- unknown key, wrong type,
+out-of-range value, unknown strategy or hyper-parameter -- is collected and raised
+as ONE :class:`ConfigError` before anything is trained.
+
+The validated result is a :class:`RunConfig`: a frozen, JSON-serialisable view that
+the ServerApp sends to every client, so clients never read files of their own
+(important for real deployment, where client machines hold no copy of the YAML).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
+
+DATASETS = ("fmnist", "mnist", "emnist", "cifar10", "cifar100")
+PARTITIONS = ("iid", "dirichlet", "pathological", "practical")
+MODELS = ("mclr", "dnn", "cnn", "resnet18")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """The run configuration is invalid; the message lists every problem."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One YAML key: its type(s), default, a range check and the allowed values in words."""
+
+    types: tuple[type, ...]
+    default: Any
+    check: Callable[[Any], bool] | None = None
+    allowed: str = ""
+    nullable: bool = False
+
+
+def _in(choices: Sequence[str]) -> Callable[[Any], bool]:
+    return lambda v: v in choices
+
+
+_POS = lambda v: v > 0  # noqa: E731
+_NONNEG = lambda v: v >= 0  # noqa: E731
+_FRACTION = lambda v: 0 < v <= 1  # noqa: E731
+_OPEN_FRACTION = lambda v: 0 < v < 1  # noqa: E731
+
+# Dotted key -> Field.  `strategy` and `hyper` are validated against the registry.
+FIELDS: dict[str, Field] = {
+    "strategy": Field((str,), "fedavg", None, "a registered strategy name"),
+    "rounds": Field((int,), 20, _POS, "an integer >= 1"),
+    "clients": Field((int,), 20, lambda v: v >= 2, "an integer >= 2"),
+    "fraction-fit": Field((float, int), 0.2, _FRACTION, "a number in (0, 1]"),
+    "min-fit-clients": Field((int,), 2, _POS, "an integer >= 1"),
+    "eval-every": Field((int,), 1, _POS, "an integer >= 1"),
+    "eval-global": Field((bool,), True, None, "true or false"),
+    "seed": Field((int,), 0, _NONNEG, "an integer >= 0"),
+    "device": Field((str,), "auto", _in(DEVICES), f"one of {list(DEVICES)}"),
+    "model": Field((str,), "cnn", _in(MODELS), f"one of {list(MODELS)}"),
+    "output-dir": Field((str,), "outputs", None, "a directory path"),
+    "run-name": Field((str,), None, None, "a name for the results folder", nullable=True),
+    "cache-dir": Field((str,), None, None, "a directory for data/partition caches", nullable=True),
+    "data.dataset": Field((str,), "fmnist", _in(DATASETS), f"one of {list(DATASETS)}"),
+    "data.root": Field((str,), None, None, "a directory holding the dataset", nullable=True),
+    "data.partition": Field((str,), "dirichlet", _in(PARTITIONS), f"one of {list(PARTITIONS)}"),
+    "data.alpha": Field((float, int), 0.5, _POS, "a number > 0 (Dirichlet concentration)"),
+    "data.classes-per-client": Field((int,), 2, _POS, "an integer >= 1"),
+    "data.groups": Field((int,), 3, _POS, "an integer >= 1"),
+    "data.dominant-share": Field((float, int), 0.8, _FRACTION, "a number in (0, 1]"),
+    "data.max-train-samples": Field((int,), None, _POS, "an integer >= 1 or null", nullable=True),
+    "data.subsample": Field((int,), None, _POS, "an integer >= 1 or null (pooled samples used)",
+                            nullable=True),
+    "data.test-fraction": Field((float,), 0.25, _OPEN_FRACTION, "a number in (0, 1)"),
+    "data.min-samples": Field((int,), 10, _POS, "an integer >= 1"),
+    "train.epochs": Field((int,), 1, _POS, "an integer >= 1"),
+    "train.steps": Field((int,), None, _POS, "an integer >= 1 or null (null: use epochs)",
+                         nullable=True),
+    "train.batch-size": Field((int,), 32, _POS, "an integer >= 1"),
+    "train.lr": Field((float, int), 0.05, _POS, "a number > 0"),
+    "train.momentum": Field((float, int), 0.0, lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "train.weight-decay": Field((float, int), 0.0, _NONNEG, "a number >= 0"),
+    "client-resources.num-cpus": Field((int,), 1, _POS, "an integer >= 1"),
+    "client-resources.num-gpus": Field((float, int), 0.0, _NONNEG, "a number >= 0 (a GPU fraction)"),
+}
+
+SECTIONS = {"data", "train", "client-resources", "hyper"}
+
+
+def _type_ok(value: Any, field: Field) -> bool:
+    if value is None:
+        return field.nullable
+    if isinstance(value, bool) and bool not in field.types:
+        return False
+    return isinstance(value, field.types)
+
+
+def _type_names(field: Field) -> str:
+    names = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
+    return " or ".join(dict.fromkeys(names[t.__name__] for t in field.types))
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and dotted in SECTIONS:
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _suggest(key: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def parse_overrides(overrides: str | Sequence[str] | None) -> dict[str, Any]:
+    """Parse ``"rounds=5 strategy=fedamp"`` (or a list of such pairs) into a dict.
+
+    Values are parsed as YAML scalars, so ``5`` is an int, ``0.5`` a float, ``null`` None.
+    Pairs are separated by whitespace or ``;``.
+    """
+    if not overrides:
+        return {}
+    if isinstance(overrides, str):
+        items = overrides.replace(";", " ").split()
+    else:
+        items = list(overrides)
+    parsed: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+        key, raw = item.split("=", 1)
+        parsed[key.strip()] = yaml.safe_load(raw) if raw != "" else None
+    return parsed
+
+
+def _apply_overrides(tree: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    tree = copy.deepcopy(tree)
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        node = tree
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    return tree
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A validated run configuration (dotted keys -> values) with the chosen strategy's
+    complete hyper-parameters (registry defaults filled in)."""
+
+    values: Mapping[str, Any]
+    hyper: Mapping[str, Any]
+    source: str = "<dict>"
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @property
+    def strategy(self) -> str:
+        return self.values["strategy"]
+
+    def to_json(self) -> str:
+        return json.dumps({"values": dict(self.values), "hyper": dict(self.hyper),
+                           "source": self.source}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        raw = json.loads(text)
+        return cls(values=raw["values"], hyper=raw["hyper"], source=raw.get("source", "<json>"))
+
+    def with_values(self, **changes: Any) -> "RunConfig":
+        values = dict(self.values)
+        values.update(changes)
+        return RunConfig(values=values, hyper=self.hyper, source=self.source)
+
+
+def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfig:
+    """Validate a parsed YAML tree; raise ONE ConfigError listing every problem."""
+    from flower_pfl.registry import REGISTRY  # local import: registry imports strategies
+
+    problems: list[str] = []
+    tree = dict(tree or {})
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys to values")
+    hyper_tree = tree.pop("hyper", None) or {}
+    flat = _flatten(tree)
+    for section in SECTIONS - {"hyper"}:
+        if section in flat and not isinstance(flat[section], Mapping):
+            problems.append(f"'{section}' must be a mapping, got {flat[section]!r}")
+            flat.pop(section)
+
+    values: dict[str, Any] = {}
+    for key, value in flat.items():
+        if key not in FIELDS:
+            problems.append(f"unknown key '{key}'{_suggest(key, list(FIELDS))}")
+    for key, field in FIELDS.items():
+        value = flat.get(key, field.default)
+        if key in flat and not _type_ok(value, field):
+            problems.append(f"'{key}' = {value!r} has the wrong type: expected {_type_names(field)}"
+                            f" ({field.allowed})")
+            continue
+        if value is not None and field.check is not None and key in flat and not field.check(value):
+            problems.append(f"'{key}' = {value!r} is out of range: allowed is {field.allowed}")
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and float in field.types:
+            value = float(value)
+        values[key] = value
+
+    name = values.get("strategy")
+    if name not in REGISTRY:
+        problems.append(f"unknown strategy '{name}'{_suggest(str(name), list(REGISTRY))}: "
+                        f"allowed are {sorted(REGISTRY)}")
+    hyper: dict[str, Any] = {}
+    if not isinstance(hyper_tree, Mapping):
+        problems.append(f"'hyper' must be a mapping of strategy name -> hyper-parameters, "
+                        f"got {hyper_tree!r}")
+        hyper_tree = {}
+    for strat, params in hyper_tree.items():
+        if strat not in REGISTRY:
+            problems.append(f"'hyper.{strat}': unknown strategy{_suggest(strat, list(REGISTRY))}; "
+                            f"allowed are {sorted(REGISTRY)}")
+            continue
+        if params is None:
+            continue
+        if not isinstance(params, Mapping):
+            problems.append(f"'hyper.{strat}' must be a mapping, got {params!r}")
+            continue
+        checked, errs = REGISTRY[strat].validate_hyper(params, prefix=f"hyper.{strat}")
+        problems.extend(errs)
+        if strat == name:
+            hyper = checked
+    if name in REGISTRY and not hyper:
+        hyper, _ = REGISTRY[name].validate_hyper({}, prefix=f"hyper.{name}")
+
+    if not problems:
+        problems.extend(_cross_checks(values))
+    if problems:
+        raise ConfigError(f"invalid configuration in {source}:\n  - " + "\n  - ".join(problems))
+    return RunConfig(values=values, hyper=hyper, source=source)
+
+
+def _cross_checks(values: Mapping[str, Any]) -> list[str]:
+    problems = []
+    if values["data.partition"] == "pathological" and values["data.classes-per-client"] > 10 \
+            and values["data.dataset"] in ("fmnist", "mnist", "cifar10"):
+        problems.append("'data.classes-per-client' cannot exceed the 10 classes of the dataset")
+    if values["min-fit-clients"] > values["clients"]:
+        problems.append(f"'min-fit-clients' = {values['min-fit-clients']} exceeds 'clients' = "
+                        f"{values['clients']}")
+    return problems
+
+
+def load(path: str | Path, overrides: str | Sequence[str] | Mapping[str, Any] | None = None
+         ) -> RunConfig:
+    """Read a YAML file, apply ``key=value`` overrides and validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"configuration file not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    if overrides:
+        mapping = overrides if isinstance(overrides, Mapping) else parse_overrides(overrides)
+        tree = _apply_overrides(tree, mapping)
+    return validate(tree, source=str(path))
+
+
+def resolve_config_path(name: str, app_dir: Path | None = None) -> Path:
+    """Find a config file: absolute, relative to the cwd, or relative to the app directory."""
+    path = Path(name).expanduser()
+    if path.is_absolute():
+        return path
+    candidates = [Path.cwd() / path]
+    if app_dir is not None:
+        candidates.append(app_dir / path)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise ConfigError(f"configuration file '{name}' not found (looked in "
+                      f"{', '.join(str(c.parent) for c in candidates)})")

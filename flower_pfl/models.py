@@ -1,0 +1,146 @@
+"""Models with named layers: MCLR, DNN (MLP), a small CNN and ResNet-18.
+
+Every model exposes ``layer_names()``: the ordered names of its parameterised layers
+(the units PLGU scores and FedRep splits into body/head).  What travels between
+server and clients is :func:`get_arrays` -- the floating-point entries of the
+state_dict in order (integer buffers such as BatchNorm's step counter stay local).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class NamedLayers(nn.Module):
+    """Base: ``layer_names()`` lists the child modules that hold parameters, in order."""
+
+    def layer_names(self) -> list[str]:
+        names = []
+        for name, module in self.named_modules():
+            if name and any(True for _ in module.parameters(recurse=False)):
+                names.append(name)
+        return names
+
+
+class MCLR(NamedLayers):
+    """Multinomial logistic regression (pFedMe / pFedBreD's MCLR)."""
+
+    def __init__(self, in_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(int(np.prod(in_shape)), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+class DNN(NamedLayers):
+    """Two-layer perceptron: input -> 200 (ReLU) -> classes (pFedMe's DNN shape)."""
+
+    def __init__(self, in_shape: Sequence[int], num_classes: int, hidden: int = 200) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(int(np.prod(in_shape)), hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+class CNN(NamedLayers):
+    """Two 5x5 conv layers (16, 32 channels) with max-pooling, then 128 -> classes.
+
+    Fits 28x28x1 (FMNIST, MNIST, EMNIST) and 32x32x3 (CIFAR) inputs; about 80k
+    parameters on FMNIST, small enough for hundreds of CPU clients.
+    """
+
+    def __init__(self, in_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        channels, height, _ = in_shape
+        self.conv1 = nn.Conv2d(channels, 16, 5)
+        self.conv2 = nn.Conv2d(16, 32, 5)
+        side = ((height - 4) // 2 - 4) // 2
+        self.fc1 = nn.Linear(32 * side * side, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+class ResNet18(NamedLayers):
+    """torchvision's ResNet-18 with a CIFAR stem (3x3 conv, no max-pool), for GPU runs."""
+
+    def __init__(self, in_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        from torchvision.models import resnet18
+
+        net = resnet18(weights=None, num_classes=num_classes)
+        net.conv1 = nn.Conv2d(in_shape[0], 64, 3, 1, 1, bias=False)
+        net.maxpool = nn.Identity()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+MODELS = {"mclr": MCLR, "dnn": DNN, "cnn": CNN, "resnet18": ResNet18}
+
+
+def build_model(name: str, in_shape: Sequence[int], num_classes: int, seed: int) -> NamedLayers:
+    """Build a model with seeded initial weights (same seed -> same weights everywhere)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model '{name}'; allowed: {sorted(MODELS)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MODELS[name](in_shape, num_classes)
+
+
+def _float_items(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
+
+
+def array_names(model: nn.Module) -> list[str]:
+    return [k for k, _ in _float_items(model)]
+
+
+def get_arrays(model: nn.Module) -> list[np.ndarray]:
+    """Floating-point state (parameters and float buffers) as numpy arrays, in order."""
+    return [v.detach().cpu().numpy().copy() for _, v in _float_items(model)]
+
+
+def set_arrays(model: nn.Module, arrays: Sequence[np.ndarray]) -> None:
+    """Load arrays produced by :func:`get_arrays` (same order) into ``model``."""
+    items = _float_items(model)
+    if len(items) != len(arrays):
+        raise ValueError(f"expected {len(items)} arrays for this model, got {len(arrays)}")
+    with torch.no_grad():
+        for (name, tensor), array in zip(items, arrays):
+            if tuple(tensor.shape) != tuple(np.shape(array)):
+                raise ValueError(f"shape mismatch for '{name}': model {tuple(tensor.shape)}, "
+                                 f"received {tuple(np.shape(array))}")
+            tensor.copy_(torch.as_tensor(np.asarray(array), dtype=tensor.dtype))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but CUDA is not available on this node")
+    return torch.device(name)
+
+
+def model_for(cfg) -> NamedLayers:
+    """The configured model with the run's seeded initial weights."""
+    from flower_pfl.data import NUM_CLASSES, input_shape
+
+    dataset = cfg["data.dataset"]
+    return build_model(cfg["model"], input_shape(dataset), NUM_CLASSES[dataset], cfg["seed"])
+
+
+def initial_arrays(cfg) -> list[np.ndarray]:
+    """The initial global model every client starts from (same on server and clients)."""
+    return get_arrays(model_for(cfg))

@@ -1,0 +1,104 @@
+"""Local training and evaluation loops shared by every client.
+
+Data stays in memory as tensors (client datasets are small), so mini-batches are
+index slices of a seeded permutation -- no DataLoader workers to start per round.
+Regularisers are added to the loss, so they are differentiated like the data term:
+``prox_penalty`` is the squared proximal term ``coef/2 * ||w - center||^2`` used by
+FedAMP (coef = lambda/alpha_k), FedProx, pFedMe and Ditto.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """How many local updates and with what optimiser settings."""
+
+    lr: float
+    batch_size: int
+    epochs: int = 1
+    steps: int | None = None  # if set, overrides epochs: exactly this many mini-batches
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg) -> "TrainSpec":
+        return cls(lr=cfg["train.lr"], batch_size=cfg["train.batch-size"],
+                   epochs=cfg["train.epochs"], steps=cfg["train.steps"],
+                   momentum=cfg["train.momentum"], weight_decay=cfg["train.weight-decay"])
+
+    def num_steps(self, num_samples: int) -> int:
+        if self.steps is not None:
+            return self.steps
+        return self.epochs * max(1, -(-num_samples // self.batch_size))
+
+
+def batches(num_samples: int, batch_size: int, num_steps: int,
+            generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Yield ``num_steps`` index batches, reshuffling after each pass over the data."""
+    perm = torch.randperm(num_samples, generator=generator)
+    pos = 0
+    for _ in range(num_steps):
+        if pos >= num_samples:
+            perm, pos = torch.randperm(num_samples, generator=generator), 0
+        yield perm[pos:pos + batch_size]
+        pos += batch_size
+
+
+def prox_penalty(model: nn.Module, center: Sequence[torch.Tensor], coef: float) -> torch.Tensor:
+    """``coef/2 * sum ||p - c||^2`` over the parameters; its gradient is ``coef * (p - c)``."""
+    terms = [((p - c) ** 2).sum() for p, c in zip(model.parameters(), center)]
+    return 0.5 * coef * torch.stack(terms).sum()
+
+
+def params_of(model: nn.Module) -> list[torch.Tensor]:
+    """Detached copies of the trainable parameters (e.g. a prox center)."""
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
+          generator: torch.Generator, device: torch.device,
+          regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
+          num_steps: int | None = None) -> dict[str, float]:
+    """Mini-batch SGD on cross-entropy (+ ``regularizer(model)``); returns mean losses."""
+    model.to(device).train()
+    opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum,
+                          weight_decay=spec.weight_decay)
+    steps = num_steps if num_steps is not None else spec.num_steps(len(y))
+    total, total_reg = 0.0, 0.0
+    for idx in batches(len(y), spec.batch_size, steps, generator):
+        xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
+        loss = F.cross_entropy(model(xb), yb)
+        total += float(loss.detach())
+        if regularizer is not None:
+            reg = regularizer(model)
+            total_reg += float(reg.detach())
+            loss = loss + reg
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return {"train_loss": total / max(steps, 1), "reg_loss": total_reg / max(steps, 1),
+            "local_steps": float(steps)}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+             batch_size: int = 1024) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of ``model`` on (x, y)."""
+    model.to(device).eval()
+    loss, correct = 0.0, 0
+    for start in range(0, len(y), batch_size):
+        xb = x[start:start + batch_size].to(device)
+        yb = y[start:start + batch_size].to(device)
+        out = model(xb)
+        loss += float(F.cross_entropy(out, yb, reduction="sum"))
+        correct += int((out.argmax(1) == yb).sum())
+    n = max(len(y), 1)
+    return loss / n, correct / n

@@ -1,0 +1,1 @@
+"""Server-side strategies: one file per algorithm, plumbing in base.py."""

@@ -1,0 +1,41 @@
+"""FedAvg (McMahan et al., AISTATS 2017) and FedAvg + local fine-tuning (FedAvg-FT).
+
+Global update: w <- sum_i (n_i / n) w_i over the clients of the round (Algorithm 1 of
+McMahan et al.).  FedAvg-FT (the fine-tuning baseline of FedAMP's tables) trains the
+same way; its clients fine-tune the global model before personalized evaluation.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from strategies.base import ClientUpdate, PersonalizedStrategy
+
+
+def weighted_average(arrays: Sequence[Sequence[np.ndarray]], weights: Sequence[float]
+                     ) -> list[np.ndarray]:
+    """sum_i w_i * arrays_i / sum_i w_i, layer by layer (float64 accumulation)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.sum() <= 0:
+        raise ValueError("weights must have a positive sum")
+    w = w / w.sum()
+    return [np.tensordot(w, np.stack([a[k] for a in arrays]).astype(np.float64), axes=1)
+            .astype(np.float32) for k in range(len(arrays[0]))]
+
+
+class FedAvg(PersonalizedStrategy):
+    """Sample-weighted mean of the sampled clients' models."""
+
+    def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        self.global_arrays = weighted_average([u.arrays for u in updates],
+                                              [u.num_examples for u in updates])
+
+
+class FedAvgFT(FedAvg):
+    """FedAvg whose clients fine-tune the global model before personalized evaluation."""
+
+    def eval_payload(self, pid, server_round):
+        arrays, extra = super().eval_payload(pid, server_round)
+        return arrays, {**extra, "finetune-steps": int(self.hyper["finetune-steps"])}

@@ -1,0 +1,19 @@
+"""Separate / Local training: each client trains only its own model; nothing is exchanged.
+
+The baseline every pFL paper compares against (FedAMP's "Separate").  The server only
+schedules rounds and collects evaluations; no weights travel in either direction.
+"""
+
+from __future__ import annotations
+
+from strategies.base import PersonalizedStrategy
+
+
+class Local(PersonalizedStrategy):
+    has_global_model = False
+
+    def fit_payload(self, pid, server_round):
+        return [], {}
+
+    def eval_payload(self, pid, server_round):
+        return [], {}
