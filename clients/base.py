@@ -96,6 +96,10 @@ class PFLClient(NumPyClient):
     def fit(self, parameters: NDArrays, config: Mapping[str, Scalar]):
         self.setup(config)
         arrays, metrics = self.fit_round(parameters, config)
+        meta = self.state.get_values("meta") or {"fit-rounds": 0}
+        meta["fit-rounds"] = int(meta["fit-rounds"]) + 1  # survives rounds: context.state
+        meta["last-round"] = self.round
+        self.state.set_values("meta", meta)
         metrics = {"partition-id": self.pid, **metrics}
         return arrays, self.data.num_train, metrics
 
@@ -103,8 +107,10 @@ class PFLClient(NumPyClient):
         self.setup(config)
         model = self.personal_model(parameters, config)
         loss, acc = self.test(model)
+        meta = self.state.get_values("meta") or {"fit-rounds": 0}
         metrics: dict[str, Scalar] = {"partition-id": self.pid, "accuracy": acc,
-                                      "num-train": self.data.num_train}
+                                      "num-train": self.data.num_train,
+                                      "fit-rounds": int(meta["fit-rounds"])}
         if config.get("eval-global") and parameters:
             g_loss, g_acc = self.test(self.new_model(parameters))
             metrics.update({"global_accuracy": g_acc, "global_loss": g_loss})

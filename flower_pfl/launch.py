@@ -27,6 +27,7 @@ import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -200,12 +201,20 @@ def run_status(run_id: str, env: dict) -> str:
     return runs[0]["status"] if runs else "unknown"
 
 
+@dataclass
+class RunOutcome:
+    status: str
+    run_id: str | None
+    pids: set[int]  # every process the run started (all stopped when this returns)
+
+
 def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequence[str],
                    results_dir: Path, app_dir: Path = APP_DIR, timeout_s: float | None = None,
-                   echo: bool = True) -> str:
-    """Run ``cfg`` through ``flwr run`` in Ray simulation; return the final status.
+                   echo: bool = True, num_supernodes: int | None = None) -> RunOutcome:
+    """Run ``cfg`` through ``flwr run`` in Ray simulation and stop everything it started.
 
-    Raises LaunchError if the run did not complete.
+    ``num_supernodes`` defaults to the YAML's ``clients`` (only tests set another value).
+    Raises LaunchError if the run did not reach ``finished:completed``.
     """
     results_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="flower-pfl-"))
@@ -214,7 +223,7 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
         f"config-file = {toml_string(str(config_path.resolve()))}\n"
         f"overrides = {toml_string(' '.join(overrides))}\n"
         f"results-dir = {toml_string(str(results_dir.resolve()))}\n")
-    federation = (f"num-supernodes={cfg['clients']} "
+    federation = (f"num-supernodes={num_supernodes or cfg['clients']} "
                   f"client-resources-num-cpus={cfg['client-resources.num-cpus']} "
                   f"client-resources-num-gpus={cfg['client-resources.num-gpus']}")
     log_path = results_dir / "flwr-run.log"
@@ -228,7 +237,7 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
         shutil.rmtree(workdir, ignore_errors=True)
     if status != "finished:completed":
         raise LaunchError(f"run {run_id or '?'} ended with status '{status}'; see {log_path}")
-    return status
+    return RunOutcome(status, run_id, set(procs.known))
 
 
 def _stream(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s: float | None,

@@ -170,7 +170,10 @@ class PersonalizedStrategy(Strategy):
             self.store.last_round[pid] = server_round
         if failures:
             log(WARNING, "[flower-pfl] round %d: %d client(s) failed in fit: %s", server_round,
-                len(failures), [repr(f)[:200] for f in failures[:3]])
+                len(failures), [repr(f)[:300] for f in failures[:3]])
+            if not results:
+                raise RuntimeError(f"round {server_round}: every sampled client failed; first "
+                                   f"failure: {failures[0]!r:.1000}")
         started = time.perf_counter()
         if updates:
             self.aggregate_updates(server_round, sorted(updates, key=lambda u: u.pid))
@@ -287,7 +290,8 @@ def _client_row(res: EvaluateRes) -> dict[str, Any]:
     m = res.metrics
     row: dict[str, Any] = {"partition-id": int(m["partition-id"]), "accuracy": float(m["accuracy"]),
                            "loss": float(res.loss), "num-test": int(res.num_examples),
-                           "num-train": int(m.get("num-train", 0))}
+                           "num-train": int(m.get("num-train", 0)),
+                           "fit-rounds": int(m.get("fit-rounds", 0))}
     if "global_accuracy" in m:
         row["global_accuracy"] = float(m["global_accuracy"])
         row["global_loss"] = float(m["global_loss"])

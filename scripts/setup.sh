@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up flower-pfl on a fresh Debian machine: the Fashion-MNIST Debian package and a
+# virtual environment (.venv) with the project and its test extra. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! dpkg -s dataset-fashion-mnist >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+# torch/torchvision pinned to the releases this project is tested with (pyproject.toml).
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 \
+  | { grep -v "^WARNING: Location" || true; }
+echo "setup: OK ($(.venv/bin/python -c 'import flwr, torch; print("flwr", flwr.__version__, "torch", torch.__version__)'))"

@@ -1,0 +1,31 @@
+"""Shared fixtures: a per-session cache (FMNIST IDX copy, partitions) and small configs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cache")
+    os.environ["FLOWER_PFL_CACHE"] = str(path)
+    return path
+
+
+def small_config(**overrides):
+    """A validated config on a small real FMNIST subset."""
+    from flower_pfl import config
+
+    tree = {"rounds": 3, "clients": 10, "fraction-fit": 1.0, "model": "cnn", "seed": 0,
+            "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 6000},
+            "train": {"epochs": 1, "batch-size": 32, "lr": 0.05}}
+    for key, value in overrides.items():
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return config.validate(tree, source="test")

@@ -1,0 +1,96 @@
+"""simulation.yaml validation: good files load, every bad input gives ONE clear error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flower_pfl import config
+from flower_pfl.config import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_repo_simulation_yaml_is_valid():
+    cfg = config.load(REPO / "simulation.yaml")
+    assert cfg.strategy in ("fedavg", "local", "fedavg-ft", "fedamp", "heurfedamp", "fedacs")
+    assert cfg["clients"] >= 2 and cfg["data.dataset"] == "fmnist"
+
+
+def test_defaults_fill_missing_keys_and_hyper():
+    cfg = config.validate({"strategy": "fedavg-ft"})
+    assert cfg["rounds"] == config.FIELDS["rounds"].default
+    assert cfg.hyper == {"finetune-steps": 10}
+    assert isinstance(cfg["train.lr"], float)
+
+
+@pytest.mark.parametrize("tree, needle", [
+    ({"roundz": 3}, "unknown key 'roundz' (did you mean 'rounds'?)"),
+    ({"rounds": "ten"}, "'rounds' = 'ten' has the wrong type"),
+    ({"rounds": 0}, "'rounds' = 0 is out of range: allowed is an integer >= 1"),
+    ({"fraction-fit": 1.5}, "'fraction-fit' = 1.5 is out of range"),
+    ({"rounds": True}, "'rounds' = True has the wrong type"),
+    ({"strategy": "fedavgg"}, "unknown strategy 'fedavgg' (did you mean 'fedavg'?)"),
+    ({"data": {"partition": "shards"}}, "'data.partition' = 'shards' is out of range"),
+    ({"data": {"alpha": -1}}, "'data.alpha' = -1 is out of range"),
+    ({"data": {"datset": "fmnist"}}, "unknown key 'data.datset'"),
+    ({"hyper": {"fedavg-ft": {"finetune": 3}}}, "'hyper.fedavg-ft.finetune' is not a hyper-parameter"),
+    ({"hyper": {"fedavg-ft": {"finetune-steps": 0}}}, "'hyper.fedavg-ft.finetune-steps' = 0"),
+    ({"hyper": {"nope": {}}}, "'hyper.nope': unknown strategy"),
+    ({"min-fit-clients": 30, "clients": 20}, "'min-fit-clients' = 30 exceeds 'clients' = 20"),
+    ({"client-resources": {"num-gpus": -0.5}}, "'client-resources.num-gpus' = -0.5"),
+])
+def test_bad_input_gives_one_clear_error(tree, needle):
+    with pytest.raises(ConfigError) as info:
+        config.validate(tree, source="bad.yaml")
+    message = str(info.value)
+    assert needle in message
+    assert message.startswith("invalid configuration in bad.yaml")
+
+
+def test_all_problems_reported_together():
+    with pytest.raises(ConfigError) as info:
+        config.validate({"rounds": -1, "seeds": 3, "strategy": "x"})
+    message = str(info.value)
+    assert "'rounds'" in message and "'seeds'" in message and "unknown strategy 'x'" in message
+
+
+def test_file_and_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"strategy": "fedavg", "rounds": 4, "data": {"alpha": 0.3}}))
+    cfg = config.load(path, "rounds=7 data.alpha=0.1 strategy=local")
+    assert (cfg["rounds"], cfg["data.alpha"], cfg.strategy) == (7, 0.1, "local")
+    assert config.load(path, ["rounds=2"])["rounds"] == 2
+    with pytest.raises(ConfigError, match="'rounds' = 'x'"):
+        config.load(path, "rounds=x")
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        config.parse_overrides("rounds")
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rounds: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        config.load(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        config.load(tmp_path / "missing.yaml")
+
+
+def test_json_round_trip():
+    cfg = config.validate({"strategy": "fedavg-ft", "rounds": 2})
+    again = config.RunConfig.from_json(cfg.to_json())
+    assert dict(again.values) == dict(cfg.values) and dict(again.hyper) == dict(cfg.hyper)
+
+
+def test_cli_validate_reports_error_before_anything_starts(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("strategy: fedamq\nrounds: 0\n")
+    out = subprocess.run([sys.executable, "-m", "flower_pfl.launch", "run", "--config", str(bad)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "unknown strategy 'fedamq'" in out.stderr and "'rounds' = 0" in out.stderr
+    assert "SuperLink" not in out.stdout + out.stderr

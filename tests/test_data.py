@@ -1,0 +1,116 @@
+"""Partitions on real Fashion-MNIST: each one's label distribution is what it claims."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flower_pfl import data
+from tests.conftest import small_config
+
+
+@pytest.fixture(scope="module")
+def labels():
+    x, y = data.load_pooled("fmnist")
+    assert x.shape == (70000, 1, 28, 28) and x.dtype == np.uint8
+    assert np.bincount(y).tolist() == [7000] * 10  # the real FMNIST: 7k per class
+    return y
+
+
+def _client_labels(part, y, i):
+    return y[np.concatenate([part.train[i], part.test[i]])]
+
+
+def _check_disjoint(part, n_pool):
+    every = np.concatenate(part.train + part.test)
+    assert len(np.unique(every)) == len(every), "a sample is held by two clients/splits"
+    assert every.max() < n_pool
+
+
+def test_pathological_has_exactly_k_classes(labels):
+    for k in (2, 3):
+        cfg = small_config(**{"clients": 20, "data.partition": "pathological",
+                              "data.classes-per-client": k, "data.subsample": 20000}).values
+        part = data.make_partition(labels, cfg)
+        for i in range(20):
+            assert len(np.unique(labels[part.train[i]])) == k
+            assert set(labels[part.test[i]]) <= set(labels[part.train[i]])
+        _check_disjoint(part, len(labels))
+
+
+def test_practical_groups_hold_dominant_share(labels):
+    for share in (0.8, 0.6):
+        cfg = small_config(**{"clients": 12, "data.partition": "practical", "data.groups": 3,
+                              "data.dominant-share": share, "data.subsample": 30000}).values
+        part = data.make_partition(labels, cfg)
+        groups = data.group_of_clients(12, 3)
+        dominant = np.array_split(np.arange(10), 3)
+        sizes = {}
+        for i in range(12):
+            lab = _client_labels(part, labels, i)
+            in_dom = np.isin(lab, dominant[groups[i]]).mean()
+            assert abs(in_dom - share) <= 1.0 / len(lab) + 1e-9, (i, in_dom)
+            assert len(np.unique(lab)) == 10  # every client sees all classes
+            sizes.setdefault(groups[i], set()).add(len(lab))
+        # group-specific sample counts, decreasing with the group index (FedAMP sec. 7)
+        assert max(sizes[0]) > max(sizes[1]) > max(sizes[2])
+        _check_disjoint(part, len(labels))
+
+
+def test_cap_on_train_samples(labels):
+    cfg = small_config(**{"clients": 10, "data.max-train-samples": 50}).values
+    part = data.make_partition(labels, cfg)
+    assert all(len(t) == 50 for t in part.train)
+    assert all(len(t) > 0 for t in part.test)
+
+
+def test_iid_vs_dirichlet_label_skew(labels):
+    def mean_tv(partition):
+        cfg = small_config(**{"clients": 20, "data.partition": partition, "data.alpha": 0.1,
+                              "data.subsample": 20000}).values
+        part = data.make_partition(labels, cfg)
+        tvs = []
+        for i in range(20):
+            hist = np.bincount(_client_labels(part, labels, i), minlength=10) / \
+                len(_client_labels(part, labels, i))
+            tvs.append(0.5 * np.abs(hist - 0.1).sum())
+        return np.mean(tvs)
+
+    assert mean_tv("iid") < 0.1
+    assert mean_tv("dirichlet") > 0.5
+
+
+def test_same_seed_same_partition_other_seed_differs(labels):
+    cfg = small_config(**{"data.partition": "dirichlet"}).values
+    a, b = data.make_partition(labels, cfg), data.make_partition(labels, cfg)
+    assert all(np.array_equal(x, y) for x, y in zip(a.train + a.test, b.train + b.test))
+    c = data.make_partition(labels, small_config(**{"seed": 1}).values)
+    assert not all(np.array_equal(x, y) for x, y in zip(a.train, c.train))
+
+
+def test_partition_cache_round_trip(labels):
+    cfg = small_config(**{"data.partition": "iid", "seed": 5}).values
+    first = data.get_partition(cfg, labels)
+    data._PARTITIONS.clear()  # force the disk copy
+    second = data.get_partition(cfg, labels)
+    assert all(np.array_equal(x, y) for x, y in zip(first.train + first.test,
+                                                   second.train + second.test))
+
+
+def test_client_data_tensors(labels):
+    cfg = small_config().values
+    cd = data.load_client_data(cfg, 3)
+    part = data.get_partition(cfg, labels)
+    assert cd.num_train == len(part.train[3]) and cd.num_test == len(part.test[3])
+    assert tuple(cd.x_train.shape[1:]) == (1, 28, 28)
+    assert abs(float(cd.x_train.mean())) < 1.0  # normalised
+    with pytest.raises(data.DataError, match="outside"):
+        data.load_client_data(cfg, 99)
+
+
+def test_offline_dataset_error_is_clear(tmp_path, monkeypatch):
+    # CIFAR-10 is not on this machine and there is no internet in CI: the error says why.
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
+    with pytest.raises(data.DataError, match="could not load dataset 'cifar10'"):
+        data.load_pooled("cifar10", root=str(tmp_path))

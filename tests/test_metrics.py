@@ -1,0 +1,39 @@
+"""Statistics of per-client accuracies against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from flower_pfl.metrics import best_mean, summarize, tail_count
+
+
+def test_summarize_by_hand():
+    accs = [0.5, 1.0, 0.25, 0.75]
+    n_test = [10, 30, 20, 40]
+    s = summarize(accs, n_test)
+    assert s["mean"] == pytest.approx(0.625)
+    # weighted: (5 + 30 + 5 + 30) / 100
+    assert s["weighted_mean"] == pytest.approx(0.70)
+    assert s["std"] == pytest.approx(math.sqrt(((-.125) ** 2 + .375 ** 2 + .375 ** 2 + .125 ** 2) / 4))
+    assert s["worst10_mean"] == 0.25 and s["top10_mean"] == 1.0  # ceil(0.4) = 1 client
+    assert (s["min"], s["max"]) == (0.25, 1.0)
+
+
+def test_tails_over_more_clients():
+    accs = [i / 20 for i in range(20)]  # 0.00 .. 0.95
+    s = summarize(accs)
+    assert tail_count(20) == 2
+    assert s["worst10_mean"] == pytest.approx((0.0 + 0.05) / 2)
+    assert s["top10_mean"] == pytest.approx((0.90 + 0.95) / 2)
+    assert tail_count(11) == 2 and tail_count(10) == 1
+
+
+def test_bmta_is_best_round_mean():
+    assert best_mean([{"mean": 0.4}, {"mean": 0.7}, {"mean": 0.6}]) == 0.7
+
+
+def test_empty_is_an_error():
+    with pytest.raises(ValueError):
+        summarize([])
