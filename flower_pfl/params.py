@@ -98,7 +98,7 @@ class ModelMatrix:
         if len(np.unique(rows)) != len(rows):
             raise ValueError("duplicate rows in one update")
         vectors = np.asarray(vectors, dtype=np.float32).reshape(len(rows), self.dim)
-        np.subtract(vectors, self.reference, out=self.centered[rows])
+        self.centered[rows] = vectors - self.reference  # (fancy-indexed: assign, not out=)
         block = self.centered[rows] @ self.centered.T  # (s, n): the O(s n d) part
         self.gram_c[rows, :] = block
         self.gram_c[:, rows] = block.T

@@ -22,17 +22,21 @@ def _write(tmp_path: Path, tree) -> Path:
     return path
 
 
-def test_flwr_run_simulation_end_to_end(tmp_path):
+@pytest.mark.parametrize("strategy", ["fedavg-ft", "fedamp", "heurfedamp"])
+def test_flwr_run_simulation_end_to_end(strategy, tmp_path):
     path = _write(tmp_path, TINY)
-    cfg = config.load(path, ["strategy=fedavg-ft"])
-    out = run_simulation(cfg, path, ["strategy=fedavg-ft"], tmp_path / "res", echo=False,
+    cfg = config.load(path, [f"strategy={strategy}"])
+    out = run_simulation(cfg, path, [f"strategy={strategy}"], tmp_path / "res", echo=False,
                          timeout_s=600)
     assert out.status == "finished:completed"
     assert out.pids and not any(_alive(p) for p in out.pids), "processes left running"
     summary = json.loads((tmp_path / "res" / "summary.json").read_text())
     assert summary["status"] == "completed" and len(summary["rounds"]) == 3
     assert json.loads((tmp_path / "res" / "config.json").read_text())["values"]["strategy"] \
-        == "fedavg-ft"  # the override reached the ServerApp
+        == strategy  # the override reached the ServerApp
+    if strategy != "fedavg-ft":  # the attention matrix of the last round (FedAMP Figure 3)
+        assert (tmp_path / "res" / "attention.npy").exists()
+        assert (tmp_path / "res" / "attention.png").exists()
     with open(tmp_path / "res" / "clients.csv") as fh:
         rows = list(csv.DictReader(fh))
     last = [r for r in rows if r["round"] == "3"]

@@ -1,0 +1,99 @@
+"""Attention weights of FedAMP, HeurFedAMP and FedACS -- pure numpy, no Flower.
+
+All functions take rows of a pairwise matrix (``rows[k]`` = client ``self_idx[k]``
+against all n stored clients) and a boolean ``peers`` mask over the n clients (the
+clients whose model the server holds).  They return a weight matrix ``Xi`` of shape
+(len(rows), n) whose rows sum to 1 and are zero outside ``peers`` and the client itself;
+the personalized cloud/intermediate models are then ``U = Xi @ W`` (one matmul, see
+:meth:`flower_pfl.params.ModelMatrix.combine`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class DegenerateAttention(ValueError):
+    """The hyper-parameters switch the attention mechanism off (e.g. every weight underflows)."""
+
+
+def _others(peers: np.ndarray, self_idx: np.ndarray) -> np.ndarray:
+    """(m, n) mask: peer j of row k, excluding the client itself."""
+    mask = np.broadcast_to(np.asarray(peers, dtype=bool), (len(self_idx), len(peers))).copy()
+    mask[np.arange(len(self_idx)), self_idx] = False
+    return mask
+
+
+def fedamp_alpha_bound(sigma: float, num_others: int) -> float:
+    """Largest alpha_k that keeps every xi_ii >= 0 whatever the distances.
+
+    A'(x) = exp(-x/sigma)/sigma <= 1/sigma, so sum_{j!=i} xi_ij <= alpha_k * m / sigma.
+    """
+    return float("inf") if num_others == 0 else sigma / num_others
+
+
+def fedamp_weights(sq_dist: np.ndarray, self_idx: np.ndarray, peers: np.ndarray,
+                   alpha_k: float, sigma: float) -> np.ndarray:
+    """FedAMP eq. 5/7: xi_ij = alpha_k * A'(||w_i - w_j||^2) with A(x) = 1 - exp(-x/sigma),
+    so A'(x) = exp(-x/sigma)/sigma, for peers j != i; xi_ii = 1 - sum_{j!=i} xi_ij.
+
+    Raises DegenerateAttention when xi_ii < 0 (alpha_k above the bound) or when every
+    off-diagonal weight underflows to 0 although peers exist (sigma far too small:
+    FedAMP would silently run as Local training).
+    """
+    self_idx = np.asarray(self_idx)
+    others = _others(peers, self_idx)
+    xi = np.where(others, alpha_k * np.exp(-np.asarray(sq_dist, dtype=np.float64) / sigma) / sigma,
+                  0.0)
+    off = xi.sum(axis=1)
+    if others.any() and not (xi[others] > 0).any():
+        raise DegenerateAttention(
+            f"FedAMP: every attention weight underflows to 0 (sigma = {sigma:.3g} is tiny next "
+            f"to the squared model distances, median {np.median(sq_dist[others]):.3g}); this "
+            f"would be Local training. Use sigma: auto or a sigma near the squared distances.")
+    if (off > 1.0 + 1e-9).any():
+        raise DegenerateAttention(
+            f"FedAMP: alpha_k = {alpha_k:.3g} makes a self-weight xi_ii negative (sum of "
+            f"messages up to {off.max():.3g}); keep alpha_k <= sigma/(clients-1) = "
+            f"{fedamp_alpha_bound(sigma, int(others.sum(axis=1).max())):.3g} or use alpha-k: auto.")
+    xi[np.arange(len(self_idx)), self_idx] = 1.0 - off
+    return xi
+
+
+def heurfedamp_weights(cosine: np.ndarray, self_idx: np.ndarray, peers: np.ndarray,
+                       sigma: float, self_weight: float) -> np.ndarray:
+    """HeurFedAMP eq. 8: xi_ij = softmax_{j != i}(sigma * cos(w_i, w_j)) * (1 - xi_ii).
+
+    A client with no peers yet keeps all weight on itself (xi_ii = 1).
+    """
+    self_idx = np.asarray(self_idx)
+    others = _others(peers, self_idx)
+    logits = np.where(others, sigma * np.asarray(cosine, dtype=np.float64), -np.inf)
+    has_peer = others.any(axis=1)
+    top = np.where(has_peer, logits.max(axis=1), 0.0)
+    expo = np.where(others, np.exp(logits - top[:, None]), 0.0)  # stable softmax
+    norm = np.where(has_peer, expo.sum(axis=1), 1.0)
+    xi = expo / norm[:, None] * (1.0 - self_weight)
+    xi[np.arange(len(self_idx)), self_idx] = np.where(has_peer, self_weight, 1.0)
+    return xi
+
+
+def quantile_threshold(similarity: np.ndarray, p: float) -> float:
+    """FedACS delta^k: the p-quantile of ALL entries of the similarity matrix S^k."""
+    return float(np.quantile(np.asarray(similarity, dtype=np.float64), p))
+
+
+def fedacs_weights(cosine: np.ndarray, self_idx: np.ndarray, peers: np.ndarray,
+                   delta: float) -> np.ndarray:
+    """FedACS eq. 4: u_i = sum_j 1[s_ij > delta] s_ij w_j / sum_j 1[s_ij > delta] s_ij.
+
+    The client itself is always selected (s_ii = 1 is the largest similarity).  Only
+    positive similarities are used as weights so that u_i stays a convex combination.
+    """
+    self_idx = np.asarray(self_idx)
+    s = np.asarray(cosine, dtype=np.float64)
+    selected = _others(peers, self_idx) & (s > delta) & (s > 0)
+    selected[np.arange(len(self_idx)), self_idx] = True
+    w = np.where(selected, s, 0.0)
+    w[np.arange(len(self_idx)), self_idx] = 1.0  # cos(w_i, w_i)
+    return w / w.sum(axis=1, keepdims=True)

@@ -1,0 +1,94 @@
+"""Shared server plumbing of attentive message passing (FedAMP, HeurFedAMP, FedACS).
+
+The server keeps the latest uploaded model w_i of every client, by partition-id, as a
+row of ONE :class:`~flower_pfl.params.ModelMatrix` (with its incrementally updated Gram
+matrix).  Each round it computes, for the sampled clients only, a weight matrix
+``Xi`` (s x n) from the pairwise matrix rows (``attention``, implemented per paper) and
+their personalized models ``U = Xi @ W`` in one matrix product, and sends each client
+ITS u_i.
+
+Clients that have never uploaded are represented by the initial model (their W^0
+column) and are not used as peers until they upload.  For evaluation, a client without a
+personal model yet receives its u_i; the others evaluate their own w_i.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from flower_pfl.params import ModelMatrix
+from strategies.base import ClientUpdate, PersonalizedStrategy
+
+
+class MessagePassingStrategy(PersonalizedStrategy):
+    has_global_model = False
+    #: name under which the last round's weight matrix is saved (npy + png)
+    matrix_name = "attention"
+
+    def setup(self, initial_arrays):
+        self.store.matrix = ModelMatrix(self.num_clients, self.spec.flatten(initial_arrays))
+        self.cloud: dict[int, np.ndarray] = {}
+
+    # --------------------------------------------------------------- per-paper part
+    def attention(self, rows: np.ndarray, server_round: int) -> np.ndarray:
+        """Weights Xi (len(rows) x n) for the clients in ``rows``."""
+        raise NotImplementedError
+
+    def fit_config(self, pid: int, server_round: int) -> dict[str, Any]:
+        """Extra config for the client (e.g. FedAMP's prox weight lambda/alpha_k)."""
+        return {}
+
+    # -------------------------------------------------------------------- plumbing
+    @property
+    def matrix(self) -> ModelMatrix:
+        return self.store.matrix
+
+    def peers(self) -> np.ndarray:
+        return self.matrix.seen.copy()
+
+    def prepare_round(self, server_round, sampled):
+        rows = np.asarray(sampled, dtype=np.int64)
+        started = time.perf_counter()
+        xi = self.attention(rows, server_round)
+        cloud = self.matrix.combine(xi)  # U_S = Xi_S W: one (s x n) @ (n x d) product
+        self.cloud = {pid: cloud[k] for k, pid in enumerate(sampled)}
+        self.last_xi = (rows, xi)
+        off = xi.copy()
+        off[np.arange(len(rows)), rows] = 0.0
+        nonzero = off[off > 0]
+        self.log_server(attention_s=round(time.perf_counter() - started, 4),
+                        peers=int(self.matrix.seen.sum()),
+                        self_weight_mean=float(xi[np.arange(len(rows)), rows].mean()),
+                        # ~1 means uniform attention over peers: the mechanism does nothing
+                        peak_over_mean=float(nonzero.max() / nonzero.mean()) if nonzero.size
+                        else 0.0)
+
+    def fit_payload(self, pid, server_round):
+        return self.spec.unflatten(self.cloud[pid]), self.fit_config(pid, server_round)
+
+    def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        rows = [u.pid for u in updates]
+        vectors = np.stack([self.spec.flatten(u.arrays) for u in updates])
+        self.matrix.update(rows, vectors)  # only these Gram rows/columns are recomputed
+        self.cloud = {}
+
+    def eval_payload(self, pid, server_round):
+        if self.matrix.seen[pid]:
+            return [], {}  # the client evaluates its own personalized model w_i
+        u = self.matrix.combine(self.attention(np.array([pid]), server_round))[0]
+        return self.spec.unflatten(u), {}
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        out = super().aggregate_evaluate(server_round, results, failures)
+        if server_round >= self.cfg["rounds"] and self.matrix.seen.any():
+            self.save_attention(server_round)
+        return out
+
+    def save_attention(self, server_round: int) -> np.ndarray:
+        """The full n x n weight matrix (weights only: cheap) -> npy + PNG heatmap."""
+        xi = self.attention(np.arange(self.num_clients), server_round)
+        self.results.save_matrix(self.matrix_name, xi)
+        return xi

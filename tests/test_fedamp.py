@@ -1,0 +1,143 @@
+"""FedAMP / HeurFedAMP: eq. 5 and eq. 8 by hand, the prox term's gradient, attention on groups."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flower_pfl import inprocess
+from flower_pfl.attention import (DegenerateAttention, fedamp_alpha_bound, fedamp_weights,
+                                  heurfedamp_weights)
+from flower_pfl.params import ModelMatrix
+from flower_pfl.training import prox_penalty
+from tests.conftest import small_config
+
+D = np.array([[0.0, 1.0, 4.0],
+              [1.0, 0.0, 2.0],
+              [4.0, 2.0, 0.0]])
+
+
+def test_fedamp_weights_by_hand():
+    sigma, alpha = 2.0, 0.5
+    xi = fedamp_weights(D, np.arange(3), np.ones(3, bool), alpha, sigma)
+    a = lambda x: math.exp(-x / sigma) / sigma  # noqa: E731  A'(x) for A = 1 - exp(-x/sigma)
+    assert xi[0, 1] == pytest.approx(alpha * a(1.0))
+    assert xi[0, 2] == pytest.approx(alpha * a(4.0))
+    assert xi[0, 0] == pytest.approx(1 - alpha * (a(1.0) + a(4.0)))
+    assert xi[2, 1] == pytest.approx(alpha * a(2.0))
+    np.testing.assert_allclose(xi.sum(axis=1), 1.0)
+    assert (xi >= 0).all()
+
+
+def test_fedamp_rows_nonnegative_up_to_the_bound():
+    rng = np.random.default_rng(0)
+    d = rng.random((6, 6)) * 3
+    d = (d + d.T) / 2
+    np.fill_diagonal(d, 0)
+    sigma = 1.5
+    bound = fedamp_alpha_bound(sigma, 5)
+    xi = fedamp_weights(d, np.arange(6), np.ones(6, bool), bound, sigma)
+    assert (xi >= -1e-12).all()
+    np.testing.assert_allclose(xi.sum(axis=1), 1.0)
+    zero = np.zeros((6, 6))  # worst case: all models equal -> xi_ii exactly 0 at the bound
+    assert fedamp_weights(zero, np.arange(6), np.ones(6, bool), bound, sigma).diagonal() \
+        == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(DegenerateAttention, match="self-weight xi_ii negative"):
+        fedamp_weights(zero, np.arange(6), np.ones(6, bool), 1.5 * bound, sigma)
+
+
+def test_fedamp_underflow_is_reported_not_run_as_local():
+    with pytest.raises(DegenerateAttention, match="underflows"):
+        fedamp_weights(D * 1e4, np.arange(3), np.ones(3, bool), 0.1, 1e-3)
+
+
+def test_fedamp_only_stored_peers_count():
+    peers = np.array([True, False, True])
+    xi = fedamp_weights(D[[1]], np.array([1]), peers, 0.5, 2.0)  # client 1 not stored yet
+    assert xi[0, 1] == pytest.approx(1 - xi[0, 0] - xi[0, 2]) and xi[0].sum() == pytest.approx(1)
+    xi0 = fedamp_weights(D[[0]], np.array([0]), np.array([True, False, False]), 0.5, 2.0)
+    assert xi0.tolist() == [[1.0, 0.0, 0.0]]  # no peer: u_i = w_i
+
+
+def test_heurfedamp_weights_by_hand():
+    cos = np.array([[1.0, 0.9, 0.5],
+                    [0.9, 1.0, 0.7],
+                    [0.5, 0.7, 1.0]])
+    sigma, self_w = 3.0, 0.4
+    xi = heurfedamp_weights(cos, np.arange(3), np.ones(3, bool), sigma, self_w)
+    e1, e2 = math.exp(sigma * 0.9), math.exp(sigma * 0.5)
+    assert xi[0, 1] == pytest.approx(e1 / (e1 + e2) * (1 - self_w))
+    assert xi[0, 2] == pytest.approx(e2 / (e1 + e2) * (1 - self_w))
+    assert np.diagonal(xi) == pytest.approx([self_w] * 3)
+    np.testing.assert_allclose(xi.sum(axis=1), 1.0)
+    lonely = heurfedamp_weights(cos[[0]], np.array([0]), np.array([True, False, False]), sigma,
+                                self_w)
+    assert lonely.tolist() == [[1.0, 0.0, 0.0]]
+
+
+def test_cloud_models_are_the_weighted_sums():
+    rng = np.random.default_rng(5)
+    ref = rng.standard_normal(50).astype(np.float32)
+    w = ref + 0.1 * rng.standard_normal((3, 50)).astype(np.float32)
+    m = ModelMatrix(3, ref)
+    m.update(range(3), w)
+    xi = fedamp_weights(m.sq_distances([0, 2]), np.array([0, 2]), m.seen, 0.05, 0.1)
+    u = m.combine(xi)
+    np.testing.assert_allclose(u[0], xi[0] @ w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(u[1], xi[1] @ w, rtol=1e-5, atol=1e-6)
+
+
+def test_prox_term_gradient_is_lambda_over_alpha_times_w_minus_u():
+    model = torch.nn.Linear(4, 3)
+    center = [p.detach().clone() + 0.3 for p in model.parameters()]
+    coef = 7.0  # lambda / alpha_k
+    prox_penalty(model, center, coef).backward()
+    for p, c in zip(model.parameters(), center):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+        torch.testing.assert_close(p.grad, coef * (p.detach() - c))
+
+
+def _drift(prox_coef, tmp_path):
+    """Distance ||w_i - u_i|| after one round of the real FedAMP client."""
+    from clients.fedamp import FedAMPClient
+    from flwr.common import Context, RecordDict
+    from flower_pfl.models import get_arrays, initial_arrays
+
+    cfg = small_config(strategy="fedamp", **{"train.epochs": 2, "train.lr": 0.05})
+    ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
+                  run_config={})
+    u = initial_arrays(cfg)
+    arrays, _, _ = FedAMPClient(ctx).fit(u, {"cfg": cfg.to_json(), "round": 1,
+                                            "prox-coef": prox_coef})
+    return math.sqrt(sum(float(((a - b) ** 2).sum()) for a, b in zip(arrays, u)))
+
+
+def test_client_prox_term_pulls_towards_cloud_model(tmp_path):
+    free, pulled = _drift(1e-9, tmp_path), _drift(15.0, tmp_path)
+    # removing or detaching the prox term makes both runs identical
+    assert pulled < 0.5 * free, (free, pulled)
+
+
+def _in_group_share(xi, groups):
+    same = (groups[:, None] == groups[None, :]) & ~np.eye(len(groups), dtype=bool)
+    off = ~np.eye(len(groups), dtype=bool)
+    return float((xi * same).sum() / (xi * off).sum())
+
+
+@pytest.mark.parametrize("strategy", ["fedamp", "heurfedamp"])
+def test_attention_concentrates_within_practical_groups(strategy, tmp_path):
+    from flower_pfl.data import group_of_clients
+
+    cfg = small_config(strategy=strategy, clients=12, rounds=4, **{
+        "data.partition": "practical", "data.groups": 3, "data.subsample": 12000})
+    s = inprocess.run(cfg, tmp_path)
+    xi = np.load(tmp_path / "attention.npy")
+    assert xi.shape == (12, 12) and (tmp_path / "attention.png").stat().st_size > 100
+    np.testing.assert_allclose(xi.sum(axis=1), 1.0, atol=1e-6)
+    uniform = 3 / 11  # 3 same-group peers among 11 others
+    share = _in_group_share(xi, group_of_clients(12, 3))
+    assert share > uniform + 0.2, share
+    assert s.eval_history[-1]["mean"] > 0.5
