@@ -99,11 +99,17 @@ class ModelMatrix:
             raise ValueError("duplicate rows in one update")
         vectors = np.asarray(vectors, dtype=np.float32).reshape(len(rows), self.dim)
         self.centered[rows] = vectors - self.reference  # (fancy-indexed: assign, not out=)
-        block = self.centered[rows] @ self.centered.T  # (s, n): the O(s n d) part
+        self.seen[rows] = True
+        if 2 * len(rows) >= self.num_rows:
+            # Most rows changed: one symmetric X X^T (BLAS syrk, half the flops of the
+            # general product) is cheaper than refreshing the rows one block at a time.
+            self.recompute()
+            return
+        changed = self.centered[rows]
+        block = changed @ self.centered.T  # (s, n): the O(s n d) part
         self.gram_c[rows, :] = block
         self.gram_c[:, rows] = block.T
-        self.cross[rows] = self.centered[rows] @ self.reference
-        self.seen[rows] = True
+        self.cross[rows] = changed @ self.reference
 
     def recompute(self) -> None:
         """Full O(n^2 d) recomputation (the reference route for tests and benchmarks)."""
