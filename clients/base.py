@@ -156,9 +156,22 @@ class PFLClient(NumPyClient):
 class PersonalStateClient(PFLClient):
     """Clients whose personalized model lives in ``context.state`` between rounds.
 
-    Evaluation uses the stored personal model; a client that has never trained yet
-    evaluates what the server sent (the global/cloud model), or its initial model.
+    ``fit_round`` starts from the model the server sent (e.g. FedAMP's u_i, FedACS'
+    intermediate model), runs local SGD on the data loss plus ``regularizer`` (none by
+    default), keeps the result as the personalized model and uploads it.  Evaluation
+    uses the stored personal model; a client that has never trained yet evaluates what
+    the server sent (its cloud/intermediate model), or its initial model.
     """
+
+    def regularizer(self, model: NamedLayers, config: Mapping[str, Scalar]):
+        """Extra loss term ``f(model) -> tensor`` built once per round, or None."""
+        return None
+
+    def fit_round(self, parameters, config):
+        model = self.new_model(parameters)
+        metrics = self.local_train(model, regularizer=self.regularizer(model, config))
+        self.save_personal(model)
+        return get_arrays(model), metrics
 
     def personal_model(self, parameters, config):
         model = self.load_personal()

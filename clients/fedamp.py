@@ -11,15 +11,11 @@ context.state as the client's personalized model and uploaded.
 from __future__ import annotations
 
 from clients.base import PersonalStateClient
-from flower_pfl.models import get_arrays
 from flower_pfl.training import params_of, prox_penalty
 
 
 class FedAMPClient(PersonalStateClient):
-    def fit_round(self, parameters, config):
-        model = self.new_model(parameters)  # start from u_i
-        center = params_of(model)  # u_i, detached: the prox center does not move
-        coef = float(config["prox-coef"])
-        metrics = self.local_train(model, regularizer=lambda m: prox_penalty(m, center, coef))
-        self.save_personal(model)
-        return get_arrays(model), {**metrics, "prox_coef": coef}
+    def regularizer(self, model, config):
+        center = params_of(model)  # u_i (training starts there), detached: it does not move
+        coef = float(config["prox-coef"])  # lambda / alpha_k, from the server
+        return lambda m: prox_penalty(m, center, coef)

@@ -97,3 +97,18 @@ def fedacs_weights(cosine: np.ndarray, self_idx: np.ndarray, peers: np.ndarray,
     w = np.where(selected, s, 0.0)
     w[np.arange(len(self_idx)), self_idx] = 1.0  # cos(w_i, w_i)
     return w / w.sum(axis=1, keepdims=True)
+
+
+def consensus_weights(cosine: np.ndarray, peers: np.ndarray) -> np.ndarray:
+    """Similarity-weighted mean over ALL stored peers, ignoring the client's own row.
+
+    FedACS' choice for a client that has never uploaded: its stored model is only the
+    initial model, which says nothing about its data, so it starts from the consensus of
+    the stored models (like FedAvg's global model) until its first upload.
+    """
+    s = np.where(np.asarray(peers, dtype=bool)[None, :],
+                 np.maximum(np.asarray(cosine, dtype=np.float64), 0.0), 0.0)
+    total = s.sum(axis=1, keepdims=True)
+    if (total <= 0).any():
+        raise ValueError("consensus_weights needs at least one stored peer with cos > 0")
+    return s / total

@@ -143,6 +143,9 @@ def flwr_env(flwr_home: Path, port: int) -> dict:
     env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(port)
     env["FLWR_LOCAL_CONTROL_API_PORT"] = str(port)
     env.setdefault("RAY_DEDUP_LOGS", "0")
+    # Everything here talks to 127.0.0.1: never through an HTTP proxy from the environment.
+    for key in ("NO_PROXY", "no_proxy"):
+        env[key] = ",".join(filter(None, [env.get(key, ""), "127.0.0.1", "localhost", "::1"]))
     return env
 
 
@@ -157,7 +160,8 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) 
         if proc is not None and proc.poll() is not None:
             raise LaunchError(f"process exited with code {proc.returncode} before {url} answered")
         try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback
+            with opener.open(url, timeout=1) as resp:
                 if resp.status == 200:
                     return
         except OSError:
@@ -167,7 +171,7 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) 
 
 
 @contextmanager
-def simulation_superlink(workdir: Path) -> Iterator[tuple[dict, ProcessSet]]:
+def simulation_superlink(workdir: Path, log_path: Path) -> Iterator[tuple[dict, ProcessSet]]:
     """A private simulation SuperLink on a free loopback port; stopped on exit."""
     flwr_home = workdir / "flwr-home"
     flwr_home.mkdir(parents=True, exist_ok=True)
@@ -178,8 +182,8 @@ def simulation_superlink(workdir: Path) -> Iterator[tuple[dict, ProcessSet]]:
         proc = procs.start([_bin("flower-superlink"), "--insecure", "--simulation",
                             "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(port),
                             "--disable-runtime-dependency-installation"],
-                           env, workdir / "superlink.log")
-        wait_http(f"http://127.0.0.1:{port}/health", 60, proc)
+                           env, log_path)
+        wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
         yield env, procs
     finally:
         procs.stop()
@@ -228,7 +232,7 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
                   f"client-resources-num-gpus={cfg['client-resources.num-gpus']}")
     log_path = results_dir / "flwr-run.log"
     try:
-        with simulation_superlink(workdir) as (env, procs):
+        with simulation_superlink(workdir, results_dir / "superlink.log") as (env, procs):
             cmd = [_bin("flwr"), "run", str(app_dir), "local", "--stream",
                    "--federation-config", federation, "--run-config", str(run_config)]
             run_id = _stream(cmd, env, log_path, echo, timeout_s, procs)

@@ -139,6 +139,15 @@ REGISTRY: dict[str, Entry] = {
                                  "xi_ii of eq. 8: the weight of the client's own model"),
         },
     ),
+    "fedacs": Entry(
+        "fedacs", "strategies.fedacs:FedACS", "clients.fedacs:FedACSClient",
+        "FedACS (Chen, Li, Shen): cosine similarity of client models, delta = p-quantile of "
+        "all similarities, u_i = similarity-weighted mean of the peers above delta (eq. 4); "
+        "clients run local SGD from u_i (eq. 5).",
+        {"pick-ratio": Hyper(0.8, _NUM, lambda v: 0 <= v <= 1, "a number in [0, 1]",
+                             "p of Algorithm 1: delta is the p-quantile of all entries of S; "
+                             "p = 1 selects only the client itself (Local)")},
+    ),
 }
 
 

@@ -58,6 +58,11 @@ class ResultsWriter:
         self.server_rows.append(row)
         _append_csv(self.dir / "server.csv", row)
 
+    def log_table(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Append rows to ``<name>.csv`` (e.g. FedACS' peers per client per round)."""
+        for row in rows:
+            _append_csv(self.dir / f"{name}.csv", row)
+
     def save_matrix(self, name: str, matrix: np.ndarray, labels: Sequence[int] | None = None
                     ) -> None:
         np.save(self.dir / f"{name}.npy", np.asarray(matrix))

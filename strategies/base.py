@@ -21,6 +21,7 @@ and, if needed, ``eval_payload`` and ``prepare_round``.
 from __future__ import annotations
 
 import concurrent.futures
+import resource
 import time
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -178,7 +179,9 @@ class PersonalizedStrategy(Strategy):
         if updates:
             self.aggregate_updates(server_round, sorted(updates, key=lambda u: u.pid))
         self.log_server(server_aggregate_s=round(time.perf_counter() - started, 4),
-                        fit_ok=len(updates), fit_failed=len(failures))
+                        fit_ok=len(updates), fit_failed=len(failures),
+                        server_peak_rss_mb=round(resource.getrusage(
+                            resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
         train_losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
         metrics: dict[str, Scalar] = {"fit_clients": len(updates), "fit_failures": len(failures)}
         if train_losses:

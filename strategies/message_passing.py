@@ -55,7 +55,7 @@ class MessagePassingStrategy(PersonalizedStrategy):
         xi = self.attention(rows, server_round)
         cloud = self.matrix.combine(xi)  # U_S = Xi_S W: one (s x n) @ (n x d) product
         self.cloud = {pid: cloud[k] for k, pid in enumerate(sampled)}
-        self.last_xi = (rows, xi)
+        self.last_xi = (rows, xi)  # for subclasses that log per-client details
         off = xi.copy()
         off[np.arange(len(rows)), rows] = 0.0
         nonzero = off[off > 0]

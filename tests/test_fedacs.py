@@ -1,0 +1,95 @@
+"""FedACS: threshold, mask, weights and u_i by hand; selection follows the data groups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flower_pfl import inprocess
+from flower_pfl.attention import consensus_weights, fedacs_weights, quantile_threshold
+from flower_pfl.data import group_of_clients
+from flower_pfl.params import ModelMatrix
+from tests.conftest import small_config
+
+S = np.array([[1.0, 0.9, 0.2, 0.6],
+              [0.9, 1.0, 0.3, 0.5],
+              [0.2, 0.3, 1.0, 0.8],
+              [0.6, 0.5, 0.8, 1.0]])
+ALL = np.ones(4, dtype=bool)
+
+
+def test_quantile_threshold_by_hand():
+    entries = np.sort(S.ravel())  # 16 entries; numpy's default linear interpolation
+    assert quantile_threshold(S, 0.5) == pytest.approx((entries[7] + entries[8]) / 2)
+    assert quantile_threshold(S, 0.75) == pytest.approx(entries[11] + 0.25 * (entries[12] -
+                                                                             entries[11]))
+    assert quantile_threshold(S, 1.0) == 1.0 and quantile_threshold(S, 0.0) == 0.2
+
+
+def test_mask_weights_and_u_by_hand():
+    delta = 0.55
+    xi = fedacs_weights(S, np.arange(4), ALL, delta)
+    # client 0 selects itself (1.0), client 1 (0.9) and client 3 (0.6); not client 2 (0.2)
+    assert xi[0] == pytest.approx(np.array([1.0, 0.9, 0.0, 0.6]) / 2.5)
+    # client 2 selects itself and client 3 (0.8)
+    assert xi[2] == pytest.approx(np.array([0.0, 0.0, 1.0, 0.8]) / 1.8)
+    np.testing.assert_allclose(xi.sum(axis=1), 1.0)
+    w = np.arange(8, dtype=np.float64).reshape(4, 2)
+    assert (xi @ w)[0] == pytest.approx((1.0 * w[0] + 0.9 * w[1] + 0.6 * w[3]) / 2.5)
+
+
+def test_self_always_selected_and_p1_is_local():
+    delta = quantile_threshold(S, 1.0)  # p -> 1: delta = max(S) = 1
+    xi = fedacs_weights(S, np.arange(4), ALL, delta)
+    assert np.array_equal(xi, np.eye(4))  # only the client itself: pure local training
+    lonely = fedacs_weights(S[[1]], np.array([1]), np.array([False, True, False, False]), -1.0)
+    assert lonely.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+def test_delta_below_everything_gives_cosine_weighted_mean():
+    xi = fedacs_weights(S, np.arange(4), ALL, -np.inf)
+    np.testing.assert_allclose(xi, S / S.sum(axis=1, keepdims=True))
+
+
+def test_newcomer_gets_the_consensus_of_stored_models():
+    peers = np.array([True, True, False, True])
+    xi = consensus_weights(S[[2]], peers)  # client 2 never uploaded
+    assert xi[0] == pytest.approx(np.array([0.2, 0.3, 0.0, 0.8]) / 1.3)
+
+
+def test_strategy_with_p1_sends_each_client_its_own_model(tmp_path):
+    cfg = small_config(strategy="fedacs", clients=6, rounds=2, **{"hyper.fedacs.pick-ratio": 1.0})
+    s = inprocess.run(cfg, tmp_path)
+    rows = np.flatnonzero(s.matrix.seen)
+    xi = s.attention(rows, 3)
+    assert np.array_equal(xi[:, rows], np.eye(len(rows)))
+    u = s.matrix.combine(xi)
+    for k, pid in enumerate(rows):
+        np.testing.assert_allclose(u[k], s.matrix.model(pid), atol=1e-6)
+
+
+def test_selected_peers_are_mostly_in_the_own_group(tmp_path):
+    cfg = small_config(strategy="fedacs", clients=12, rounds=4, **{
+        "data.partition": "practical", "data.groups": 3, "data.subsample": 12000})
+    s = inprocess.run(cfg, tmp_path)
+    mask = np.load(tmp_path / "selection.npy").astype(bool)
+    assert (tmp_path / "selection.png").exists() and (tmp_path / "peers.csv").exists()
+    groups = group_of_clients(12, 3)
+    off = ~np.eye(12, dtype=bool)
+    same = (groups[:, None] == groups[None, :]) & off
+    share = (mask & same).sum() / (mask & off).sum()
+    assert share > 3 / 11 + 0.3, share  # chance: 3 same-group peers among 11
+    assert all(np.isfinite(r["delta"]) for r in s.results.server_rows[1:])
+    assert s.eval_history[-1]["mean"] > 0.5
+
+
+def test_matrix_route_is_shared_with_fedamp():
+    # FedACS' similarities come from the same ModelMatrix (stacked models + Gram)
+    from strategies.fedacs import FedACS
+    from strategies.fedamp import FedAMP
+    from strategies.message_passing import MessagePassingStrategy
+
+    assert issubclass(FedACS, MessagePassingStrategy) and issubclass(FedAMP, MessagePassingStrategy)
+    m = ModelMatrix(3, np.ones(5, dtype=np.float32))
+    m.update([0, 1, 2], np.eye(3, 5, dtype=np.float32) + 1)
+    assert m.cosine().shape == (3, 3)
