@@ -18,13 +18,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
+from torch.nn import functional as F
 from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
 
 from flower_pfl.config import RunConfig
 from flower_pfl.data import ClientData, load_client_data
 from flower_pfl.models import NamedLayers, get_arrays, model_for, resolve_device, set_arrays
-from flower_pfl.training import TrainSpec, evaluate, train
+from flower_pfl.training import TrainSpec, evaluate, gaussian_nll, train
 
 
 class ClientState:
@@ -106,14 +107,15 @@ class PFLClient(NumPyClient):
     def evaluate(self, parameters: NDArrays, config: Mapping[str, Scalar]):
         self.setup(config)
         model = self.personal_model(parameters, config)
-        loss, acc = self.test(model)
+        loss, score = self.test(model)
         meta = self.state.get_values("meta") or {"fit-rounds": 0}
-        metrics: dict[str, Scalar] = {"partition-id": self.pid, "accuracy": acc,
+        metric = self.data.metric  # "accuracy", or "mse" for the synthetic Gaussian task
+        metrics: dict[str, Scalar] = {"partition-id": self.pid, metric: score,
                                       "num-train": self.data.num_train,
                                       "fit-rounds": int(meta["fit-rounds"])}
         if config.get("eval-global") and parameters:
-            g_loss, g_acc = self.test(self.new_model(parameters))
-            metrics.update({"global_accuracy": g_acc, "global_loss": g_loss})
+            g_loss, g_score = self.test(self.new_model(parameters))
+            metrics.update({f"global_{metric}": g_score, "global_loss": g_loss})
         return loss, self.data.num_test, metrics
 
     # ------------------------------------------------------------------------ helpers
@@ -137,13 +139,22 @@ class PFLClient(NumPyClient):
         return g
 
     def local_train(self, model: NamedLayers, regularizer=None, num_steps: int | None = None,
-                    salt: int = 0) -> dict[str, float]:
+                    salt: int = 0, lr: float | None = None) -> dict[str, float]:
+        loss_fn = F.cross_entropy if self.data.task == "classification" else \
+            gaussian_nll(self.data.noise_sq)
         return train(model, self.data.x_train, self.data.y_train, self.spec,
                      self.generator(salt), self.device, regularizer=regularizer,
-                     num_steps=num_steps)
+                     num_steps=num_steps, lr=lr, loss_fn=loss_fn)
 
     def test(self, model: NamedLayers) -> tuple[float, float]:
-        return evaluate(model, self.data.x_test, self.data.y_test, self.device)
+        """(loss, metric): accuracy for images; for the Gaussian task the mean NLL on the
+        test samples and the squared error of theta to the client's true theta_m."""
+        if self.data.task == "classification":
+            return evaluate(model, self.data.x_test, self.data.y_test, self.device)
+        with torch.no_grad():
+            theta = float(model.theta.detach().cpu()[0])
+            nll = float(((theta - self.data.y_test) ** 2).mean() / (2 * self.data.noise_sq))
+        return nll, (theta - self.data.theta_true) ** 2
 
     def save_personal(self, model: NamedLayers, key: str = "personal") -> None:
         self.state.set_arrays(key, get_arrays(model))

@@ -21,9 +21,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-DATASETS = ("fmnist", "mnist", "emnist", "cifar10", "cifar100")
+DATASETS = ("fmnist", "mnist", "emnist", "cifar10", "cifar100", "synthetic-gaussian")
 PARTITIONS = ("iid", "dirichlet", "pathological", "practical")
-MODELS = ("mclr", "dnn", "cnn", "resnet18")
+MODELS = ("mclr", "dnn", "cnn", "resnet18", "scalar")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -78,6 +78,15 @@ FIELDS: dict[str, Field] = {
                             nullable=True),
     "data.test-fraction": Field((float,), 0.25, _OPEN_FRACTION, "a number in (0, 1)"),
     "data.min-samples": Field((int,), 10, _POS, "an integer >= 1"),
+    # Self-FL section 2.1 two-level Gaussian: theta_m ~ N(theta0, sigma0^2), z ~ N(theta_m, noise^2)
+    "data.synthetic-theta0": Field((float, int), 0.0, None, "a number"),
+    "data.synthetic-sigma0-sq": Field((float, int), 1.0, _POS, "a number > 0 (inter-client "
+                                      "variance sigma_0^2)"),
+    "data.synthetic-noise-sq": Field((float, int), 1.0, _POS, "a number > 0 (per-sample "
+                                     "variance sigma^2)"),
+    "data.synthetic-samples": Field((int,), 20, _POS, "an integer >= 1 (samples N_m per client)"),
+    "data.synthetic-samples-max": Field((int,), None, _POS, "an integer >= 1 or null (N_m drawn "
+                                        "uniformly in [samples, samples-max])", nullable=True),
     "train.epochs": Field((int,), 1, _POS, "an integer >= 1"),
     "train.steps": Field((int,), None, _POS, "an integer >= 1 or null (null: use epochs)",
                          nullable=True),
@@ -246,6 +255,8 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
 
     if not problems:
         problems.extend(_cross_checks(values))
+        if REGISTRY[name].cross_check is not None:
+            problems.extend(REGISTRY[name].cross_check(values, hyper))
     if problems:
         raise ConfigError(f"invalid configuration in {source}:\n  - " + "\n  - ".join(problems))
     return RunConfig(values=values, hyper=hyper, source=source)
@@ -253,6 +264,14 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
 
 def _cross_checks(values: Mapping[str, Any]) -> list[str]:
     problems = []
+    synthetic = values["data.dataset"] == "synthetic-gaussian"
+    if synthetic != (values["model"] == "scalar"):
+        problems.append(f"'model' = {values['model']!r} does not fit data.dataset = "
+                        f"{values['data.dataset']!r}: the scalar model goes with "
+                        f"'synthetic-gaussian' and only there")
+    mx = values["data.synthetic-samples-max"]
+    if mx is not None and mx < values["data.synthetic-samples"]:
+        problems.append(f"'data.synthetic-samples-max' = {mx} is below 'data.synthetic-samples'")
     if values["data.partition"] == "pathological" and values["data.classes-per-client"] > 10 \
             and values["data.dataset"] in ("fmnist", "mnist", "cifar10"):
         problems.append("'data.classes-per-client' cannot exceed the 10 classes of the dataset")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -318,13 +319,26 @@ def get_partition(cfg: Mapping[str, Any], labels: np.ndarray) -> Partition:
 # -------------------------------------------------------------------- client tensors
 @dataclass
 class ClientData:
-    """One client's local data as float tensors, ready for mini-batching."""
+    """One client's local data as float tensors, ready for mini-batching.
+
+    ``task`` is "classification" (images; metric: accuracy) or "gaussian-mean" (Self-FL's
+    synthetic task: y holds the scalar samples z, the loss is the Gaussian negative
+    log-likelihood sum (theta - z)^2 / (2 noise^2), the metric the squared error of the
+    client's parameter to its true theta_m).
+    """
 
     x_train: Any
     y_train: Any
     x_test: Any
     y_test: Any
     num_classes: int
+    task: str = "classification"
+    noise_sq: float = 1.0
+    theta_true: float = 0.0
+
+    @property
+    def metric(self) -> str:
+        return "accuracy" if self.task == "classification" else "mse"
 
     @property
     def num_train(self) -> int:
@@ -359,6 +373,10 @@ def load_client_data(cfg: Mapping[str, Any], partition_id: int,
     dataset = cfg["data.dataset"]
     if not 0 <= partition_id < cfg["clients"]:
         raise DataError(f"partition-id {partition_id} is outside [0, {cfg['clients']})")
+    if dataset == "synthetic-gaussian":
+        data = synthetic_client_data(cfg, partition_id)
+        _CLIENT_DATA[key] = data
+        return data
     x, y = load_pooled(dataset, root_override or cfg["data.root"], cfg.get("cache-dir"))
     part = get_partition(cfg, y)
     tr, te = part.train[partition_id], part.test[partition_id]
@@ -368,6 +386,59 @@ def load_client_data(cfg: Mapping[str, Any], partition_id: int,
         _CLIENT_DATA.clear()
     _CLIENT_DATA[key] = data
     return data
+
+
+# ------------------------------------------------------- Self-FL synthetic Gaussian
+@dataclass(frozen=True)
+class GaussianTruth:
+    """Ground truth of the two-level Gaussian task (Self-FL section 2.1 / G.1)."""
+
+    theta: np.ndarray  # theta_m, per client
+    num_samples: np.ndarray  # N_m
+    z: list[np.ndarray]  # training samples per client
+    z_test: list[np.ndarray]
+    sigma0_sq: float
+    noise_sq: float
+
+    @property
+    def z_mean(self) -> np.ndarray:
+        """The local estimates theta_m^(L) = z_m (sample means)."""
+        return np.array([zi.mean() for zi in self.z])
+
+    @property
+    def sigma_sq(self) -> np.ndarray:
+        """sigma_m^2 = noise^2 / N_m: the variance of the local estimate z_m."""
+        return self.noise_sq / self.num_samples
+
+
+def gaussian_truth(cfg: Mapping[str, Any]) -> GaussianTruth:
+    """theta_m ~ N(theta0, sigma0^2); client m holds N_m samples z ~ N(theta_m, noise^2)."""
+    m = cfg["clients"]
+    rng = np.random.default_rng([cfg["seed"], 0x5E1F])
+    theta = cfg["data.synthetic-theta0"] + math.sqrt(cfg["data.synthetic-sigma0-sq"]) * \
+        rng.standard_normal(m)
+    lo, hi = cfg["data.synthetic-samples"], cfg["data.synthetic-samples-max"] or \
+        cfg["data.synthetic-samples"]
+    sizes = rng.integers(lo, hi + 1, size=m)
+    noise = math.sqrt(cfg["data.synthetic-noise-sq"])
+    z, z_test = [], []
+    for i in range(m):
+        r = np.random.default_rng([cfg["seed"], 0x5E1F, i])
+        z.append(theta[i] + noise * r.standard_normal(sizes[i]))
+        z_test.append(theta[i] + noise * r.standard_normal(sizes[i]))
+    return GaussianTruth(theta, sizes, z, z_test, float(cfg["data.synthetic-sigma0-sq"]),
+                         float(cfg["data.synthetic-noise-sq"]))
+
+
+def synthetic_client_data(cfg: Mapping[str, Any], partition_id: int) -> ClientData:
+    import torch
+
+    truth = gaussian_truth(cfg)
+    z, zt = truth.z[partition_id], truth.z_test[partition_id]
+    return ClientData(torch.zeros(len(z), 1), torch.from_numpy(z).float(),
+                      torch.zeros(len(zt), 1), torch.from_numpy(zt).float(), 1,
+                      task="gaussian-mean", noise_sq=truth.noise_sq,
+                      theta_true=float(truth.theta[partition_id]))
 
 
 def input_shape(dataset: str) -> tuple[int, int, int]:

@@ -87,7 +87,21 @@ class ResNet18(NamedLayers):
         return self.net(x)
 
 
-MODELS = {"mclr": MCLR, "dnn": DNN, "cnn": CNN, "resnet18": ResNet18}
+class ScalarModel(NamedLayers):
+    """One parameter theta (Self-FL's synthetic task): predicts theta for every sample."""
+
+    def __init__(self, in_shape: Sequence[int] = (1,), num_classes: int = 1) -> None:
+        super().__init__()
+        self.theta = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.theta.expand(x.shape[0])
+
+    def layer_names(self) -> list[str]:
+        return ["theta"]
+
+
+MODELS = {"mclr": MCLR, "dnn": DNN, "cnn": CNN, "resnet18": ResNet18, "scalar": ScalarModel}
 
 
 def build_model(name: str, in_shape: Sequence[int], num_classes: int, seed: int) -> NamedLayers:
@@ -138,6 +152,8 @@ def model_for(cfg) -> NamedLayers:
     from flower_pfl.data import NUM_CLASSES, input_shape
 
     dataset = cfg["data.dataset"]
+    if dataset == "synthetic-gaussian":
+        return build_model("scalar", (1,), 1, cfg["seed"])
     return build_model(cfg["model"], input_shape(dataset), NUM_CLASSES[dataset], cfg["seed"])
 
 

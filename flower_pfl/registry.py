@@ -36,6 +36,8 @@ class Entry:
     client: str  # "module:Class"
     summary: str
     hyper: Mapping[str, Hyper] = field(default_factory=dict)
+    #: checks that need the rest of the configuration: (values, hyper) -> problems
+    cross_check: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] | None = None
 
     def strategy_cls(self) -> type:
         return _load(self.strategy)
@@ -147,6 +149,29 @@ REGISTRY: dict[str, Entry] = {
         {"pick-ratio": Hyper(0.8, _NUM, lambda v: 0 <= v <= 1, "a number in [0, 1]",
                              "p of Algorithm 1: delta is the p-quantile of all entries of S; "
                              "p = 1 selects only the client itself (Local)")},
+    ),
+    "selffl": Entry(
+        "selffl", "strategies.selffl:SelfFL", "clients.selffl:SelfFLClient",
+        "Self-FL (Chen et al.): uncertainty-driven local initialisation (eq. 10), local steps "
+        "(eq. 8) and variance-weighted aggregation (eq. 11) with smoothing under sampling.",
+        {
+            "eta": Hyper("auto", (str, float, int),
+                         lambda v: v == "auto" or (not isinstance(v, str) and v > 0),
+                         "a number > 0 or 'auto'",
+                         "step size eta of eqs. 5/8 (the local SGD learning rate); "
+                         "'auto' = train.lr"),
+            "l-max": Hyper(50, (int,), _POS, "an integer >= 1",
+                           "upper clip of the local steps l_m of eq. 8 (section 4.2)"),
+            "warmup-rounds": Hyper(0, (int,), lambda v: v >= 0, "an integer >= 0",
+                                   "FedAvg rounds before Self-FL starts (section 3.2)"),
+            "oracle": Hyper(False, (bool,), None, "true or false",
+                            "synthetic task only: use the true sigma_0^2 and sigma_m^2 = "
+                            "noise^2/N_m instead of the estimates of eqs. 13-14"),
+        },
+        cross_check=lambda values, hyper: (
+            ["'hyper.selffl.oracle' = true needs data.dataset 'synthetic-gaussian' (only there "
+             "are the true variances known)"]
+            if hyper.get("oracle") and values["data.dataset"] != "synthetic-gaussian" else []),
     ),
 }
 

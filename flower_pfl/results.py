@@ -36,22 +36,31 @@ class ResultsWriter:
         self.server_rows: list[dict[str, Any]] = []
         self.started = time.time()
         self.status = "running"
+        self.lower_is_better = False
         _write_json(self.dir / "config.json", config)
         self._write_summary()
 
     def log_round(self, server_round: int, personal: Mapping[str, float],
-                  global_: Mapping[str, float] | None, clients: Sequence[Mapping[str, Any]]) -> None:
+                  global_: Mapping[str, float] | None, clients: Sequence[Mapping[str, Any]],
+                  lower_is_better: bool = False) -> None:
         row: dict[str, Any] = {"round": server_round,
                                "elapsed_s": round(time.time() - self.started, 3)}
         row.update({f"personal_{k}": personal[k] for k in STAT_KEYS})
         if global_ is not None:
             row.update({f"global_{k}": global_[k] for k in STAT_KEYS})
         self.rounds.append(row)
-        row["personal_bmta"] = best_mean([{"mean": r["personal_mean"]} for r in self.rounds])
+        self.lower_is_better = lower_is_better
+        row["personal_bmta"] = self._best("personal_mean")
         _append_csv(self.dir / "rounds.csv", row)
         for client in clients:
             _append_csv(self.dir / "clients.csv", {"round": server_round, **client})
         self._write_summary()
+
+    def _best(self, key: str) -> float:
+        """BMTA: best per-round mean so far (max; min for an error metric such as mse)."""
+        values = [{"mean": -r[key] if self.lower_is_better else r[key]} for r in self.rounds]
+        best = best_mean(values)
+        return -best if self.lower_is_better else best
 
     def log_server(self, server_round: int, values: Mapping[str, Any]) -> None:
         row = {"round": server_round, **values}
@@ -81,10 +90,9 @@ class ResultsWriter:
         if self.rounds:
             last = self.rounds[-1]
             summary["final"] = {k: v for k, v in last.items() if k != "round"}
-            summary["bmta"] = best_mean([{"mean": r["personal_mean"]} for r in self.rounds])
+            summary["bmta"] = self._best("personal_mean")
             if "global_mean" in last:
-                summary["global_bmta"] = best_mean([{"mean": r["global_mean"]}
-                                                    for r in self.rounds])
+                summary["global_bmta"] = self._best("global_mean")
         _write_json(self.dir / "summary.json", summary)
 
 

@@ -63,19 +63,27 @@ def params_of(model: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def gaussian_nll(noise_sq: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Self-FL eq. 4: sum_i (theta - z_i)^2 / (2 noise^2); its gradient is (theta - z)/sigma_m^2
+    with sigma_m^2 = noise^2 / N (the SUM, not the mean, so eq. 8 applies as written)."""
+    return lambda out, z: ((out - z) ** 2).sum() / (2.0 * noise_sq)
+
+
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
           generator: torch.Generator, device: torch.device,
           regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
-          num_steps: int | None = None) -> dict[str, float]:
-    """Mini-batch SGD on cross-entropy (+ ``regularizer(model)``); returns mean losses."""
+          num_steps: int | None = None, lr: float | None = None,
+          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+          ) -> dict[str, float]:
+    """Mini-batch SGD on ``loss_fn`` (+ ``regularizer(model)``); returns mean losses."""
     model.to(device).train()
-    opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum,
-                          weight_decay=spec.weight_decay)
+    opt = torch.optim.SGD(model.parameters(), lr=spec.lr if lr is None else lr,
+                          momentum=spec.momentum, weight_decay=spec.weight_decay)
     steps = num_steps if num_steps is not None else spec.num_steps(len(y))
     total, total_reg = 0.0, 0.0
     for idx in batches(len(y), spec.batch_size, steps, generator):
         xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
-        loss = F.cross_entropy(model(xb), yb)
+        loss = loss_fn(model(xb), yb)
         total += float(loss.detach())
         if regularizer is not None:
             reg = regularizer(model)

@@ -106,6 +106,8 @@ class PersonalizedStrategy(Strategy):
                                      {"source": cfg.source, "values": dict(cfg.values),
                                       "hyper": self.hyper})
         self._round_server_log: dict[str, Any] = {}
+        # the per-client metric: accuracy (higher is better), or the synthetic task's mse
+        self.metric = "mse" if cfg["data.dataset"] == "synthetic-gaussian" else "accuracy"
 
     # ------------------------------------------------------------------ subclass hooks
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
@@ -211,26 +213,29 @@ class PersonalizedStrategy(Strategy):
                 log(WARNING, "[flower-pfl] round %d: no evaluation results (%d failures)",
                     server_round, len(failures))
             return None, {}
-        rows = sorted((_client_row(res) for _, res in results), key=lambda r: r["partition-id"])
-        personal = summarize([r["accuracy"] for r in rows], [r["num-test"] for r in rows])
+        m = self.metric
+        rows = sorted((_client_row(res, m) for _, res in results),
+                      key=lambda r: r["partition-id"])
+        personal = summarize([r[m] for r in rows], [r["num-test"] for r in rows])
         global_ = None
-        if all("global_accuracy" in r for r in rows):
-            global_ = summarize([r["global_accuracy"] for r in rows], [r["num-test"] for r in rows])
+        if all(f"global_{m}" in r for r in rows):
+            global_ = summarize([r[f"global_{m}"] for r in rows], [r["num-test"] for r in rows])
         self.eval_history.append(personal)
-        self.results.log_round(server_round, personal, global_, rows)
-        bmta = max(h["mean"] for h in self.eval_history)
-        log(INFO, "[flower-pfl] round %d: personalized acc mean %.4f weighted %.4f std %.4f "
-            "worst10%% %.4f top10%% %.4f min %.4f | BMTA %.4f%s | %d clients, %d failed",
-            server_round, personal["mean"], personal["weighted_mean"], personal["std"],
-            personal["worst10_mean"], personal["top10_mean"], personal["min"], bmta,
-            f" | global acc mean {global_['mean']:.4f}" if global_ else "", len(rows),
+        lower_is_better = m == "mse"
+        self.results.log_round(server_round, personal, global_, rows, lower_is_better)
+        best = (min if lower_is_better else max)(h["mean"] for h in self.eval_history)
+        log(INFO, "[flower-pfl] round %d: personalized %s mean %.4f weighted %.4f std %.4f "
+            "worst10%% %.4f top10%% %.4f min %.4f | best mean %.4f%s | %d clients, %d failed",
+            server_round, m, personal["mean"], personal["weighted_mean"], personal["std"],
+            personal["worst10_mean"], personal["top10_mean"], personal["min"], best,
+            f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
             len(failures))
         if server_round >= self.cfg["rounds"]:
             self.results.finish("completed")
             log(INFO, "[flower-pfl] final per-round table: %s", self.results.dir / "rounds.csv")
             log(INFO, "[flower-pfl] per-client table: %s", self.results.dir / "clients.csv")
         metrics: dict[str, Scalar] = {f"personal_{k}": v for k, v in personal.items()}
-        metrics["personal_bmta"] = bmta
+        metrics["personal_bmta"] = best
         if global_:
             metrics.update({f"global_{k}": v for k, v in global_.items()})
         loss = float(np.average([r["loss"] for r in rows], weights=[r["num-test"] for r in rows]))
@@ -289,14 +294,14 @@ class PersonalizedStrategy(Strategy):
         self.proxies = {pid: p for pid, p in self.proxies.items() if p.cid in available}
 
 
-def _client_row(res: EvaluateRes) -> dict[str, Any]:
+def _client_row(res: EvaluateRes, metric: str) -> dict[str, Any]:
     m = res.metrics
-    row: dict[str, Any] = {"partition-id": int(m["partition-id"]), "accuracy": float(m["accuracy"]),
+    row: dict[str, Any] = {"partition-id": int(m["partition-id"]), metric: float(m[metric]),
                            "loss": float(res.loss), "num-test": int(res.num_examples),
                            "num-train": int(m.get("num-train", 0)),
                            "fit-rounds": int(m.get("fit-rounds", 0))}
-    if "global_accuracy" in m:
-        row["global_accuracy"] = float(m["global_accuracy"])
+    if f"global_{metric}" in m:
+        row[f"global_{metric}"] = float(m[f"global_{metric}"])
         row["global_loss"] = float(m["global_loss"])
     return row
 

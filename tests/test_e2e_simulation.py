@@ -22,7 +22,7 @@ def _write(tmp_path: Path, tree) -> Path:
     return path
 
 
-@pytest.mark.parametrize("strategy", ["fedavg-ft", "fedamp", "heurfedamp", "fedacs"])
+@pytest.mark.parametrize("strategy", ["fedavg-ft", "fedamp", "heurfedamp", "fedacs", "selffl"])
 def test_flwr_run_simulation_end_to_end(strategy, tmp_path):
     path = _write(tmp_path, TINY)
     cfg = config.load(path, [f"strategy={strategy}"])
