@@ -34,7 +34,7 @@ def test_flwr_run_simulation_end_to_end(strategy, tmp_path):
     assert summary["status"] == "completed" and len(summary["rounds"]) == 3
     assert json.loads((tmp_path / "res" / "config.json").read_text())["values"]["strategy"] \
         == strategy  # the override reached the ServerApp
-    if strategy != "fedavg-ft":  # the attention matrix of the last round (FedAMP Figure 3)
+    if strategy in ("fedamp", "heurfedamp", "fedacs"):  # last round's attention (FedAMP Fig. 3)
         assert (tmp_path / "res" / "attention.npy").exists()
         assert (tmp_path / "res" / "attention.png").exists()
     with open(tmp_path / "res" / "clients.csv") as fh:
@@ -43,6 +43,12 @@ def test_flwr_run_simulation_end_to_end(strategy, tmp_path):
     assert sorted(int(r["partition-id"]) for r in last) == [0, 1, 2, 3]
     # context.state survived 3 rounds in the Ray engine: every client counted 3 fits
     assert all(int(r["fit-rounds"]) == 3 for r in last)
+    assert all(0.0 <= float(r["accuracy"]) <= 1.0 for r in last)
+    if strategy == "selffl":  # both the personalized and the global model are evaluated
+        assert all("global_accuracy" in r for r in last)
+        with open(tmp_path / "res" / "server.csv") as fh:
+            server = list(csv.DictReader(fh))
+        assert all(float(r["sigma0_sq"]) >= 0 for r in server)
 
 
 def test_failed_run_is_reported_not_hidden(tmp_path):
