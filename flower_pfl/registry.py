@@ -78,6 +78,13 @@ def _load(path: str) -> type:
 _POS = lambda v: v > 0  # noqa: E731
 _NUM = (float, int)
 
+
+def _auto_or_positive(doc: str) -> Hyper:
+    """A hyper-parameter that is a positive number or 'auto' (a documented rule)."""
+    return Hyper("auto", (str, float, int),
+                 lambda v: v == "auto" or (not isinstance(v, str) and v > 0),
+                 "a number > 0 or 'auto'", doc)
+
 REGISTRY: dict[str, Entry] = {
     "fedavg": Entry(
         "fedavg", "strategies.fedavg:FedAvg", "clients.fedavg:FedAvgClient",
@@ -99,29 +106,23 @@ REGISTRY: dict[str, Entry] = {
         "FedAMP (Huang et al., AAAI 2021): attentive message passing, eq. 5 weights "
         "xi_ij = alpha_k A'(||w_i-w_j||^2), A(x)=1-exp(-x/sigma); client solves eq. 6.",
         {
-            "alpha-k": Hyper("auto", (str, float, int),
-                             lambda v: v == "auto" or (not isinstance(v, str) and v > 0),
-                             "a number > 0 or 'auto'",
-                             "step size alpha_k of eq. 3/5; 'auto' = sigma/(n_seen-1) * "
-                             "alpha-scale, the largest value that keeps every xi_ii >= 0"),
+            "alpha-k": _auto_or_positive(
+                "step size alpha_k of eq. 3/5; 'auto' = alpha-scale * sigma/(n_seen-1), the "
+                "largest value that keeps every xi_ii >= 0"),
             "alpha-scale": Hyper(1.0, _NUM, lambda v: 0 < v <= 1, "a number in (0, 1]",
                                  "fraction of the non-negativity bound used when alpha-k is auto"),
             "alpha-schedule": Hyper("constant", (str,),
                                     lambda v: v in ("constant", "inverse-sqrt", "inverse"),
                                     "one of ['constant', 'inverse-sqrt', 'inverse']",
                                     "alpha_k = alpha_1 * {1, 1/sqrt(k), 1/k} (Theorems 1-2)"),
-            "lambda": Hyper("auto", (str, float, int),
-                            lambda v: v == "auto" or (not isinstance(v, str) and v > 0),
-                            "a number > 0 or 'auto'",
-                            "lambda of eq. 1/6; the client's prox weight is lambda/alpha_k. "
-                            "'auto' = prox-weight * alpha_k, i.e. a fixed prox weight"),
+            "lambda": _auto_or_positive(
+                "lambda of eq. 1/6; the client's prox weight is lambda/alpha_k. 'auto' = "
+                "prox-weight * alpha_k, i.e. a fixed prox weight"),
             "prox-weight": Hyper(1.0, _NUM, _POS, "a number > 0",
                                  "lambda/alpha_k when lambda is auto (SGD needs lr * weight < 1)"),
-            "sigma": Hyper("auto", (str, float, int),
-                           lambda v: v == "auto" or (not isinstance(v, str) and v > 0),
-                           "a number > 0 or 'auto'",
-                           "sigma of A(x)=1-exp(-x/sigma); 'auto' = median squared distance "
-                           "between the stored client models, recomputed each round"),
+            "sigma": _auto_or_positive(
+                "sigma of A(x)=1-exp(-x/sigma); 'auto' = median squared distance between the "
+                "stored client models, recomputed each round"),
         },
     ),
     "heurfedamp": Entry(
@@ -155,11 +156,8 @@ REGISTRY: dict[str, Entry] = {
         "Self-FL (Chen et al.): uncertainty-driven local initialisation (eq. 10), local steps "
         "(eq. 8) and variance-weighted aggregation (eq. 11) with smoothing under sampling.",
         {
-            "eta": Hyper("auto", (str, float, int),
-                         lambda v: v == "auto" or (not isinstance(v, str) and v > 0),
-                         "a number > 0 or 'auto'",
-                         "step size eta of eqs. 5/8 (the local SGD learning rate); "
-                         "'auto' = train.lr"),
+            "eta": _auto_or_positive(
+                "step size eta of eqs. 5/8 (the local SGD learning rate); 'auto' = train.lr"),
             "l-max": Hyper(50, (int,), _POS, "an integer >= 1",
                            "upper clip of the local steps l_m of eq. 8 (section 4.2)"),
             "warmup-rounds": Hyper(0, (int,), lambda v: v >= 0, "an integer >= 0",
