@@ -12,8 +12,10 @@ Subclasses implement ``fit_round`` (what one round of local training is) and
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -29,29 +31,64 @@ from flower_pfl.training import TrainSpec, evaluate, gaussian_nll, train
 
 
 class ClientState:
-    """Typed access to ``context.state`` (a RecordDict): arrays and small value dicts."""
+    """Typed access to ``context.state`` (a RecordDict): arrays and small value dicts.
 
-    def __init__(self, record_dict) -> None:
+    With ``disk_dir`` (the node's ``state-dir``, per run and partition) every write also
+    goes to the client machine's disk and a key missing from ``context.state`` is read
+    back from there -- so a SuperNode restarted mid-run gets its personal state back
+    instead of a fresh model.
+    """
+
+    def __init__(self, record_dict, disk_dir: str | Path | None = None) -> None:
         self.records = record_dict
+        self.disk = Path(disk_dir) if disk_dir else None
+
+    def _restore(self, key: str) -> bool:
+        if self.disk is None:
+            return False
+        arrays, values = self.disk / f"{key}.npz", self.disk / f"{key}.json"
+        if arrays.is_file():
+            with np.load(arrays) as z:
+                self.records[key] = ArrayRecord([z[f"a{i}"] for i in range(len(z.files))])
+            return True
+        if values.is_file():
+            self.records[key] = ConfigRecord(OrderedDict(json.loads(values.read_text())))
+            return True
+        return False
+
+    def _write(self, key: str, suffix: str, write) -> None:
+        if self.disk is None:
+            return
+        self.disk.mkdir(parents=True, exist_ok=True)
+        tmp = self.disk / f".{key}.tmp{suffix}"
+        write(tmp)
+        os.replace(tmp, self.disk / f"{key}{suffix}")  # atomic: a crash leaves the old copy
 
     def get_arrays(self, key: str) -> list[np.ndarray] | None:
-        if key not in self.records:
+        if key not in self.records and not self._restore(key):
             return None
         return [a.copy() for a in self.records[key].to_numpy_ndarrays()]
 
     def set_arrays(self, key: str, arrays: Sequence[np.ndarray]) -> None:
-        self.records[key] = ArrayRecord([np.ascontiguousarray(a) for a in arrays])
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        self.records[key] = ArrayRecord(arrays)
+
+        def write(path: Path) -> None:
+            with open(path, "wb") as fh:
+                np.savez(fh, **{f"a{i}": a for i, a in enumerate(arrays)})
+        self._write(key, ".npz", write)
 
     def get_values(self, key: str) -> dict[str, Any] | None:
-        if key not in self.records:
+        if key not in self.records and not self._restore(key):
             return None
         return dict(self.records[key])
 
     def set_values(self, key: str, values: Mapping[str, Any]) -> None:
         self.records[key] = ConfigRecord(OrderedDict(values))
+        self._write(key, ".json", lambda path: path.write_text(json.dumps(dict(values))))
 
     def __contains__(self, key: str) -> bool:
-        return key in self.records
+        return key in self.records or self._restore(key)
 
 
 _CFG_CACHE: dict[str, RunConfig] = {}
@@ -74,7 +111,9 @@ class PFLClient(NumPyClient):
                                "SuperNode with --node-config 'partition-id=<i> num-partitions=<n>'")
         self.pid = int(context.node_config["partition-id"])
         self.data_root = context.node_config.get("data-root") or os.environ.get("FLOWER_PFL_DATA")
-        self.state = ClientState(context.state)
+        state_dir = context.node_config.get("state-dir")
+        self.state = ClientState(context.state, Path(str(state_dir)) / f"run-{context.run_id}" /
+                                 f"partition-{self.pid}" if state_dir else None)
         self.cfg: RunConfig | None = None
         self.data: ClientData | None = None
         self.device = torch.device("cpu")

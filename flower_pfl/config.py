@@ -61,6 +61,9 @@ FIELDS: dict[str, Field] = {
     "eval-every": Field((int,), 1, _POS, "an integer >= 1"),
     "eval-global": Field((bool,), True, None, "true or false"),
     "seed": Field((int,), 0, _NONNEG, "an integer >= 0"),
+    "round-timeout": Field((float, int), None, _POS, "seconds > 0 or null (wait for every "
+                           "client; in deployment a dead node then blocks the round)",
+                           nullable=True),
     "device": Field((str,), "auto", _in(DEVICES), f"one of {list(DEVICES)}"),
     "model": Field((str,), "cnn", _in(MODELS), f"one of {list(MODELS)}"),
     "output-dir": Field((str,), "outputs", None, "a directory path"),

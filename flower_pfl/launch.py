@@ -154,13 +154,20 @@ def _bin(name: str) -> str:
     return str(path) if path.exists() else (shutil.which(name) or name)
 
 
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None,
+              cafile: str | None = None) -> None:
+    import ssl
+
+    handlers: list = [urllib.request.ProxyHandler({})]  # loopback: never via a proxy
+    if cafile:
+        handlers.append(urllib.request.HTTPSHandler(
+            context=ssl.create_default_context(cafile=cafile)))
+    opener = urllib.request.build_opener(*handlers)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
             raise LaunchError(f"process exited with code {proc.returncode} before {url} answered")
         try:
-            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback
             with opener.open(url, timeout=1) as resp:
                 if resp.status == 200:
                     return
@@ -245,7 +252,9 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
 
 
 def _stream(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s: float | None,
-            procs: ProcessSet) -> str | None:
+            procs: ProcessSet, on_line=None) -> str | None:
+    """Run ``flwr run --stream``, tee its output, return the run id; ``on_line(line)`` is
+    called for every line (tests use it to act at a given round)."""
     run_id = None
     deadline = None if timeout_s is None else time.time() + timeout_s
     with open(log_path, "w") as log:
@@ -262,6 +271,8 @@ def _stream(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s: fl
             match = re.search(r"Successfully started run (\d+)", line)
             if match:
                 run_id = match.group(1)
+            if on_line is not None:
+                on_line(line)
             procs.snapshot()  # remember ServerApp/Ray PIDs while they are alive
             if deadline is not None and time.time() > deadline:
                 raise LaunchError(f"run exceeded {timeout_s:.0f}s; see {log_path}")
@@ -287,7 +298,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
             p.add_argument("--quiet", action="store_true", help="do not echo Flower's log")
     sub.add_parser("strategies")
+    p = sub.add_parser("certs", help="make a throwaway CA + server certificate (testing)")
+    p.add_argument("dir")
+    p.add_argument("--host", action="append", help="host names/IPs of the SuperLink "
+                   "(default: 127.0.0.1 localhost ::1)")
+    p = sub.add_parser("node-key", help="make an EC key pair for SuperNode authentication")
+    p.add_argument("dir")
+    p.add_argument("name")
+    p = sub.add_parser("deploy", help="SuperLink + one SuperNode per client on this machine")
+    p.add_argument("--config", default=str(APP_DIR / "simulation.yaml"))
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.add_argument("--certs", help="folder with ca.crt, server.pem, server.key")
+    p.add_argument("--insecure", action="store_true", help="no TLS, no node auth (testing)")
+    p.add_argument("--gpus", default="", help="comma-separated GPU ids, round-robin per node")
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--timeout", type=float, default=None)
     args = parser.parse_args(argv)
+
+    if args.command == "certs":
+        from flower_pfl.deploy import make_ca
+
+        paths = make_ca(args.dir, args.host or ("127.0.0.1", "localhost", "::1"))
+        print("\n".join(f"{k}: {v}" for k, v in paths.items()))
+        return 0
+    if args.command == "node-key":
+        from flower_pfl.deploy import make_node_key
+
+        private, public = make_node_key(args.dir, args.name)
+        print(f"private: {private}\npublic:  {public}")
+        return 0
 
     if args.command == "strategies":
         for entry in registry.REGISTRY.values():
@@ -303,6 +342,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "validate":
         print(f"{args.config}: OK (strategy {cfg.strategy}, {cfg['clients']} clients, "
               f"{cfg['rounds']} rounds)")
+        return 0
+    if args.command == "deploy":
+        from flower_pfl.deploy import deploy
+        from strategies.base import default_results_dir
+
+        if not args.certs and not args.insecure:
+            print("flower-pfl: deploy needs --certs DIR (TLS + node auth) or --insecure",
+                  file=sys.stderr)
+            return 2
+        results_dir = default_results_dir(cfg)
+        try:
+            deploy(Path(args.config), args.set or [], results_dir, cfg["clients"],
+                   None if args.insecure else Path(args.certs),
+                   [g for g in args.gpus.split(",") if g], args.data_root, args.timeout)
+        except LaunchError as exc:
+            print(f"flower-pfl: FAILED: {exc}", file=sys.stderr)
+            return 1
+        print(f"flower-pfl: deployment run completed. Results: {results_dir}")
         return 0
     from strategies.base import default_results_dir
 

@@ -30,7 +30,8 @@ def build_strategy(context: Context):
 
 def server_fn(context: Context) -> ServerAppComponents:
     cfg, strategy = build_strategy(context)
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg["rounds"]))
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(
+        num_rounds=cfg["rounds"], round_timeout=cfg["round-timeout"]))
 
 
 app = ServerApp(server_fn=server_fn)

@@ -1,0 +1,89 @@
+"""Real processes on 127.0.0.1: a secure SuperLink (TLS + SuperNode auth) and SuperNodes."""
+
+from __future__ import annotations
+
+import csv
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flower_pfl.deploy import Deployment, make_ca, make_node_key
+from flower_pfl.launch import _alive
+
+BASE = {"strategy": "fedamp", "rounds": 3, "clients": 3, "fraction-fit": 1.0, "model": "mclr",
+        "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 3000}}
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_ca(tmp_path_factory.mktemp("certs"))
+
+
+def _config(tmp_path: Path, **changes) -> Path:
+    tree = {**BASE, **changes}
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def _secure(tmp_path, certs, names) -> Deployment:
+    dep = Deployment(tmp_path / "work", 3, certs)
+    dep.start_superlink()
+    for pid, name in enumerate(names):
+        key, pub = make_node_key(tmp_path / "keys", name)
+        dep.register(pub, name)
+        dep.start_node(dep.add_node(pid, name, key))
+    return dep
+
+
+def _rows(results: Path, server_round: int):
+    with open(results / "clients.csv") as fh:
+        return [r for r in csv.DictReader(fh) if int(r["round"]) == server_round]
+
+
+def test_secure_deployment_runs_fedamp_with_per_client_metrics(tmp_path, certs):
+    with _secure(tmp_path, certs, ["a", "b", "c"]) as dep:
+        out = dep.run(_config(tmp_path), [], tmp_path / "res", timeout_s=600)
+        procs = [n.process for n in dep.nodes.values()]
+    assert out.status == "finished:completed"
+    last = _rows(tmp_path / "res", 3)
+    assert sorted(int(r["partition-id"]) for r in last) == [0, 1, 2]
+    assert all(int(r["fit-rounds"]) == 3 for r in last)
+    assert (tmp_path / "res" / "attention.npy").exists()
+    assert not any(_alive(p) for p in out.pids) and all(p.poll() is not None for p in procs)
+
+
+def test_unregistered_supernode_is_refused_and_run_completes(tmp_path, certs):
+    with _secure(tmp_path, certs, ["a", "b", "c"]) as dep:
+        rogue_key, _ = make_node_key(tmp_path / "keys", "rogue")  # never registered
+        rogue = dep.add_node(2, "rogue", rogue_key)  # would claim partition 2 as well
+        proc = dep.start_node(rogue)
+        assert proc.wait(timeout=120) != 0  # refused by the SuperLink
+        out = dep.run(_config(tmp_path), [], tmp_path / "res", timeout_s=600)
+    assert out.status == "finished:completed"
+    assert sorted(int(r["partition-id"]) for r in _rows(tmp_path / "res", 3)) == [0, 1, 2]
+
+
+def test_restarted_supernode_keeps_identity_and_personal_state(tmp_path, certs):
+    rounds = 5
+    with _secure(tmp_path, certs, ["a", "b", "c"]) as dep:
+        node = dep.nodes["b"]
+        done = threading.Event()
+
+        def restart_once(line: str) -> None:
+            if "[ROUND 3]" in line and not done.is_set():
+                done.set()
+                dep.stop_node(node)  # the client machine goes down...
+                dep.start_node(node)  # ...and comes back with the same key and disk
+
+        out = dep.run(_config(tmp_path, rounds=rounds, **{"round-timeout": 60}), [],
+                      tmp_path / "res", timeout_s=900, on_line=restart_once)
+    assert done.is_set() and out.status == "finished:completed"
+    last = {int(r["partition-id"]): r for r in _rows(tmp_path / "res", rounds)}
+    assert sorted(last) == [0, 1, 2]
+    # partition 1 kept counting from its state on disk: a reset would give <= rounds - 2
+    assert int(last[1]["fit-rounds"]) >= rounds - 1, last[1]
+    state = tmp_path / "work" / "client-state" / "b"
+    assert [p.name for p in state.glob("run-*/partition-*")] == ["partition-1"]
