@@ -155,24 +155,20 @@ class ModelMatrix:
                 "gram_c": self.gram_c, "cross": self.cross, "seen": self.seen}
 
 
-def pairwise_sq_distances_naive(vectors: np.ndarray) -> np.ndarray:
+def _pairwise_naive(vectors: np.ndarray, pair, diagonal: float) -> np.ndarray:
     """Reference route: a Python loop over pairs in float64 (tests and benchmarks only)."""
     v = np.asarray(vectors, dtype=np.float64)
-    n = len(v)
-    out = np.zeros((n, n))
-    for i in range(n):
-        for j in range(i + 1, n):
-            diff = v[i] - v[j]
-            out[i, j] = out[j, i] = float(diff @ diff)
+    out = np.full((len(v), len(v)), diagonal)
+    for i in range(len(v)):
+        for j in range(i + 1, len(v)):
+            out[i, j] = out[j, i] = pair(v[i], v[j])
     return out
+
+
+def pairwise_sq_distances_naive(vectors: np.ndarray) -> np.ndarray:
+    return _pairwise_naive(vectors, lambda a, b: float((a - b) @ (a - b)), 0.0)
 
 
 def pairwise_cosine_naive(vectors: np.ndarray) -> np.ndarray:
-    v = np.asarray(vectors, dtype=np.float64)
-    n = len(v)
-    out = np.ones((n, n))
-    for i in range(n):
-        for j in range(i + 1, n):
-            out[i, j] = out[j, i] = float(v[i] @ v[j] / (np.linalg.norm(v[i]) *
-                                                          np.linalg.norm(v[j])))
-    return out
+    return _pairwise_naive(
+        vectors, lambda a, b: float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))), 1.0)
