@@ -143,6 +143,10 @@ def flwr_env(flwr_home: Path, port: int) -> dict:
     env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(port)
     env["FLWR_LOCAL_CONTROL_API_PORT"] = str(port)
     env.setdefault("RAY_DEDUP_LOGS", "0")
+    # Without an address, ray.init() joins the cluster last started with `ray start` on this
+    # machine (/tmp/ray/ray_current_cluster) -- and hangs if that cluster is gone. Start a
+    # private Ray instance unless the user names a cluster in RAY_ADDRESS.
+    env.setdefault("RAY_ADDRESS", "local")
     # SuperExec looks for new ClientApp/ServerApp tasks every 1 s by default; every message
     # in deployment waits for that poll, so poll faster (Flower allows down to 0.01 s).
     env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
