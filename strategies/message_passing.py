@@ -78,8 +78,13 @@ class MessagePassingStrategy(PersonalizedStrategy):
     def eval_payload(self, pid, server_round):
         if self.matrix.seen[pid]:
             return [], {}  # the client evaluates its own personalized model w_i
-        u = self.matrix.combine(self.attention(np.array([pid]), server_round))[0]
-        return self.spec.unflatten(u), {}
+        if getattr(self, "_eval_cloud_round", None) != server_round:
+            # cloud models of ALL never-trained clients in one product, once per round
+            unseen = np.flatnonzero(~self.matrix.seen)
+            cloud = self.matrix.combine(self.attention(unseen, server_round))
+            self._eval_cloud = {int(p): cloud[k] for k, p in enumerate(unseen)}
+            self._eval_cloud_round = server_round
+        return self.spec.unflatten(self._eval_cloud[pid]), {}
 
     def aggregate_evaluate(self, server_round, results, failures):
         out = super().aggregate_evaluate(server_round, results, failures)
