@@ -192,11 +192,6 @@ class RunConfig:
         raw = json.loads(text)
         return cls(values=raw["values"], hyper=raw["hyper"], source=raw.get("source", "<json>"))
 
-    def with_values(self, **changes: Any) -> "RunConfig":
-        values = dict(self.values)
-        values.update(changes)
-        return RunConfig(values=values, hyper=self.hyper, source=self.source)
-
 
 def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfig:
     """Validate a parsed YAML tree; raise ONE ConfigError listing every problem."""

@@ -117,10 +117,6 @@ def _float_items(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
 
 
-def array_names(model: nn.Module) -> list[str]:
-    return [k for k, _ in _float_items(model)]
-
-
 def get_arrays(model: nn.Module) -> list[np.ndarray]:
     """Floating-point state (parameters and float buffers) as numpy arrays, in order."""
     return [v.detach().cpu().numpy().copy() for _, v in _float_items(model)]

@@ -77,9 +77,6 @@ class ClientStore:
     def get(self, name: str, pid: int, default: Any = None) -> Any:
         return self.values.get(name, {}).get(pid, default)
 
-    def seen(self) -> list[int]:
-        return sorted(self.last_round)
-
 
 class PersonalizedStrategy(Strategy):
     """Base Strategy: identity, sampling, per-client payloads, evaluation of all clients."""
