@@ -52,8 +52,7 @@ class ResultsWriter:
         self.lower_is_better = lower_is_better
         row["personal_bmta"] = self._best("personal_mean")
         _append_csv(self.dir / "rounds.csv", row)
-        for client in clients:
-            _append_csv(self.dir / "clients.csv", {"round": server_round, **client})
+        _append_csv(self.dir / "clients.csv", [{"round": server_round, **c} for c in clients])
         self._write_summary()
 
     def _best(self, key: str) -> float:
@@ -69,8 +68,7 @@ class ResultsWriter:
 
     def log_table(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Append rows to ``<name>.csv`` (e.g. FedACS' peers per client per round)."""
-        for row in rows:
-            _append_csv(self.dir / f"{name}.csv", row)
+        _append_csv(self.dir / f"{name}.csv", rows)
 
     def save_matrix(self, name: str, matrix: np.ndarray, labels: Sequence[int] | None = None
                     ) -> None:
@@ -110,25 +108,26 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def _append_csv(path: Path, row: Mapping[str, Any]) -> None:
-    new = not path.exists()
-    if not new:
+def _append_csv(path: Path, rows: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+    """Append row(s) in one write. Missing columns stay empty; only a NEW column (e.g. a
+    metric that appears later) makes the file be rewritten with the union of columns."""
+    rows = [dict(rows)] if isinstance(rows, Mapping) else [dict(r) for r in rows]
+    if not rows:
+        return
+    header: list[str] = []
+    if path.exists():
         with path.open() as fh:
             header = next(csv.reader(fh), [])
-        if list(row) != header:  # columns changed (e.g. a new metric): rewrite with union
-            with path.open() as fh:
-                old = list(csv.DictReader(fh))
-            fields = list(dict.fromkeys(header + list(row)))
-            with path.open("w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=fields)
-                w.writeheader()
-                w.writerows(old + [dict(row)])
-            return
-    with path.open("a", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(row))
-        if new:
+    fields = list(dict.fromkeys(header + [k for r in rows for k in r]))
+    if header and fields != header:
+        with path.open() as fh:
+            rows = list(csv.DictReader(fh)) + rows
+        header = []
+    with path.open("a" if header else "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, restval="")
+        if not header:
             w.writeheader()
-        w.writerow(dict(row))
+        w.writerows(rows)
 
 
 # A few anchors of the viridis colour map, interpolated linearly.

@@ -37,3 +37,18 @@ def test_bmta_is_best_round_mean():
 def test_empty_is_an_error():
     with pytest.raises(ValueError):
         summarize([])
+
+
+def test_csv_rows_keep_columns_when_they_vary(tmp_path):
+    import csv as _csv
+
+    from flower_pfl.results import _append_csv
+
+    path = tmp_path / "t.csv"
+    _append_csv(path, [{"round": 1, "a": 1}, {"round": 1, "a": 2}])
+    _append_csv(path, {"round": 2})  # fewer columns: appended, 'a' left empty
+    _append_csv(path, {"round": 3, "b": 7})  # a new column: file rewritten with the union
+    with open(path) as fh:
+        rows = list(_csv.DictReader(fh))
+    assert [r["round"] for r in rows] == ["1", "1", "2", "3"]
+    assert rows[2]["a"] == "" and rows[3]["b"] == "7" and rows[0]["b"] == ""
