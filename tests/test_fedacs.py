@@ -8,7 +8,6 @@ import pytest
 from flower_pfl import inprocess
 from flower_pfl.attention import consensus_weights, fedacs_weights, quantile_threshold
 from flower_pfl.data import group_of_clients
-from flower_pfl.params import ModelMatrix
 from tests.conftest import small_config
 
 S = np.array([[1.0, 0.9, 0.2, 0.6],
@@ -81,15 +80,3 @@ def test_selected_peers_are_mostly_in_the_own_group(tmp_path):
     assert share > 3 / 11 + 0.3, share  # chance: 3 same-group peers among 11
     assert all(np.isfinite(r["delta"]) for r in s.results.server_rows[1:])
     assert s.eval_history[-1]["mean"] > 0.5
-
-
-def test_matrix_route_is_shared_with_fedamp():
-    # FedACS' similarities come from the same ModelMatrix (stacked models + Gram)
-    from strategies.fedacs import FedACS
-    from strategies.fedamp import FedAMP
-    from strategies.message_passing import MessagePassingStrategy
-
-    assert issubclass(FedACS, MessagePassingStrategy) and issubclass(FedAMP, MessagePassingStrategy)
-    m = ModelMatrix(3, np.ones(5, dtype=np.float32))
-    m.update([0, 1, 2], np.eye(3, 5, dtype=np.float32) + 1)
-    assert m.cosine().shape == (3, 3)
