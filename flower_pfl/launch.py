@@ -263,6 +263,7 @@ def _stream(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s: fl
     """Run ``flwr run --stream``, tee its output, return the run id; ``on_line(line)`` is
     called for every line (tests use it to act at a given round)."""
     run_id = None
+    last_snapshot = 0.0
     deadline = None if timeout_s is None else time.time() + timeout_s
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -280,7 +281,9 @@ def _stream(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s: fl
                 run_id = match.group(1)
             if on_line is not None:
                 on_line(line)
-            procs.snapshot()  # remember ServerApp/Ray PIDs while they are alive
+            if time.time() - last_snapshot > 1.0:  # a /proc scan, at most once a second
+                procs.snapshot()  # remember ServerApp/Ray PIDs while they are alive
+                last_snapshot = time.time()
             if deadline is not None and time.time() > deadline:
                 raise LaunchError(f"run exceeded {timeout_s:.0f}s; see {log_path}")
         proc.wait()
