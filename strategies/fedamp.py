@@ -7,7 +7,7 @@ Server (eq. 5/7):  u_i = xi_ii w_i + sum_{j != i} xi_ij w_j,
 Client (eq. 6):    w_i = argmin_w F_i(w) + lambda / (2 alpha_k) ||w - u_i||^2
                    (clients/fedamp.py: SGD started from u_i).
 
-Choices the paper leaves open (documented in docs/algorithms.md):
+Choices the paper leaves open (documented in docs/algorithms/fedamp.md):
 * ``sigma: auto`` -- sigma = median squared distance between the stored client models,
   recomputed each round, so A' neither underflows nor goes flat whatever the model size.
 * ``alpha-k: auto`` -- alpha_k = alpha-scale * sigma / (n_peers), the largest step that
