@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from flower_pfl.launch import (APP_DIR, LaunchError, ProcessSet, RunOutcome, _bin, _stream,
-                               flwr_env, free_port, run_status, toml_string, wait_http)
+from flower_pfl.procs import (APP_DIR, LaunchError, ProcessSet, RunOutcome, _bin, _stream,
+                              flwr_env, free_port, process_tree, run_status, stop_tree,
+                              toml_string, wait_http)
 
 
 # ----------------------------------------------------------------------- certificates
@@ -178,8 +179,6 @@ class Deployment:
         return node.process
 
     def stop_node(self, node: Node) -> None:
-        from flower_pfl.launch import process_tree, stop_tree
-
         if node.process is not None:
             stop_tree(process_tree(node.process.pid))
             node.process.wait(timeout=10)
