@@ -73,14 +73,18 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
           generator: torch.Generator, device: torch.device,
           regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
           num_steps: int | None = None, lr: float | None = None,
-          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
-          ) -> dict[str, float]:
-    """Mini-batch SGD on ``loss_fn`` (+ ``regularizer(model)``); returns mean losses."""
+          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+          stop: Callable[[nn.Module], bool] | None = None) -> dict[str, float]:
+    """Mini-batch SGD on ``loss_fn`` (+ ``regularizer(model)``); returns mean losses.
+
+    ``stop(model)``, if given, is called after each step's backward pass (gradients in
+    ``model``); True ends training after that step (an early-stop rule; ``num_steps`` is
+    then the cap and ``local_steps`` the steps actually taken)."""
     model.to(device).train()
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr if lr is None else lr,
                           momentum=spec.momentum, weight_decay=spec.weight_decay)
     steps = num_steps if num_steps is not None else spec.num_steps(len(y))
-    total, total_reg = 0.0, 0.0
+    total, total_reg, done = 0.0, 0.0, 0
     for idx in batches(len(y), spec.batch_size, steps, generator):
         xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
         loss = loss_fn(model(xb), yb)
@@ -91,9 +95,13 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
             loss = loss + reg
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        halt = stop is not None and stop(model)
         opt.step()
-    return {"train_loss": total / max(steps, 1), "reg_loss": total_reg / max(steps, 1),
-            "local_steps": float(steps)}
+        done += 1
+        if halt:
+            break
+    return {"train_loss": total / max(done, 1), "reg_loss": total_reg / max(done, 1),
+            "local_steps": float(done)}
 
 
 @torch.no_grad()
