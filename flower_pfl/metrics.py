@@ -2,8 +2,10 @@
 
 ``summarize`` gives, for one evaluation round over ALL clients: mean (the papers'
 "mean test accuracy"), sample-weighted mean (accuracy of the pooled test sets), std,
-worst-10% mean and top-10% mean (mean over the ceil(10% * n) lowest/highest clients,
-PLGU's fairness view), min and max.  ``best_mean`` over rounds is BMTA (FedAMP's
+worst-10% mean and top-10% mean (mean over the ceil(10% * n) lowest/highest clients),
+worst-5% and top-5% mean (the same over ceil(5% * n) clients: the "lowest 5%" and "top 5%"
+columns of PLGU's Tables 1-2; with fewer than 20 clients that is the single worst/best
+client), min and max.  ``best_mean`` over rounds is BMTA (FedAMP's
 "best mean testing accuracy").
 """
 
@@ -14,7 +16,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-STAT_KEYS = ("mean", "weighted_mean", "std", "worst10_mean", "top10_mean", "min", "max")
+STAT_KEYS = ("mean", "weighted_mean", "std", "worst10_mean", "top10_mean", "worst5_mean",
+             "top5_mean", "min", "max")
 
 
 def tail_count(n: int, share: float = 0.1) -> int:
@@ -29,6 +32,7 @@ def summarize(values: Sequence[float], weights: Sequence[float] | None = None) -
         raise ValueError("no client values to summarize")
     w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=np.float64)
     k = tail_count(v.size)
+    k5 = tail_count(v.size, 0.05)
     ordered = np.sort(v)
     return {
         "mean": float(v.mean()),
@@ -36,6 +40,8 @@ def summarize(values: Sequence[float], weights: Sequence[float] | None = None) -
         "std": float(v.std()),  # population std over clients
         "worst10_mean": float(ordered[:k].mean()),
         "top10_mean": float(ordered[-k:].mean()),
+        "worst5_mean": float(ordered[:k5].mean()),  # PLGU Tables 1-2: lowest 5%
+        "top5_mean": float(ordered[-k5:].mean()),  # PLGU Tables 1-2: top 5%
         "min": float(ordered[0]),
         "max": float(ordered[-1]),
     }

@@ -19,6 +19,7 @@ def test_summarize_by_hand():
     assert s["std"] == pytest.approx(math.sqrt(((-.125) ** 2 + .375 ** 2 + .375 ** 2 + .125 ** 2) / 4))
     assert s["worst10_mean"] == 0.25 and s["top10_mean"] == 1.0  # ceil(0.4) = 1 client
     assert (s["min"], s["max"]) == (0.25, 1.0)
+    assert s["worst5_mean"] == 0.25 and s["top5_mean"] == 1.0  # ceil(0.2) = 1 client
 
 
 def test_tails_over_more_clients():
@@ -28,6 +29,33 @@ def test_tails_over_more_clients():
     assert s["worst10_mean"] == pytest.approx((0.0 + 0.05) / 2)
     assert s["top10_mean"] == pytest.approx((0.90 + 0.95) / 2)
     assert tail_count(11) == 2 and tail_count(10) == 1
+    assert s["worst5_mean"] == 0.0 and s["top5_mean"] == 0.95  # ceil(5% * 20) = 1 client
+
+
+def test_five_percent_tails_over_many_clients():
+    accs = [i / 100 for i in range(100)][::-1]  # order must not matter
+    s = summarize(accs)
+    assert tail_count(100, 0.05) == 5 and tail_count(41, 0.05) == 3
+    assert s["worst5_mean"] == pytest.approx((0.00 + 0.01 + 0.02 + 0.03 + 0.04) / 5)
+    assert s["top5_mean"] == pytest.approx((0.95 + 0.96 + 0.97 + 0.98 + 0.99) / 5)
+    assert s["worst10_mean"] == pytest.approx(sum(i / 100 for i in range(10)) / 10)
+
+
+def test_every_stat_key_reaches_the_rounds_table(tmp_path):
+    import csv as _csv
+
+    from flower_pfl.metrics import STAT_KEYS
+    from flower_pfl.results import ResultsWriter
+
+    writer = ResultsWriter(tmp_path, {})
+    stats = summarize([0.1, 0.5, 0.9])
+    writer.log_round(1, stats, stats, [{"partition-id": 0}])
+    with open(tmp_path / "rounds.csv") as fh:
+        row = next(_csv.DictReader(fh))
+    for key in ("worst5_mean", "top5_mean"):
+        assert key in STAT_KEYS
+        assert float(row[f"personal_{key}"]) == stats[key]
+        assert float(row[f"global_{key}"]) == stats[key]
 
 
 def test_bmta_is_best_round_mean():
