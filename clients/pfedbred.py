@@ -1,0 +1,57 @@
+"""pFedBreD_ns / pFedMe client -- Shi et al. (NeurIPS 2023), Algorithm 1 lines 5-10.
+
+    line 5   w_{i,0} <- w^(t-1) (received),  theta_{i,0} <- theta_{i,R}^(t-1) (context.state)
+    lines 6-10  for r = 1..R, one mini-batch each:
+             mu     <- meta-step of eq. 14 (lg / meg / mh; pFedMe: mu = w)
+             theta  <- K SGD steps (step alpha) on f_i(theta) + lambda/2 ||theta - mu||^2
+             w      <- w - alpha_m lambda (w - theta)
+    upload   w_{i,R}
+
+context.state (mirrored to the node's state-dir in deployment) keeps theta_{i,R} (key
+``personal``: the personalized model, evaluated as P) and, for meg / mh, the memorized
+w_{i,R} (key ``pfedbred-w``) that the next round's meta-step uses.  A client's first round
+starts both from the received w^(t-1).  The math is flower_pfl/pfedbred_math.py; the
+hyper-parameters come from the strategy in the fit config.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from clients.base import PersonalStateClient
+from flower_pfl import pfedbred_math as pm
+from flower_pfl.models import get_arrays
+from flower_pfl.training import batches, gaussian_nll
+
+MEMORY_KEY = "pfedbred-w"
+
+
+class PFedBreDClient(PersonalStateClient):
+    def fit_round(self, parameters, config):
+        prior = str(config["prior"])
+        w = self.new_model(parameters)                                   # w_{i,0} = w^(t-1)
+        theta = self.new_model(self.state.get_arrays("personal") or parameters)  # theta_{i,0}
+        memory = None
+        if pm.uses_memory(prior):                                       # w_{i,R}^(t-1)
+            mem = self.state.get_arrays(MEMORY_KEY) or parameters
+            memory = [p.detach().clone() for p in self.new_model(mem).parameters()]
+        x, y = self.data.x_train, self.data.y_train
+        order = batches(len(y), int(config["batch-size"]), int(config["local-iterations"]),
+                        self.generator())
+        data = ((x[idx].to(self.device), y[idx].to(self.device)) for idx in order)
+        loss_fn = F.cross_entropy if self.data.task == "classification" else \
+            gaussian_nll(self.data.noise_sq)
+        stats = pm.local_round(
+            w, theta, memory, data, prior=prior, lam=float(config["lambda"]),
+            alpha=float(config["alpha"]), alpha_m=float(config["alpha-m"]),
+            prox_iters=int(config["prox-steps"]), eta=float(config["eta"]),
+            eta_alpha=float(config["eta-alpha"]), loss_fn=loss_fn)
+        w_arrays = get_arrays(w)
+        self.save_personal(theta)                                        # theta_{i,R}
+        if memory is not None:
+            self.state.set_arrays(MEMORY_KEY, w_arrays)
+        with torch.no_grad():
+            gap = sum(float(((a - b) ** 2).sum()) for a, b in
+                      zip(w.parameters(), theta.parameters())) ** 0.5
+        return w_arrays, {**stats, "w_theta_gap": gap}

@@ -1,0 +1,84 @@
+"""pFedBreD_ns (Shi et al., NeurIPS 2023) and pFedMe (Dinh et al., NeurIPS 2020).
+
+Defaults: the pFedBreD paper's "Hyperparameter Settings" (section 6.1), which it uses for
+every method including pFedMe.  ``pfedbred`` takes ``prior: lg | meg | mh``; the
+convenience names ``pfedbred-lg``, ``pfedbred-meg``, ``pfedbred-mh`` fix the prior so a
+benchmark matrix of strategy names covers the three meta-steps without hyper overrides.
+"""
+
+from __future__ import annotations
+
+from flower_pfl.hyper import NUM, POS, Entry, Hyper
+
+_PAPER = "pFedBreD section 6.1 'Hyperparameter Settings'"
+
+_BETA = Hyper(1.0, NUM, lambda v: v > 0,
+              "a number > 0 (beta = 0 would freeze the global model: w(t) = w(t-1); "
+              "beta > 1 extrapolates as pFedMe does)",
+              f"beta of line 12, w(t) = (1-beta) w(t-1) + beta mean_i w_iR; 1 ({_PAPER})")
+
+COMMON = {
+    "lambda": Hyper(15.0, NUM, POS, "a number > 0",
+                    f"lambda, prox / prior weight of eq. 12; 15 ({_PAPER}: chosen from 15-60; "
+                    f"15 is the lower end)"),
+    "alpha": Hyper(0.01, NUM, POS, "a number > 0",
+                   f"alpha, personal step of the K prox SGD steps (line 8); 0.01 ({_PAPER})"),
+    "alpha-m": Hyper(0.01, NUM, POS, "a number > 0",
+                     f"alpha_m, main-problem step of line 9; 0.01 ({_PAPER})"),
+    "beta": _BETA,
+    "local-iterations": Hyper(20, (int,), POS, "an integer >= 1",
+                              f"R, local iterations per round, one mini-batch each; 20 ({_PAPER})"),
+    "prox-steps": Hyper(5, (int,), POS, "an integer >= 1",
+                        f"K, SGD steps of the approximate prox mapping (line 8); 5 ({_PAPER}: "
+                        f"'number of proximal iterations')"),
+    "batch-size": Hyper(20, (int,), POS, "an integer >= 1",
+                        f"mini-batch size of each local iteration; 20 ({_PAPER}, non-Sent140). "
+                        f"train.batch-size/lr/epochs/steps are not used by this family"),
+    "weighting": Hyper("uniform", (str,), lambda v: v in ("uniform", "samples"),
+                       "one of ['uniform', 'samples']",
+                       "E_I of line 12: uniform mean over the sampled clients (the paper's "
+                       "uniform sampling) or the sample-weighted mean"),
+}
+
+_ETA = Hyper(0.05, NUM, lambda v: v >= 0, "a number >= 0",
+             f"eta, meta-step size of the memorized envelope gradient in eq. 14 (meg, mh); "
+             f"0.05 ({_PAPER}). 0 switches meg off (= pFedMe; warned)")
+_ETA_ALPHA = Hyper(0.01, NUM, lambda v: v >= 0, "a number >= 0",
+                   f"eta_alpha, meta-step size of the loss gradient in eq. 14 (lg, mh); "
+                   f"0.01 ({_PAPER}). 0 switches lg off (= pFedMe; warned)")
+META = {"eta": _ETA, "eta-alpha": _ETA_ALPHA}
+
+
+def _stability(values, hyper) -> list[str]:
+    """Explicit SGD on lambda/2||theta - mu||^2 (step alpha) and line 9 (step alpha_m) multiply
+    the gap by (1 - step*lambda): at step*lambda >= 1 they overshoot (>= 2: diverge)."""
+    problems = []
+    for key in ("alpha", "alpha-m"):
+        if hyper[key] * hyper["lambda"] >= 1.0:
+            problems.append(f"'{key}' * 'lambda' = {hyper[key] * hyper['lambda']:.3g} >= 1: the "
+                            f"step overshoots the prox centre (gap multiplied by 1 - {key}*lambda);"
+                            f" lower {key} or lambda")
+    return problems
+
+
+_SUMMARY = ("pFedBreD_ns (Shi et al., NeurIPS 2023, Alg. 1, spherical Gaussian prior): per local "
+            "iteration mu = meta-step (eq. 14), theta = K-step prox of f_i around mu, "
+            "w -= alpha_m lambda (w - theta); server w = (1-beta) w + beta mean w_i.")
+
+ENTRIES = [
+    Entry("pfedbred", "strategies.pfedbred:PFedBreD", "clients.pfedbred:PFedBreDClient",
+          _SUMMARY + " prior: lg | meg | mh.",
+          {"prior": Hyper("mh", (str,), lambda v: v in ("lg", "meg", "mh"),
+                          "one of ['lg', 'meg', 'mh']",
+                          "meta-step of eq. 14: loss gradient, memorized envelope gradient, or "
+                          "memorized hybrid (both); mh is the paper's main method (Table 1)"),
+           **META, **COMMON},
+          cross_check=_stability),
+    *[Entry(f"pfedbred-{p}", f"strategies.pfedbred:PFedBreD{p.upper()}",
+            "clients.pfedbred:PFedBreDClient", _SUMMARY + f" Fixed prior = {p}.",
+            {**META, **COMMON}, cross_check=_stability) for p in ("lg", "meg", "mh")],
+    Entry("pfedme", "strategies.pfedbred:PFedMe", "clients.pfedbred:PFedBreDClient",
+          "pFedMe (Dinh et al., NeurIPS 2020): pFedBreD's framework with mu = w (Moreau "
+          "envelope, no meta-step; the paper's 'Non-PP' row).",
+          dict(COMMON), cross_check=_stability),
+]

@@ -1,0 +1,75 @@
+"""pFedBreD_ns -- Shi et al., "Personalized Federated Learning with Hidden Information on
+Personalized Prior", NeurIPS 2023, Algorithm 1 (server side); and pFedMe -- Dinh et al.,
+"Personalized Federated Learning with Moreau Envelopes", NeurIPS 2020 (mu = w).
+
+    line 3   send w^(t-1) to the sampled clients (with prior, lambda, alpha, alpha_m, R, K,
+             eta, eta_alpha, batch size)
+    line 12  w^(t) = (1 - beta) w^(t-1) + beta E_I w_{i,R}^(t)
+
+beta = 1 is plain averaging; beta > 1 extrapolates (pFedMe's trick); beta = 0 would freeze
+the global model and is rejected by config validation (flower_pfl/catalog/pfedbred.py).
+A meta-step switched off (eta = 0 for meg, eta_alpha = 0 for lg, both for mh) turns pFedBreD
+into pFedMe: allowed (tests use it) but warned in the log.
+
+Open choice: the paper has every client train every round and aggregates a 20% sample; here
+(as everywhere in flower-pfl) only the sampled clients train, so a client's theta_i and
+memory advance only in the rounds it is sampled.  E_I is the uniform mean (``weighting``).
+"""
+
+from __future__ import annotations
+
+from logging import WARNING
+
+from flwr.common.logger import log
+
+from flower_pfl import pfedbred_math as pm
+from strategies.base import PersonalizedStrategy
+
+CLIENT_KEYS = ("lambda", "alpha", "alpha-m", "local-iterations", "prox-steps", "batch-size")
+
+
+class PFedBreD(PersonalizedStrategy):
+    #: the meta-step of eq. 14; None: read ``hyper.prior`` (convenience names fix it)
+    fixed_prior: str | None = None
+
+    def __init__(self, cfg, initial_arrays=None, results_dir=None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
+        self.prior = self.fixed_prior or str(self.hyper["prior"])
+        off = {"lg": ["eta-alpha"], "meg": ["eta"], "mh": ["eta", "eta-alpha"]}.get(self.prior, [])
+        if off and all(float(self.hyper[k]) == 0.0 for k in off):
+            log(WARNING, "[flower-pfl] %s: %s = 0 switches the meta-step off (mu = w): this "
+                "run is pFedMe, not pFedBreD-%s", cfg.strategy, " = ".join(off), self.prior)
+
+    def fit_payload(self, pid, server_round):
+        extra = {k: self.hyper[k] for k in CLIENT_KEYS}
+        extra.update(prior=self.prior, eta=float(self.hyper.get("eta", 0.0)),
+                     **{"eta-alpha": float(self.hyper.get("eta-alpha", 0.0))})
+        return self.global_arrays, extra
+
+    def aggregate_updates(self, server_round, updates):
+        weights = None
+        if self.hyper["weighting"] == "samples":
+            weights = [u.num_examples for u in updates]
+        self.global_arrays = pm.server_update(self.global_arrays, [u.arrays for u in updates],
+                                              float(self.hyper["beta"]), weights)
+        gaps = [float(u.metrics["w_theta_gap"]) for u in updates if "w_theta_gap" in u.metrics]
+        if gaps:
+            self.log_server(mean_w_theta_gap=sum(gaps) / len(gaps))
+
+
+class PFedBreDLG(PFedBreD):
+    fixed_prior = "lg"
+
+
+class PFedBreDMEG(PFedBreD):
+    fixed_prior = "meg"
+
+
+class PFedBreDMH(PFedBreD):
+    fixed_prior = "mh"
+
+
+class PFedMe(PFedBreD):
+    """pFedMe = the same framework with mu = w (no meta-step)."""
+
+    fixed_prior = "none"

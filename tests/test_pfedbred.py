@@ -1,0 +1,206 @@
+"""pFedBreD_ns (lg / meg / mh) and pFedMe: eq. 14, the prox step and the envelope gradient by
+hand on a tiny model, line 12 on the server, config rejections, pFedMe = pFedBreD with the
+meta-step off (bit for bit), client state across rounds, and personalization on real FMNIST."""
+
+from __future__ import annotations
+
+import csv
+import logging
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from flower_pfl import config, inprocess
+from flower_pfl import pfedbred_math as pm
+from tests.conftest import small_config
+
+# ------------------------------------------------------------- a tiny model, by hand
+X = np.array([[1.0, 2.0], [0.5, -1.0], [-1.5, 0.5]])
+Y = np.array([0, 1, 1])
+W0 = np.array([[0.2, -0.1], [0.4, 0.3]])  # 2 classes x 2 features, no bias
+
+
+def _ce_grad(w: np.ndarray) -> np.ndarray:
+    """d/dW mean_n CE(softmax(W x_n), y_n) = mean_n (p_n - e_{y_n}) x_n^T."""
+    logits = X @ w.T
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(len(Y)), Y] -= 1.0
+    return p.T @ X / len(Y)
+
+
+def _tiny(w: np.ndarray) -> torch.nn.Linear:
+    m = torch.nn.Linear(2, 2, bias=False).double()
+    with torch.no_grad():
+        m.weight.copy_(torch.tensor(w))
+    return m
+
+
+XB, YB = torch.tensor(X), torch.tensor(Y)
+T = lambda a: [torch.tensor(np.asarray(a, dtype=np.float64))]  # noqa: E731
+
+
+def test_loss_gradient_and_lg_meta_step_by_hand():
+    grad = pm.loss_gradient(_tiny(W0), XB, YB, F.cross_entropy)
+    np.testing.assert_allclose(grad[0].numpy(), _ce_grad(W0), rtol=1e-12)
+    mu = pm.meta_step(T(W0), "lg", grad_f=grad, eta_alpha=0.3)
+    np.testing.assert_allclose(mu[0].numpy(), W0 - 0.3 * _ce_grad(W0), rtol=1e-12)
+
+
+def test_meg_meta_step_by_hand():
+    w, mem, theta = T([1.0, 2.0]), T([3.0, 1.0]), T([0.5, 0.5])
+    mu = pm.meta_step(w, "meg", w_memory=mem, theta=theta, eta=0.1)
+    # mu = w - eta (w_{i,R}^(t-1) - theta) = [1 - 0.1*2.5, 2 - 0.1*0.5]
+    np.testing.assert_allclose(mu[0].numpy(), [0.75, 1.95], rtol=1e-12)
+
+
+def test_mh_meta_step_is_both_terms_by_hand():
+    mem, theta = T(W0 + 1.0), T(W0 - 0.5)
+    grad = pm.loss_gradient(_tiny(W0), XB, YB, F.cross_entropy)
+    mu = pm.meta_step(T(W0), "mh", grad_f=grad, w_memory=mem, theta=theta, eta=0.05,
+                      eta_alpha=0.01)
+    expected = W0 - 0.01 * _ce_grad(W0) - 0.05 * ((W0 + 1.0) - (W0 - 0.5))
+    np.testing.assert_allclose(mu[0].numpy(), expected, rtol=1e-12)
+    # pFedMe: mu = w, nothing else
+    np.testing.assert_array_equal(pm.meta_step(T(W0), "none")[0].numpy(), W0)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_prox_steps_by_hand(steps):
+    # theta <- theta - alpha (grad f(theta) + lambda (theta - mu)), K times on one batch.
+    # Removing the prox term, or detaching it (zero gradient), changes every entry.
+    mu = W0 + np.array([[0.3, -0.1], [0.1, 0.4]])
+    theta0, lam, alpha = W0 - 0.2, 15.0, 0.01
+    model = _tiny(theta0)
+    pm.prox_steps(model, T(mu), lam, alpha, steps, XB, YB, F.cross_entropy)
+    expected = theta0
+    for _ in range(steps):
+        expected = expected - alpha * (_ce_grad(expected) + lam * (expected - mu))
+    np.testing.assert_allclose(model.weight.detach().numpy(), expected, rtol=1e-12)
+    without_prox = theta0 - alpha * _ce_grad(theta0)
+    assert np.abs(model.weight.detach().numpy() - without_prox).min() > 1e-3
+
+
+def test_envelope_gradient_and_main_step_by_hand():
+    w, theta = np.array([[1.0, -2.0], [0.5, 0.0]]), np.array([[0.5, -1.0], [0.5, 1.0]])
+    g = pm.envelope_gradient(T(w), T(theta), 15.0)
+    np.testing.assert_allclose(g[0].numpy(), 15.0 * (w - theta), rtol=1e-12)
+    model = _tiny(w)
+    pm.main_step(model, T(theta), 15.0, 0.01)  # w <- w - alpha_m lambda (w - theta)
+    np.testing.assert_allclose(model.weight.detach().numpy(), w - 0.15 * (w - theta), rtol=1e-12)
+
+
+def test_server_update_line_12():
+    prev = [np.array([1.0, 1.0], np.float32)]
+    ws = [[np.array([2.0, 0.0], np.float32)], [np.array([4.0, 2.0], np.float32)]]
+    np.testing.assert_allclose(pm.server_update(prev, ws, 1.0)[0], [3.0, 1.0])
+    # beta = 2 (pFedMe's extrapolation): (1-2)*[1,1] + 2*[3,1] = [5, 1]
+    np.testing.assert_allclose(pm.server_update(prev, ws, 2.0)[0], [5.0, 1.0])
+    # sample-weighted mean: (1*[2,0] + 3*[4,2]) / 4 = [3.5, 1.5]
+    np.testing.assert_allclose(pm.server_update(prev, ws, 1.0, [1, 3])[0], [3.5, 1.5])
+    with pytest.raises(ValueError, match="freezes"):
+        pm.server_update(prev, ws, 0.0)
+
+
+@pytest.mark.parametrize("strategy", ["pfedbred", "pfedbred-mh", "pfedme"])
+def test_beta_zero_is_rejected_by_config(strategy):
+    with pytest.raises(config.ConfigError, match="freeze the global model"):
+        config.validate({"strategy": strategy, "hyper": {strategy: {"beta": 0}}})
+    assert config.validate({"strategy": strategy, "hyper": {strategy: {"beta": 2.0}}}) \
+        .hyper["beta"] == 2.0  # beta > 1 is allowed
+
+
+def test_defaults_are_the_papers_and_unstable_steps_are_rejected():
+    h = config.validate({"strategy": "pfedbred"}).hyper
+    assert (h["prior"], h["alpha"], h["alpha-m"], h["beta"], h["local-iterations"],
+            h["batch-size"], h["prox-steps"], h["lambda"], h["eta"], h["eta-alpha"]) == \
+        ("mh", 0.01, 0.01, 1.0, 20, 20, 5, 15.0, 0.05, 0.01)
+    with pytest.raises(config.ConfigError, match="prior"):
+        config.validate({"strategy": "pfedbred", "hyper": {"pfedbred": {"prior": "xx"}}})
+    with pytest.raises(config.ConfigError, match="overshoots"):
+        config.validate({"strategy": "pfedme", "hyper": {"pfedme": {"lambda": 150}}})
+
+
+# ------------------------------------------------------------- real clients, real FMNIST
+def _tiny_run(tmp_path, strategy, rounds=2, **hyper):
+    cfg = small_config(strategy=strategy, clients=4, rounds=rounds, model="mclr", **{
+        "data.partition": "pathological", "data.subsample": 2000,
+        "hyper": {strategy: {"local-iterations": 5, **hyper}}})
+    manager = inprocess.make_federation(4)
+    s = inprocess.run(cfg, tmp_path, manager)
+    states = {int(p.context.node_config["partition-id"]): p.context.state
+              for p in manager.all().values()}
+    return s, states
+
+
+def _personal(state):
+    return [a for a in state["personal"].to_numpy_ndarrays()]
+
+
+def test_pfedme_equals_pfedbred_with_meta_step_off_bit_for_bit(tmp_path, caplog):
+    me, me_states = _tiny_run(tmp_path / "me", "pfedme")
+    with caplog.at_level(logging.WARNING):
+        off, off_states = _tiny_run(tmp_path / "off", "pfedbred", prior="mh", eta=0.0,
+                                    **{"eta-alpha": 0.0})
+    assert "switches the meta-step off" in caplog.text
+    for a, b in zip(me.global_arrays, off.global_arrays):
+        assert np.array_equal(a, b)
+    for pid in me_states:
+        for a, b in zip(_personal(me_states[pid]), _personal(off_states[pid])):
+            assert np.array_equal(a, b)
+    # ... and the meta-step, switched on, changes the result (the test above can fail)
+    on, _ = _tiny_run(tmp_path / "on", "pfedbred", prior="mh")
+    assert any(not np.array_equal(a, b) for a, b in zip(me.global_arrays, on.global_arrays))
+
+
+@pytest.mark.parametrize("prior", ["lg", "meg", "mh"])
+def test_each_prior_runs_and_differs_from_pfedme(prior, tmp_path):
+    s, states = _tiny_run(tmp_path / prior, f"pfedbred-{prior}", rounds=1)
+    me, _ = _tiny_run(tmp_path / "me", "pfedme", rounds=1)
+    # at the first round meg's memory term is w^(t-1) - theta = 0 at r = 1, but not after
+    assert any(not np.array_equal(a, b) for a, b in zip(me.global_arrays, s.global_arrays))
+    assert all(("pfedbred-w" in st) == (prior != "lg") for st in states.values())
+
+
+def test_client_state_carries_theta_and_memory_across_rounds():
+    from clients.pfedbred import PFedBreDClient
+    from flwr.common import Context, RecordDict
+    from flower_pfl.models import initial_arrays
+
+    cfg = small_config(strategy="pfedbred", model="mclr", clients=4, **{
+        "data.partition": "pathological", "data.subsample": 2000})
+    ins = {"cfg": cfg.to_json(), "prior": "meg", "lambda": 15.0, "alpha": 0.01,
+           "alpha-m": 0.01, "local-iterations": 5, "prox-steps": 5, "batch-size": 20,
+           "eta": 0.05, "eta-alpha": 0.01}
+    w0 = initial_arrays(cfg)
+
+    def client(state):
+        return PFedBreDClient(Context(run_id=0, node_id=1, node_config={"partition-id": 0},
+                                      state=state, run_config={}))
+
+    state = RecordDict()
+    w1, _, m1 = client(state).fit(w0, {**ins, "round": 1})
+    theta1 = state["personal"].to_numpy_ndarrays()
+    mem1 = state["pfedbred-w"].to_numpy_ndarrays()
+    assert all(np.array_equal(a, b) for a, b in zip(mem1, w1))  # memorized w_{i,R}
+    assert m1["w_theta_gap"] > 0 and any(not np.array_equal(a, b) for a, b in zip(theta1, w1))
+    # round 2 from the same global: the stateful client starts theta at theta_{i,R}^(1) and
+    # uses its memory, a fresh one starts both at w^(t-1) -> different results
+    w2, _, _ = client(state).fit(w0, {**ins, "round": 2})
+    w2_fresh, _, _ = client(RecordDict()).fit(w0, {**ins, "round": 2})
+    assert any(not np.array_equal(a, b) for a, b in zip(w2, w2_fresh))
+    # evaluated personalized model = theta_{i,R} in context.state
+    assert state["personal"].to_numpy_ndarrays()[0].shape == w0[0].shape
+
+
+def test_personalized_theta_beats_global_on_pathological_fmnist(tmp_path):
+    cfg = small_config(strategy="pfedbred-mh", clients=6, rounds=3, model="mclr", **{
+        "data.partition": "pathological", "data.subsample": 3000})
+    inprocess.run(cfg, tmp_path)
+    with open(tmp_path / "rounds.csv") as fh:
+        last = list(csv.DictReader(fh))[-1]
+    # 2 classes per client: theta_i fits them, the global w must cover all 10
+    assert float(last["personal_mean"]) > float(last["global_mean"]) + 0.1, last
+    assert float(last["personal_mean"]) > 0.8
