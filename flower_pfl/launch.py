@@ -3,6 +3,7 @@
     flower-pfl run [--config simulation.yaml] [--set key=value ...]
     flower-pfl validate [--config FILE] [--set key=value ...]
     flower-pfl strategies
+    flower-pfl bench MATRIX.yaml [--seeds ...] [--set key=value ...]   (flower_pfl/bench.py)
 
 ``run`` is the one source of truth for the client count: it validates the YAML first
 (one clear error, nothing started), starts a private SuperLink (its own FLWR_HOME and
@@ -89,8 +90,15 @@ def _load(args) -> config_mod.RunConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # strategies x settings x seeds: its own parser
+        from flower_pfl.bench import main as bench_main
+
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="flower-pfl", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("bench", help="run a matrix of strategies x settings x seeds "
+                   "(flower-pfl bench MATRIX.yaml --help)")
     for name in ("run", "validate"):
         p = sub.add_parser(name)
         p.add_argument("--config", default=str(APP_DIR / "simulation.yaml"),

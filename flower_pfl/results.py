@@ -7,7 +7,9 @@
 * ``server.csv``    -- per-round server-side quantities a strategy logs (e.g. FedACS delta)
 * ``summary.json``  -- everything above plus BMTA, rewritten after every round so that a
                        crash loses nothing already measured
-* ``<name>.npy/.png`` -- matrices a strategy saves (FedAMP attention, FedACS mask)
+* ``<name>.npy/.png`` -- matrices a strategy saves (FedAMP attention, FedACS mask); the PNG
+                       orders clients by their true group where the partition has groups
+* ``curves.png``    -- personalized mean and worst-10% vs round, written when the run ends
 
 Everything is appended/rewritten as it happens, not only at the end.
 """
@@ -17,9 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-import struct
 import time
-import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -37,6 +37,7 @@ class ResultsWriter:
         self.started = time.time()
         self.status = "running"
         self.lower_is_better = False
+        self.config = dict(config)
         _write_json(self.dir / "config.json", config)
         self._write_summary()
 
@@ -75,11 +76,29 @@ class ResultsWriter:
         np.save(self.dir / f"{name}.npy", np.asarray(matrix))
         if labels is not None:
             np.save(self.dir / f"{name}_ids.npy", np.asarray(labels))
-        write_heatmap_png(self.dir / f"{name}.png", np.asarray(matrix, dtype=np.float64))
+        write_heatmap_png(self.dir / f"{name}.png", np.asarray(matrix, dtype=np.float64),
+                          groups=true_groups(self.config.get("values", {})),
+                          title=f"{name} ({self.config.get('values', {}).get('strategy', '')})")
 
     def finish(self, status: str) -> None:
         self.status = status
         self._write_summary()
+        if self.rounds:
+            try:
+                self.write_curves()
+            except Exception as exc:  # a figure must never turn a finished run into a failure
+                (self.dir / "curves.error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+
+    def write_curves(self) -> Path:
+        """``curves.png``: personalized mean and worst-10% vs round of this run."""
+        from flower_pfl import plots  # matplotlib: imported only when a figure is drawn
+
+        values = self.config.get("values", {})
+        return plots.curves({str(values.get("strategy", "run")): [self.rounds]},
+                            self.dir / "curves.png", metric="mse" if self.lower_is_better
+                            else "accuracy", title=f"{values.get('strategy', '')} on "
+                            f"{values.get('data.dataset', '')}/{values.get('data.partition', '')}"
+                            f", {values.get('clients', '')} clients")
 
     def _write_summary(self) -> None:
         summary: dict[str, Any] = {"status": self.status, "rounds": self.rounds,
@@ -130,36 +149,18 @@ def _append_csv(path: Path, rows: Mapping[str, Any] | Sequence[Mapping[str, Any]
         w.writerows(rows)
 
 
-# A few anchors of the viridis colour map, interpolated linearly.
-_VIRIDIS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
-                    dtype=np.float64)
+def true_groups(values: Mapping[str, Any]) -> list[int] | None:
+    """The partition's ground-truth client groups (FedAMP practical), else None."""
+    if values.get("data.partition") != "practical":
+        return None
+    from flower_pfl.data import group_of_clients
+
+    return group_of_clients(int(values["clients"]), int(values["data.groups"])).tolist()
 
 
-def write_heatmap_png(path: Path, matrix: np.ndarray, cell: int = 0) -> None:
-    """Write ``matrix`` as a colour heatmap PNG (min -> dark purple, max -> yellow).
+def write_heatmap_png(path: Path, matrix: np.ndarray, groups: Sequence[int] | None = None,
+                      title: str = "") -> None:
+    """Write ``matrix`` as a heatmap PNG (matplotlib, :func:`flower_pfl.plots.heatmap`)."""
+    from flower_pfl import plots
 
-    Dependency-free (zlib + struct).  ``cell`` pixels per entry; 0 picks a size that makes
-    the image roughly 400-800 pixels wide.
-    """
-    m = np.asarray(matrix, dtype=np.float64)
-    if m.ndim != 2 or m.size == 0:
-        raise ValueError("heatmap needs a non-empty 2-D matrix")
-    cell = cell or max(1, 600 // max(m.shape))
-    lo, hi = np.nanmin(m), np.nanmax(m)
-    t = np.zeros_like(m) if hi <= lo else (m - lo) / (hi - lo)
-    pos = np.nan_to_num(t) * (len(_VIRIDIS) - 1)
-    i0 = np.clip(np.floor(pos).astype(int), 0, len(_VIRIDIS) - 2)
-    frac = (pos - i0)[..., None]
-    rgb = (_VIRIDIS[i0] * (1 - frac) + _VIRIDIS[i0 + 1] * frac).astype(np.uint8)
-    rgb = np.repeat(np.repeat(rgb, cell, axis=0), cell, axis=1)
-    height, width = rgb.shape[:2]
-    raw = b"".join(b"\x00" + rgb[r].tobytes() for r in range(height))
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + tag + data
-                + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
-
-    png = (b"\x89PNG\r\n\x1a\n"
-           + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
-    Path(path).write_bytes(png)
+    plots.heatmap(np.asarray(matrix, dtype=np.float64), Path(path), title=title, groups=groups)

@@ -1,0 +1,587 @@
+"""``flower-pfl bench MATRIX.yaml``: strategies x settings x seeds, each cell a real run.
+
+A matrix file (see ``benchmarks/*.yaml``)::
+
+    name: fedacs-table1                 # output folder name (default: the file's stem)
+    base: ../simulation.yaml            # base run YAML (relative to this file; default: the app's)
+    set: {clients: 100, data: {partition: dirichlet, subsample: null}}   # for every cell
+    strategies:                         # registered or not: unregistered ones show "not run"
+      - local
+      - fedacs: {hyper: {fedacs: {pick-ratio: 0.8}}}   # overrides for this strategy only
+    settings:
+      dir05-50:
+        set: {data: {alpha: 0.5, max-train-samples: 50}}
+        paper: {local: 75.98, ditto: 78.79}            # the paper's number (percent)
+        paper-global: {ditto: 76.34}                   # ... for the global model
+    seeds: [0, 1, 2]
+    compare: final     # which of our numbers sits beside the paper's: bmta | final | weighted
+    paper-names: {local: Local}          # how the paper calls a strategy (shown in the table)
+    notes: |                             # copied into table.md: the choices the paper leaves open
+      ...
+
+Every cell is one ``flwr run`` in Ray simulation (the ``flower-pfl run`` path) on its own
+YAML, ``<out>/runs/<setting>/<strategy>/seed-<s>/cell.yaml``, written in full before the
+run: ``flower-pfl run --config <that file>`` reproduces the cell alone. A cell whose
+``summary.json`` says ``completed`` for an identical ``cell.yaml`` is skipped on a rerun,
+so an interrupted bench resumes where it stopped; a changed cell configuration reruns.
+
+All cells of one bench share ONE SuperLink (``--superlink per-cell`` starts one per run, as
+``flower-pfl run`` does); see docs/BENCHMARKS.md (a) for what that saves.
+
+Output (``<out>``): ``table.md`` and ``table.csv`` (per setting and strategy: mean +- std
+over the finished seeds of the final-round mean, weighted mean, worst-10%, top-10%, BMTA,
+global accuracy where the strategy has a global model, and seconds per round; the paper's
+number and our gap to it), ``cells.csv`` (one row per cell), and per setting
+``curves-<setting>.png``, ``clients-<setting>.png`` and ``heatmap-<setting>-<strategy>-
+<matrix>.png`` (clients ordered by their true group where the partition has groups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import math
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from flower_pfl import config as config_mod
+from flower_pfl import registry
+from flower_pfl.launch import APP_DIR, LaunchError, run_simulation, simulation_superlink
+
+# What the table reports per cell: column -> (summary path, scaled to percent?)
+COLUMNS = (
+    ("final_mean", "final mean"),
+    ("final_weighted", "weighted"),
+    ("final_worst10", "worst-10%"),
+    ("final_top10", "top-10%"),
+    ("final_worst5", "worst-5%"),
+    ("bmta", "BMTA"),
+    ("global_final", "global"),
+    ("s_per_round", "s/round"),
+)
+COMPARE = {"bmta": "bmta", "final": "final_mean", "weighted": "final_weighted"}
+
+
+class MatrixError(ValueError):
+    """The matrix file is invalid; the message says what to fix."""
+
+
+# ----------------------------------------------------------------------------- matrix
+@dataclass
+class Cell:
+    setting: str
+    strategy: str
+    seed: int
+    tree: dict[str, Any] | None  # the cell's full run YAML (None: strategy not registered)
+    dir: Path
+
+    @property
+    def key(self) -> str:
+        return f"{self.setting}/{self.strategy}/seed-{self.seed}"
+
+
+@dataclass
+class Matrix:
+    name: str
+    path: Path
+    base_path: Path
+    strategies: dict[str, dict[str, Any]]
+    settings: dict[str, dict[str, Any]]
+    seeds: list[int]
+    compare: str = "bmta"
+    paper_names: dict[str, str] = field(default_factory=dict)
+    notes: str = ""
+    base: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)  # --set: every cell, applied last
+
+    def cells(self, out: Path) -> list[Cell]:
+        cells = []
+        for setting, spec in self.settings.items():
+            for strategy, overrides in self.strategies.items():
+                for seed in self.seeds:
+                    tree = None
+                    if strategy in registry.REGISTRY:
+                        tree = merge(self.base, spec.get("set") or {})
+                        tree = merge(tree, overrides)
+                        tree = merge(tree, self.overrides)
+                        tree["strategy"] = strategy
+                        tree["seed"] = seed
+                        hyper = tree.get("hyper") or {}
+                        tree["hyper"] = {k: v for k, v in hyper.items() if k == strategy}
+                        if not tree["hyper"]:
+                            tree.pop("hyper")
+                    cells.append(Cell(setting, strategy, seed, tree,
+                                      out / "runs" / setting / strategy / f"seed-{seed}"))
+        return cells
+
+
+def merge(tree: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``overrides`` (nested mappings and/or dotted keys) into a copy of ``tree``."""
+    out = copy.deepcopy(dict(tree))
+    for key, value in (overrides or {}).items():
+        parts = str(key).split(".")
+        node = out
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        last = parts[-1]
+        if isinstance(value, Mapping) and isinstance(node.get(last), Mapping):
+            node[last] = merge(node[last], value)
+        else:
+            node[last] = copy.deepcopy(value)
+    return out
+
+
+def load_matrix(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Matrix:
+    """Read a matrix file; ``overrides`` (dotted keys) apply to every cell, last."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise MatrixError(f"matrix file not found: {path}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    problems = []
+    known = {"name", "base", "set", "strategies", "settings", "seeds", "compare", "paper-names",
+             "notes"}
+    problems += [f"unknown key '{k}' (allowed: {sorted(known)})" for k in raw if k not in known]
+    base_path = (path.parent / raw["base"]).resolve() if raw.get("base") else \
+        APP_DIR / "simulation.yaml"
+    if not base_path.is_file():
+        problems.append(f"base config not found: {base_path}")
+    strategies: dict[str, dict[str, Any]] = {}
+    for item in raw.get("strategies") or []:
+        if isinstance(item, str):
+            strategies[item] = {}
+        elif isinstance(item, Mapping) and len(item) == 1:
+            name, over = next(iter(item.items()))
+            strategies[str(name)] = dict(over or {})
+        else:
+            problems.append(f"strategies: {item!r} is neither a name nor {{name: overrides}}")
+    if not strategies:
+        problems.append("'strategies' lists no strategy")
+    settings = raw.get("settings") or {"default": {}}
+    if not isinstance(settings, Mapping):
+        problems.append("'settings' must map a setting name to {set:, paper:, ...}")
+        settings = {}
+    for name, spec in settings.items():
+        extra = set(spec or {}) - {"set", "paper", "paper-global", "note"}
+        if extra:
+            problems.append(f"settings.{name}: unknown key(s) {sorted(extra)}")
+    seeds = raw.get("seeds", [0])
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+        problems.append(f"'seeds' must be a non-empty list of integers, got {seeds!r}")
+    compare = raw.get("compare", "bmta")
+    if compare not in COMPARE:
+        problems.append(f"'compare' = {compare!r}: allowed are {sorted(COMPARE)}")
+    if problems:
+        raise MatrixError(f"invalid matrix {path}:\n  - " + "\n  - ".join(problems))
+    base = yaml.safe_load(base_path.read_text()) or {}
+    base = merge(base, raw.get("set") or {})
+    return Matrix(overrides=dict(overrides or {}), name=str(raw.get("name") or path.stem), path=path, base_path=base_path,
+                  strategies=strategies, settings={k: dict(v or {}) for k, v in settings.items()},
+                  seeds=list(seeds), compare=compare,
+                  paper_names=dict(raw.get("paper-names") or {}),
+                  notes=str(raw.get("notes") or ""), base=base)
+
+
+# ------------------------------------------------------------------------------- cells
+def _cell_yaml(cell: Cell) -> str:
+    tree = dict(cell.tree or {})
+    tree["output-dir"] = str(cell.dir.parent)
+    tree["run-name"] = cell.dir.name
+    return yaml.safe_dump(tree, sort_keys=True)
+
+
+def cell_state(cell: Cell) -> str:
+    """'not registered', 'done' (completed for this exact cell.yaml) or 'todo'."""
+    if cell.tree is None:
+        return "not registered"
+    summary, yml = cell.dir / "summary.json", cell.dir / "cell.yaml"
+    if summary.is_file() and yml.is_file() and yml.read_text() == _cell_yaml(cell):
+        try:
+            if json.loads(summary.read_text()).get("status") == "completed":
+                return "done"
+        except json.JSONDecodeError:
+            pass
+    return "todo"
+
+
+def _prepare(cell: Cell) -> tuple[config_mod.RunConfig, Path]:
+    if cell.dir.exists():
+        shutil.rmtree(cell.dir)  # results files append: a rerun starts from an empty folder
+    cell.dir.mkdir(parents=True)
+    path = cell.dir / "cell.yaml"
+    path.write_text(_cell_yaml(cell))
+    return config_mod.load(path), path
+
+
+def _run_shared(cfg: config_mod.RunConfig, path: Path, cell: Cell, env: dict, procs,
+                echo: bool, timeout_s: float | None) -> str:
+    """One ``flwr run`` on an already running simulation SuperLink; returns the status."""
+    from flower_pfl.procs import _bin, _stream, run_status, toml_string
+
+    run_config = cell.dir / "run-config.toml"
+    run_config.write_text(f"config-file = {toml_string(str(path))}\noverrides = \"\"\n"
+                          f"results-dir = {toml_string(str(cell.dir))}\n")
+    federation = (f"num-supernodes={cfg['clients']} "
+                  f"client-resources-num-cpus={cfg['client-resources.num-cpus']} "
+                  f"client-resources-num-gpus={cfg['client-resources.num-gpus']}")
+    cmd = [_bin("flwr"), "run", str(APP_DIR), "local", "--stream", "--federation-config",
+           federation, "--run-config", str(run_config)]
+    run_id = _stream(cmd, env, cell.dir / "flwr-run.log", echo, timeout_s, procs)
+    procs.snapshot()
+    status = run_status(run_id, env) if run_id else "unknown"
+    if status != "finished:completed":
+        raise LaunchError(f"run {run_id or '?'} ended with status '{status}'; see "
+                          f"{cell.dir / 'flwr-run.log'}")
+    return status
+
+
+def _fmt_s(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "unknown"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool = False,
+              timeout_s: float | None = None, only: Mapping[str, Sequence] | None = None,
+              log=print) -> list[dict[str, Any]]:
+    """Run every cell not done yet (optionally only some strategies/settings/seeds), then
+    write the table and plots. Returns one record per cell of the matrix."""
+    out.mkdir(parents=True, exist_ok=True)
+    cells = matrix.cells(out)
+    only = only or {}
+
+    def selected(c: Cell) -> bool:
+        return all(not only.get(k) or v in only[k] for k, v in
+                   (("strategy", c.strategy), ("setting", c.setting), ("seed", c.seed)))
+
+    states = {c.key: cell_state(c) for c in cells}
+    todo = [c for c in cells if states[c.key] == "todo" and selected(c)]
+    n = len(cells)
+    log(f"[bench] {matrix.name}: {n} cells ({sum(s == 'done' for s in states.values())} done, "
+        f"{sum(s == 'not registered' for s in states.values())} not registered, {len(todo)} to run)"
+        f" -> {out}", flush=True)
+    started = time.time()
+    durations: dict[str, list[float]] = {}
+    with ExitStack() as stack:
+        shared = None
+        for cell in cells:
+            k = cells.index(cell) + 1
+            if cell not in todo:
+                why = {"done": "done, skipped", "not registered": "strategy not registered: not run",
+                       "todo": "not selected"}[states[cell.key]]
+                log(f"[bench] cell {k}/{n} {cell.key}: {why}", flush=True)
+                continue
+            t0 = time.time()
+            try:
+                cfg, path = _prepare(cell)
+                if superlink == "shared":
+                    if shared is None:
+                        wd = Path(tempfile.mkdtemp(prefix="flower-pfl-bench-"))
+                        stack.callback(shutil.rmtree, wd, True)
+                        shared = stack.enter_context(simulation_superlink(wd, out / "superlink.log"))
+                    _run_shared(cfg, path, cell, *shared, echo=echo, timeout_s=timeout_s)
+                else:
+                    run_simulation(cfg, path, [], cell.dir, timeout_s=timeout_s, echo=echo)
+                status = "completed"
+            except (LaunchError, config_mod.ConfigError, OSError) as exc:
+                status = "failed"
+                (cell.dir / "bench-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+                if shared is not None:  # a failed run may leave a simulation behind: restart
+                    stack.close()
+                    shared = None
+            wall = time.time() - t0
+            (cell.dir / "bench-cell.json").write_text(json.dumps(
+                {"status": status, "wall_s": round(wall, 2), "superlink": superlink}, indent=2))
+            if status == "completed":
+                durations.setdefault(cell.setting, []).append(wall)
+            states[cell.key] = "done" if status == "completed" else "failed"
+            left = [c for c in todo if states[c.key] == "todo"]
+            every = [d for ds in durations.values() for d in ds]
+            eta = sum(sum(durations.get(c.setting, every)) / len(durations.get(c.setting, every))
+                      for c in left) if every else None
+            log(f"[bench] cell {k}/{n} {cell.key}: {status} in {_fmt_s(wall)} | elapsed "
+                f"{_fmt_s(time.time() - started)} | est. left {_fmt_s(eta if left else 0)} "
+                f"({len(left)} cells to run)", flush=True)
+            if status == "failed":
+                log(f"[bench]   {(cell.dir / 'bench-error.txt').read_text().strip()[:500]}",
+                    flush=True)
+    records = collect(matrix, cells)
+    write_table(matrix, records, out)
+    write_plots(matrix, cells, records, out)
+    log(f"[bench] table: {out / 'table.md'}", flush=True)
+    return records
+
+
+# ----------------------------------------------------------------------------- results
+def cell_numbers(cell_dir: Path) -> dict[str, float] | None:
+    """The table's numbers for one finished run, read from its summary.json (percent)."""
+    path = cell_dir / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("status") != "completed" or not summary.get("rounds"):
+        return None
+    rounds = summary["rounds"]
+    final = summary["final"]
+    cfg_path = cell_dir / "config.json"
+    values = json.loads(cfg_path.read_text()).get("values", {}) if cfg_path.is_file() else {}
+    # accuracies in percent; the synthetic task's metric is a squared error: left as it is
+    scale = 1.0 if values.get("data.dataset") == "synthetic-gaussian" else 100.0
+    first, last = rounds[0], rounds[-1]
+    if last["round"] > first["round"]:
+        per_round = (last["elapsed_s"] - first["elapsed_s"]) / (last["round"] - first["round"])
+    else:
+        per_round = last["elapsed_s"] / max(last["round"], 1)
+    nums = {"final_mean": scale * final["personal_mean"],
+            "final_weighted": scale * final["personal_weighted_mean"],
+            "final_worst10": scale * final["personal_worst10_mean"],
+            "final_top10": scale * final["personal_top10_mean"],
+            "bmta": scale * summary["bmta"],
+            **({"final_worst5": scale * final["personal_worst5_mean"]}
+               if "personal_worst5_mean" in final else {}),
+            "s_per_round": per_round,
+            "rounds": float(last["round"])}
+    if "global_mean" in final:
+        nums["global_final"] = scale * final["global_mean"]
+    bench = cell_dir / "bench-cell.json"
+    if bench.is_file():
+        nums["wall_s"] = json.loads(bench.read_text()).get("wall_s", float("nan"))
+    return nums
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean, std  # std: sample std over seeds (0 with one seed)
+
+
+def collect(matrix: Matrix, cells: Sequence[Cell]) -> list[dict[str, Any]]:
+    """One record per (setting, strategy): status and mean/std over the finished seeds."""
+    records = []
+    for setting, spec in matrix.settings.items():
+        for strategy in matrix.strategies:
+            mine = [c for c in cells if c.setting == setting and c.strategy == strategy]
+            per_seed = {c.seed: cell_numbers(c.dir) for c in mine}
+            done = {s: v for s, v in per_seed.items() if v is not None}
+            rec: dict[str, Any] = {"setting": setting, "strategy": strategy,
+                                   "seeds_done": len(done), "seeds_total": len(mine),
+                                   "seeds": sorted(done)}
+            if strategy not in registry.REGISTRY:
+                rec["status"] = "not run (not registered)"
+            elif not done:
+                failed = any((c.dir / "bench-error.txt").is_file() for c in mine)
+                rec["status"] = "failed" if failed else "not run"
+            else:
+                rec["status"] = "done" if len(done) == len(mine) else "partial"
+                for col, _ in COLUMNS:
+                    vals = [v[col] for v in done.values() if col in v]
+                    if vals and len(vals) == len(done):
+                        rec[col], rec[col + "_std"] = _mean_std(vals)
+            paper = (spec.get("paper") or {}).get(strategy)
+            if paper is not None:
+                rec["paper"] = float(paper)
+                ours = rec.get(COMPARE[matrix.compare])
+                if ours is not None:
+                    rec["gap"] = ours - float(paper)
+            paper_g = (spec.get("paper-global") or {}).get(strategy)
+            if paper_g is not None:
+                rec["paper_global"] = float(paper_g)
+                if rec.get("global_final") is not None:
+                    rec["gap_global"] = rec["global_final"] - float(paper_g)
+            records.append(rec)
+    return records
+
+
+SHOWN = ("clients", "rounds", "fraction-fit", "eval-every", "model", "data.partition",
+         "data.alpha", "data.classes-per-client", "data.groups", "data.max-train-samples",
+         "data.subsample", "train.epochs", "train.steps", "train.batch-size", "train.lr")
+
+
+def _setting_line(matrix: Matrix, setting: str) -> str:
+    """The main run settings of a setting's cells (from the first registered cell's config)."""
+    cell = next((c for c in matrix.cells(Path("/nonexistent")) if c.setting == setting
+                 and c.tree is not None), None)
+    if cell is None:
+        return ""
+    try:
+        values = config_mod.validate(copy.deepcopy(cell.tree)).values
+    except config_mod.ConfigError:
+        return ""
+    shown = [f"{k}={values[k]}" for k in SHOWN if k in values and values[k] is not None
+             and not (k.startswith("data.") and k.split(".")[1] in ("alpha",) and
+                      values["data.partition"] != "dirichlet")
+             and not (k == "data.classes-per-client" and values["data.partition"] != "pathological")
+             and not (k == "data.groups" and values["data.partition"] != "practical")]
+    if values.get("data.subsample") is None:
+        shown.append("data.subsample=null (all samples)")
+    return "Settings: " + ", ".join(f"`{x}`" for x in shown)
+
+
+def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path) -> None:
+    fields = ["setting", "strategy", "status", "seeds_done", "seeds_total"]
+    for col, _ in COLUMNS:
+        fields += [col, col + "_std"]
+    fields += ["paper", "gap", "paper_global", "gap_global"]
+    with open(out / "table.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore", restval="")
+        w.writeheader()
+        w.writerows(records)
+
+    compared = {"bmta": "BMTA", "final": "final mean", "weighted": "weighted"}[matrix.compare]
+    lines = [f"# {matrix.name}", "",
+             f"Matrix `{matrix.path.name}` on base `{matrix.base_path.name}`; seeds "
+             f"{matrix.seeds}. Personalized accuracy in % over ALL clients (final = last "
+             f"evaluated round), mean ± sample std over the finished seeds; `global` = the "
+             f"global model's final mean where the strategy has one; s/round = wall seconds per "
+             f"round after the first evaluation. The paper's number sits beside our "
+             f"**{compared}**; gap = ours − paper.", ""]
+    for setting, spec in matrix.settings.items():
+        lines.append(f"## {setting}")
+        line = _setting_line(matrix, setting)
+        if line:
+            lines += ["", line]
+        if matrix.overrides:
+            lines += ["", "Overridden for this bench (`--set`): " + ", ".join(
+                f"`{k}={v}`" for k, v in matrix.overrides.items())]
+        if spec.get("note"):
+            lines += ["", str(spec["note"]).strip()]
+        lines += ["", "| strategy | paper name | seeds | " + " | ".join(h for _, h in COLUMNS)
+                  + " | paper | gap |", "|---" * (len(COLUMNS) + 5) + "|"]
+        for rec in (r for r in records if r["setting"] == setting):
+            if rec["status"].startswith("not run") or rec["status"] == "failed":
+                cells_ = [rec["status"]] * len(COLUMNS)
+            else:
+                cells_ = []
+                for col, _ in COLUMNS:
+                    if col not in rec:
+                        cells_.append("–")
+                    elif col == "s_per_round":
+                        cells_.append(f"{rec[col]:.1f}")
+                    else:
+                        cells_.append(f"{rec[col]:.2f} ± {rec[col + '_std']:.2f}")
+            paper = rec.get("paper")
+            paper_s = "" if paper is None else f"{paper:.2f}"
+            gap = rec.get("gap")
+            gap_s = "" if gap is None else f"{gap:+.2f}"
+            if rec.get("paper_global") is not None:
+                paper_s += f" (global {rec['paper_global']:.2f})"
+                if rec.get("gap_global") is not None:
+                    gap_s += f" (global {rec['gap_global']:+.2f})"
+            lines.append(f"| {rec['strategy']} | {matrix.paper_names.get(rec['strategy'], '')} | "
+                         f"{rec['seeds_done']}/{rec['seeds_total']} | " + " | ".join(cells_)
+                         + f" | {paper_s} | {gap_s} |")
+        lines.append("")
+    if matrix.notes.strip():
+        lines += ["## Settings chosen where the paper is silent", "", matrix.notes.strip(), ""]
+    (out / "table.md").write_text("\n".join(lines))
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> list[Path]:
+    from flower_pfl import plots
+    from flower_pfl.results import true_groups
+
+    written = []
+    for setting in matrix.settings:
+        curves: dict[str, list] = {}
+        dist: dict[str, list[float]] = {}
+        metric = "accuracy"
+        for strategy in matrix.strategies:
+            done = [c for c in cells if c.setting == setting and c.strategy == strategy
+                    and cell_numbers(c.dir) is not None]
+            if not done:
+                continue
+            curves[strategy] = []
+            dist[strategy] = []
+            for c in done:
+                summary = json.loads((c.dir / "summary.json").read_text())
+                curves[strategy].append(summary["rounds"])
+                rows = _read_csv(c.dir / "clients.csv")
+                if rows:
+                    metric = "mse" if "mse" in rows[0] else "accuracy"
+                    last = max(int(r["round"]) for r in rows)
+                    dist[strategy] += [float(r[metric]) for r in rows if int(r["round"]) == last]
+            values = json.loads((done[0].dir / "config.json").read_text()).get("values", {})
+            for name in ("attention", "selection"):
+                npy = done[0].dir / f"{name}.npy"
+                if npy.is_file():
+                    import numpy as np
+
+                    written.append(plots.heatmap(
+                        np.load(npy), out / f"heatmap-{setting}-{strategy}-{name}.png",
+                        title=f"{strategy} {name}, {setting}, seed {done[0].seed}",
+                        groups=true_groups(values)))
+        if curves:
+            written.append(plots.curves(curves, out / f"curves-{setting}.png",
+                                        title=f"{matrix.name} / {setting}", metric=metric))
+            written.append(plots.distribution(dist, out / f"clients-{setting}.png",
+                                              title=f"{matrix.name} / {setting}: per-client, "
+                                              f"final round, all seeds", metric=metric))
+    return written
+
+
+# --------------------------------------------------------------------------------- CLI
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="flower-pfl bench", description=__doc__.split("\n")[0])
+    p.add_argument("matrix", help="the matrix YAML file (see benchmarks/*.yaml)")
+    p.add_argument("--out", default=None,
+                   help="output folder (default: bench-results/<matrix name> in the cwd)")
+    p.add_argument("--strategies", nargs="+", help="run only these strategies' cells")
+    p.add_argument("--settings", nargs="+", help="run only these settings' cells")
+    p.add_argument("--seeds", nargs="+", type=int, help="run only these seeds' cells")
+    p.add_argument("--table-only", action="store_true", help="run nothing; rewrite table/plots")
+    p.add_argument("--superlink", choices=("shared", "per-cell"), default="shared",
+                   help="one SuperLink for all cells (default) or one per run")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one key in every cell (repeatable), e.g. --set rounds=20; "
+                   "recorded in each cell.yaml and in table.md")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per cell before failing")
+    p.add_argument("--echo", action="store_true", help="echo Flower's log of every run")
+    args = p.parse_args(argv)
+    try:
+        matrix = load_matrix(args.matrix, config_mod.parse_overrides(args.set))
+    except (MatrixError, config_mod.ConfigError) as exc:
+        print(f"flower-pfl bench: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out or Path("bench-results") / matrix.name).resolve()
+    if args.table_only:
+        cells = matrix.cells(out)
+        records = collect(matrix, cells)
+        out.mkdir(parents=True, exist_ok=True)
+        write_table(matrix, records, out)
+        write_plots(matrix, cells, records, out)
+        print(f"[bench] table: {out / 'table.md'}")
+        return 0
+    only = {"strategy": args.strategies, "setting": args.settings, "seed": args.seeds}
+    try:
+        records = run_bench(matrix, out, args.superlink, args.echo, args.timeout, only)
+    except KeyboardInterrupt:
+        print("flower-pfl bench: interrupted; processes stopped (rerun to resume)",
+              file=sys.stderr)
+        return 130
+    return 1 if any(r["status"] == "failed" for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
