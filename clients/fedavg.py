@@ -14,9 +14,13 @@ from flower_pfl.models import get_arrays
 
 
 class FedAvgClient(PFLClient):
+    def regularizer(self, model, config):
+        """Extra loss term ``f(model) -> tensor`` of the local objective (FedProx's prox)."""
+        return None
+
     def fit_round(self, parameters, config):
         model = self.new_model(parameters)
-        metrics = self.local_train(model)
+        metrics = self.local_train(model, regularizer=self.regularizer(model, config))
         return get_arrays(model), metrics
 
     def personal_model(self, parameters, config):

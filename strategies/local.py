@@ -11,6 +11,7 @@ from strategies.base import PersonalizedStrategy
 
 class Local(PersonalizedStrategy):
     has_global_model = False
+    uploads_model = False  # nothing is uploaded, so there is no model to check
 
     def fit_payload(self, pid, server_round):
         return [], {}

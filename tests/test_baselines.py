@@ -98,3 +98,80 @@ def test_node_count_must_match_config(tmp_path):
             inprocess.run(cfg, tmp_path, manager=manager)
     finally:
         base.WAIT_FOR_NODES_S = old
+
+
+# --------------------------------------------------------------- helpers for the baselines
+# (used by tests/test_fedprox.py, test_scaffold.py, test_apfl.py, test_ditto.py, ...)
+TINY = {"clients": 4, "fraction-fit": 1.0, "model": "mclr", "data.subsample": 2000}
+
+
+def two_rounds(cfg, tmp_path):
+    """Round 1 in-process, a snapshot of every client's context.state, then round 2.
+
+    Returns (strategy, proxies by partition-id, states before round 2, round-2 FitIns by
+    partition-id, round-2 FitRes by partition-id)."""
+    import copy
+
+    manager = inprocess.make_federation(cfg["clients"])
+    s = inprocess.run(cfg, tmp_path, manager=manager, rounds=1)
+    proxies = {int(p.context.node_config["partition-id"]): p for p in manager.all().values()}
+    before = {pid: copy.deepcopy(p.context.state) for pid, p in proxies.items()}
+    fit_ins = s.configure_fit(2, None, manager)
+    results = [(p, p.fit(ins, None, None)) for p, ins in fit_ins]
+    s.aggregate_fit(2, results, [])
+    return (s, proxies, before, {int(p.pid): ins for p, ins in fit_ins},
+            {int(p.pid): res for p, res in results})
+
+
+def replay_fit(proxy, state, ins):
+    """Run one client's fit again on a copy of ``state`` (a fresh RecordDict = fresh client);
+    returns (state after, FitRes)."""
+    import copy
+
+    from flwr.common import Context, RecordDict
+
+    from flower_pfl.client_app import client_fn
+
+    ctx = Context(run_id=0, node_id=1, node_config=dict(proxy.context.node_config),
+                  state=copy.deepcopy(state) if state is not None else RecordDict(),
+                  run_config={})
+    res = client_fn(ctx).fit(ins)
+    return ctx.state, res
+
+
+def state_arrays(state, key, accepted_round: int = 10**9):
+    """The client's value of ``key`` once the server accepted its last fit (a fit's writes
+    are staged until the next message confirms the round: clients/base.py)."""
+    import copy
+
+    from clients.base import ClientState
+
+    view = ClientState(copy.deepcopy(state))
+    view.resolve(accepted_round)
+    return view.get_arrays(key)
+
+
+def state_values(state, key, accepted_round: int = 10**9):
+    import copy
+
+    from clients.base import ClientState
+
+    view = ClientState(copy.deepcopy(state))
+    view.resolve(accepted_round)
+    return view.get_values(key)
+
+
+def make_client(cls, pid: int = 0, num: int = 4):
+    from flwr.common import Context, RecordDict
+
+    return cls(Context(run_id=0, node_id=1, node_config={"partition-id": pid,
+                                                         "num-partitions": num},
+                       state=RecordDict(), run_config={}))
+
+
+def test_fedprox_ft_personalizes_the_global_model(tmp_path):
+    cfg = small_config(**PATHOLOGICAL, strategy="fedprox-ft", rounds=2,
+                       **{"hyper.fedprox-ft.finetune-steps": 15})
+    inprocess.run(cfg, tmp_path)
+    last = _rounds(tmp_path)[-1]
+    assert float(last["personal_mean"]) > float(last["global_mean"]) + 0.2, last

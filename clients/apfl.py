@@ -1,0 +1,62 @@
+"""APFL client -- Deng, Kamani & Mahdavi 2020, "Adaptive Personalized Federated
+Learning", Algorithm 1 (client side).
+
+State kept in context.state across rounds: the local model v_i and the mixing weight
+alpha_i.  Each round, from the global model w (received), for every local mini-batch xi:
+    w     <- w - eta grad f_i(w; xi)
+    v_i   <- v_i - eta grad_v f_i(vbar_i; xi),     vbar_i = alpha_i v_i + (1 - alpha_i) w
+    alpha <- alpha - eta_alpha grad_alpha f_i(vbar_i; xi)
+(``baselines_math.apfl_step``: the gradients flow through the mixture); w is uploaded.
+Personalized model: vbar_i = alpha_i v_i + (1 - alpha_i) w with the global model w the
+server sends for evaluation (a client that never trained evaluates that w).
+
+Choices: v_i starts at the first global model received; eta = train.lr; eta_alpha =
+``alpha-lr``; alpha_i is clipped to [0, 1].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from clients.base import PFLClient
+from flower_pfl.baselines_math import apfl_step, mixture
+from flower_pfl.models import get_arrays
+from flower_pfl.training import batches
+
+
+class APFLClient(PFLClient):
+    def load_alpha(self, config) -> float:
+        values = self.state.get_values("apfl")
+        return float(values["alpha"]) if values else float(config["alpha-init"])
+
+    def fit_round(self, parameters, config):
+        w = self.new_model(parameters).train()
+        v = self.load_personal("apfl-v")
+        v = (v if v is not None else self.new_model(parameters)).train()
+        alpha = self.load_alpha(config)
+        steps = self.spec.num_steps(self.data.num_train)
+        x, y = self.data.x_train, self.data.y_train
+        loss_w = loss_mix = 0.0
+        for idx in batches(len(y), self.spec.batch_size, steps, self.generator()):
+            xb, yb = x[idx].to(self.device), y[idx].to(self.device)
+            alpha, lw, lm = apfl_step(w, v, alpha, xb, yb, self.spec.lr,
+                                      float(config["alpha-lr"]), F.cross_entropy,
+                                      adapt_alpha=bool(config["adapt-alpha"]))
+            loss_w, loss_mix = loss_w + lw, loss_mix + lm
+        self.save_personal(v, "apfl-v")
+        self.state.set_values("apfl", {"alpha": alpha})
+        return get_arrays(w), {"train_loss": loss_w / steps, "mixture_loss": loss_mix / steps,
+                               "alpha": alpha, "local_steps": float(steps)}
+
+    def personal_model(self, parameters, config):
+        w = self.new_model(parameters)
+        v = self.load_personal("apfl-v")
+        if v is None:
+            return w
+        alpha = torch.tensor(self.load_alpha(config))
+        with torch.no_grad():
+            for p, mixed in zip(w.parameters(), mixture(list(v.parameters()),
+                                                        list(w.parameters()), alpha)):
+                p.copy_(mixed)
+        return w

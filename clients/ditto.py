@@ -1,0 +1,37 @@
+"""Ditto client -- Li, Hu, Beirami & Smith, ICML 2021, Algorithm 1 (client side).
+
+Given the global model w^t:
+    personal:  s steps of SGD on  f_i(v) + lambda/2 ||v - w^t||^2   (v_i kept in context.state)
+    global:    the configured local SGD on f_i(w) from w^t, uploaded (FedAvg's client update)
+The prox centre is the w^t received this round (detached: it does not move while v
+trains).  v_i starts at the first global model the client receives.  Personalized
+evaluation uses v_i (Ditto-P); the base evaluates the global model beside it (Ditto-G).
+"""
+
+from __future__ import annotations
+
+from clients.fedavg import FedAvgClient
+from flower_pfl.training import params_of, prox_penalty
+
+
+class DittoClient(FedAvgClient):
+    def fit_round(self, parameters, config):
+        center = params_of(self.new_model(parameters))  # w^t
+        lam = float(config["lambda"])
+        v = self._personal(parameters)
+        steps = int(config["personal-steps"]) or None  # 0: the configured local steps
+        personal = self.local_train(v, regularizer=lambda m: prox_penalty(m, center, lam),
+                                    num_steps=steps, salt=1)
+        self.save_personal(v, "ditto-v")
+        arrays, metrics = super().fit_round(parameters, config)  # w: FedAvg's local update
+        metrics.update({"personal_train_loss": personal["train_loss"],
+                        "personal_prox_loss": personal["reg_loss"]})
+        return arrays, metrics
+
+    def personal_model(self, parameters, config):
+        return self._personal(parameters)
+
+    def _personal(self, parameters):
+        """v_i from context.state; before the first fit, the global model received."""
+        v = self.load_personal("ditto-v")
+        return v if v is not None else self.new_model(parameters)

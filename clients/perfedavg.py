@@ -1,0 +1,54 @@
+"""Per-FedAvg client -- Fallah, Mokhtari & Ozdaglar, NeurIPS 2020, Algorithm 1.
+
+Local training from the global model w: tau meta-updates, each on fresh, distinct
+mini-batches (``baselines_math.perfedavg_step``):
+    w_tmp = w - alpha grad f(w; D);  FO: w <- w - beta grad f(w_tmp; D')
+                                     HF: w <- w - beta (I - alpha H(w; D'')) grad f(w_tmp; D')
+beta = train.lr; alpha, delta and the variant come from the server.  D, D', D'' are
+consecutive batches of the seeded shuffled passes of training.batches.
+
+tau: ``train.steps`` if set; otherwise one epoch is one pass over the data, so an epoch
+gives ceil(n / (2B)) FO or ceil(n / (3B)) HF meta-updates (each consumes 2 or 3 batches).
+
+Personalized evaluation (Per-FedAvg-P): from the global model, ``personal-steps`` SGD
+steps of size alpha on the client's TRAINING data (``training.train``), then the test
+split; the global model itself is Per-FedAvg-G.
+"""
+
+from __future__ import annotations
+
+from torch.nn import functional as F
+
+from clients.fedavg import FedAvgClient
+from flower_pfl.baselines_math import batches_per_step, perfedavg_step
+from flower_pfl.models import get_arrays
+from flower_pfl.training import batches
+
+
+class PerFedAvgClient(FedAvgClient):
+    def meta_steps(self, per_step: int) -> int:
+        if self.spec.steps is not None:
+            return self.spec.steps
+        n, b = self.data.num_train, self.spec.batch_size
+        return self.spec.epochs * max(1, -(-n // (per_step * b)))
+
+    def fit_round(self, parameters, config):
+        model = self.new_model(parameters).train()
+        variant = str(config["variant"])
+        k = batches_per_step(variant)
+        tau = self.meta_steps(k)
+        x, y = self.data.x_train, self.data.y_train
+        stream = batches(len(y), self.spec.batch_size, tau * k, self.generator())
+        total = 0.0
+        for _ in range(tau):
+            group = [next(stream) for _ in range(k)]
+            data = [(x[i].to(self.device), y[i].to(self.device)) for i in group]
+            total += perfedavg_step(model, data, float(config["alpha"]), self.spec.lr,
+                                    variant, F.cross_entropy, float(config["delta"]))
+        return get_arrays(model), {"train_loss": total / tau, "local_steps": float(tau)}
+
+    def personal_model(self, parameters, config):
+        model = self.new_model(parameters)
+        self.local_train(model, num_steps=int(config["personal-steps"]), salt=1,
+                         lr=float(config["alpha"]))
+        return model

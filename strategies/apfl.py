@@ -1,0 +1,28 @@
+"""APFL -- Deng, Kamani & Mahdavi 2020, Algorithm 1 (server side).
+
+The global model w is the sample-weighted mean of the clients' local copies of w (as
+FedAvg; the paper averages uniformly over the sampled clients, equal for equal data).
+The server sends alpha's initial value and step size; each client keeps v_i and
+alpha_i (clients/apfl.py) and is evaluated on its mixture alpha_i v_i + (1 - alpha_i) w
+(personalized) and on w (global).  A fixed alpha of 0 (FedAvg) or 1 (Local) is rejected
+by the registry.
+"""
+
+from __future__ import annotations
+
+from strategies.fedavg import FedAvg
+
+
+class APFL(FedAvg):
+    def fit_payload(self, pid, server_round):
+        arrays, extra = super().fit_payload(pid, server_round)
+        return arrays, {**extra, **self._alpha_config()}
+
+    def eval_payload(self, pid, server_round):
+        arrays, extra = super().eval_payload(pid, server_round)
+        return arrays, {**extra, **self._alpha_config()}
+
+    def _alpha_config(self):
+        return {"alpha-init": float(self.hyper["alpha-init"]),
+                "alpha-lr": float(self.hyper["alpha-lr"]),
+                "adapt-alpha": bool(self.hyper["adapt-alpha"])}

@@ -1,0 +1,20 @@
+"""Ditto -- Li, Hu, Beirami & Smith, ICML 2021, Algorithm 1 (server side).
+
+The global model is trained exactly as FedAvg (sample-weighted mean of the clients'
+updates of w^t); the server only adds lambda and the personal step count to the fit
+instructions.  Each client keeps its personal v_i (clients/ditto.py).  Both models are
+evaluated every evaluation round: Ditto-P (v_i, the personalized column) and Ditto-G
+(the global model).  lambda = 0 makes v_i plain local training and is rejected.
+"""
+
+from __future__ import annotations
+
+from strategies.fedavg import FedAvg
+
+
+class Ditto(FedAvg):
+    def fit_payload(self, pid, server_round):
+        arrays, extra = super().fit_payload(pid, server_round)
+        steps = self.hyper["personal-steps"]
+        return arrays, {**extra, "lambda": float(self.hyper["lambda"]),
+                        "personal-steps": 0 if steps == "auto" else int(steps)}

@@ -1,0 +1,25 @@
+"""FedProx (Li et al., MLSys 2020, Algorithm 2) and FedProx-FT.
+
+Server: as FedAvg (the sample-weighted mean of the returned models; the paper averages
+uniformly over devices sampled proportionally to n_i -- with our uniform sampling the
+weighted mean is the matching estimator).  It sends mu with every fit instruction; the
+client adds mu/2 ||w - w^t||^2 to its local loss (clients/fedprox.py).
+mu = 0 is FedAvg and is rejected by the registry (mu must be > 0).
+
+FedProx-FT: FedProx training; before personalized evaluation each client fine-tunes
+the global model for ``finetune-steps`` SGD steps (FedAvg-FT's evaluation, shared).
+"""
+
+from __future__ import annotations
+
+from strategies.fedavg import FedAvg, FedAvgFT
+
+
+class FedProx(FedAvg):
+    def fit_payload(self, pid, server_round):
+        arrays, extra = super().fit_payload(pid, server_round)
+        return arrays, {**extra, "mu": float(self.hyper["mu"])}
+
+
+class FedProxFT(FedProx, FedAvgFT):
+    """FedProx.fit_payload (mu) + FedAvgFT.eval_payload (finetune-steps)."""

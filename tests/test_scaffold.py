@@ -1,0 +1,87 @@
+"""SCAFFOLD: corrected step, option II control variates, server update, state across rounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flower_pfl import inprocess
+from flower_pfl.baselines_math import (bytes_to_arrays, linear_term, scaffold_client_control,
+                                       scaffold_control_delta, scaffold_server)
+from flower_pfl.config import ConfigError
+from tests.conftest import small_config
+from tests.test_baselines import TINY, replay_fit, state_arrays, two_rounds
+
+
+def test_correction_term_gradient_is_c_minus_ci():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    d = [torch.randn_like(p) for p in model.parameters()]
+    linear_term(model, d).backward()
+    for p, dd in zip(model.parameters(), d):
+        assert torch.equal(p.grad, dd)
+
+
+def test_option_ii_and_server_update_by_hand():
+    ci, c = [np.array([1.0, -2.0])], [np.array([0.5, 0.5])]
+    x, y = [np.array([3.0, 3.0])], [np.array([2.0, 4.0])]
+    # c_i - c + (x - y) / (K lr) with K = 4, lr = 0.25 -> (x - y) / 1
+    out = scaffold_client_control(ci, c, x, y, steps=4, lr=0.25)
+    assert np.allclose(out[0], [1.0 - 0.5 + 1.0, -2.0 - 0.5 - 1.0])
+    # x + eta_g * weighted mean(y_i - x);  c + |S|/N * mean(dc_i)
+    nx, nc = scaffold_server([np.array([1.0])], [np.array([0.0])],
+                             [[np.array([2.0])], [np.array([5.0])]],
+                             [[np.array([1.0])], [np.array([3.0])]], weights=[1, 3],
+                             num_clients=8, eta_g=0.5)
+    assert np.allclose(nx[0], 1.0 + 0.5 * (0.25 * 1 + 0.75 * 4))
+    assert np.allclose(nc[0], 0.0 + 2 / 8 * 2.0)
+
+
+def test_zero_control_variates_equal_fedavg_then_the_correction_acts(tmp_path):
+    cfg = dict(TINY, rounds=1)
+    fedavg = inprocess.run(small_config(strategy="fedavg", **cfg), tmp_path / "f1")
+    scaffold = inprocess.run(small_config(strategy="scaffold", **cfg), tmp_path / "s1")
+    # round 1: c = c_i = 0, so SCAFFOLD (eta_g = 1) is FedAvg on the same seed
+    for a, b in zip(fedavg.global_arrays, scaffold.global_arrays):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert any(np.abs(c).max() > 0 for c in scaffold.control)  # c was learned
+    # round 2: the control variates correct the steps, so the models now differ
+    cfg["rounds"] = 2
+    fedavg = inprocess.run(small_config(strategy="fedavg", **cfg), tmp_path / "f2")
+    scaffold = inprocess.run(small_config(strategy="scaffold", **cfg), tmp_path / "s2")
+    gap = max(float(np.abs(a - b).max()) for a, b in
+              zip(fedavg.global_arrays, scaffold.global_arrays))
+    assert gap > 1e-3, gap
+
+
+def test_client_control_variate_continues_across_rounds(tmp_path):
+    cfg = small_config(strategy="scaffold", rounds=2, **TINY)
+    s, proxies, before, ins, res = two_rounds(cfg, tmp_path)
+    pid = 1
+    ci1 = state_arrays(before[pid], "scaffold-ci")
+    ci2 = state_arrays(proxies[pid].context.state, "scaffold-ci")
+    from flwr.common import parameters_to_ndarrays
+
+    x = parameters_to_ndarrays(ins[pid].parameters)
+    c = bytes_to_arrays(ins[pid].config["control"])
+    assert any(np.abs(a).max() > 0 for a in c)  # round 2 carries the learned c
+    y = parameters_to_ndarrays(res[pid].parameters)
+    steps, lr = int(res[pid].metrics["local_steps"]), cfg["train.lr"]
+    # option II from the ROUND-1 c_i (MCLR: the arrays are the parameters)
+    expected = [a - b + (xx - yy) / (steps * lr) for a, b, xx, yy in zip(ci1, c, x, y)]
+    for got, want in zip(ci2, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # the server's dc_i (computed from y_i) is the change of the client's c_i
+    dc = scaffold_control_delta(c, x, y, steps, lr)
+    for d, got, old in zip(dc, ci2, ci1):
+        np.testing.assert_allclose(d, got - old, rtol=1e-4, atol=1e-4)
+    # a client that forgot c_i (fresh state) would end elsewhere
+    fresh_state, _ = replay_fit(proxies[pid], None, ins[pid])
+    fresh = state_arrays(fresh_state, "scaffold-ci")
+    assert max(float(np.abs(a - b).max()) for a, b in zip(fresh, ci2)) > 1e-3
+
+
+def test_momentum_is_rejected():
+    with pytest.raises(ConfigError, match="assumes plain SGD"):
+        small_config(strategy="scaffold", **{"train.momentum": 0.9})
