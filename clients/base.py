@@ -33,16 +33,27 @@ from flower_pfl.training import TrainSpec, evaluate, gaussian_nll, train
 class ClientState:
     """Typed access to ``context.state`` (a RecordDict): arrays and small value dicts.
 
-    With ``disk_dir`` (the node's ``state-dir``, per run and partition) every write also
-    goes to the client machine's disk and a key missing from ``context.state`` is read
-    back from there -- so a SuperNode restarted mid-run gets its personal state back
-    instead of a fresh model.
+    With ``disk`` (the node's ``state-dir``, or in simulation the run's client-state
+    folder, per partition) every write also goes to disk and a key missing from
+    ``context.state`` is read back from there -- so a restarted SuperNode (or a resumed
+    run) gets its personal state back instead of a fresh model.
+
+    Transactions: ``begin(round)`` ... ``end()`` around a fit stage every write (the fit
+    reads its own writes); the stage becomes the state only once the server says it
+    ACCEPTED that round's upload (``resolve(accepted_round)`` at the start of the next
+    message).  An upload the server rejected, a fit that raised and a reply that never
+    arrived therefore leave the personal state exactly as it was.
     """
+
+    PENDING = "pending-"
+    TXN = "txn"
 
     def __init__(self, record_dict, disk_dir: str | Path | None = None) -> None:
         self.records = record_dict
         self.disk = Path(disk_dir) if disk_dir else None
+        self._txn: dict[str, Any] | None = None
 
+    # -- storage (memory first, then disk)
     def _restore(self, key: str) -> bool:
         if self.disk is None:
             return False
@@ -64,12 +75,77 @@ class ClientState:
         write(tmp)
         os.replace(tmp, self.disk / f"{key}{suffix}")  # atomic: a crash leaves the old copy
 
+    def _has(self, key: str) -> bool:
+        return key in self.records or self._restore(key)
+
+    def _drop(self, key: str) -> None:
+        if key in self.records:
+            del self.records[key]
+        if self.disk is not None:
+            for suffix in (".npz", ".json"):
+                (self.disk / f"{key}{suffix}").unlink(missing_ok=True)
+
+    def _rename(self, src: str, dst: str) -> None:
+        if not self._has(src):
+            return
+        self.records[dst] = self.records[src]
+        del self.records[src]
+        if self.disk is not None:
+            for suffix in (".npz", ".json"):
+                if (self.disk / f"{src}{suffix}").is_file():
+                    os.replace(self.disk / f"{src}{suffix}", self.disk / f"{dst}{suffix}")
+                else:
+                    (self.disk / f"{dst}{suffix}").unlink(missing_ok=True)
+
+    def _key(self, key: str, writing: bool) -> str:
+        """The record a read/write goes to: the staged copy inside a transaction."""
+        if self._txn is None:
+            return key
+        if writing:
+            if key not in self._txn["keys"]:
+                self._txn["keys"].append(key)
+            return self.PENDING + key
+        return self.PENDING + key if key in self._txn["keys"] else key
+
+    # -- transactions
+    def begin(self, server_round: int) -> None:
+        self._txn = {"round": int(server_round), "keys": []}
+
+    def end(self) -> None:
+        """Close the stage; it waits for the server's verdict (``resolve``)."""
+        txn, self._txn = self._txn, None
+        if txn is not None and txn["keys"]:
+            self.set_values(self.TXN, {"round": txn["round"], "keys": json.dumps(txn["keys"])})
+
+    def abort(self) -> None:
+        """Throw away what the current transaction wrote."""
+        txn, self._txn = self._txn, None
+        for key in (txn or {}).get("keys", []):
+            self._drop(self.PENDING + key)
+
+    def resolve(self, accepted_round: int) -> None:
+        """Commit a staged fit whose round the server accepted; discard it otherwise."""
+        meta = self.get_values(self.TXN)
+        if not meta:
+            return
+        keys = json.loads(str(meta["keys"]))
+        accepted = int(accepted_round) >= int(meta["round"])
+        for key in keys:
+            if accepted:
+                self._rename(self.PENDING + key, key)
+            else:
+                self._drop(self.PENDING + key)
+        self._drop(self.TXN)
+
+    # -- typed access
     def get_arrays(self, key: str) -> list[np.ndarray] | None:
-        if key not in self.records and not self._restore(key):
+        key = self._key(key, writing=False)
+        if not self._has(key):
             return None
         return [a.copy() for a in self.records[key].to_numpy_ndarrays()]
 
     def set_arrays(self, key: str, arrays: Sequence[np.ndarray]) -> None:
+        key = self._key(key, writing=True)
         arrays = [np.ascontiguousarray(a) for a in arrays]
         self.records[key] = ArrayRecord(arrays)
 
@@ -79,16 +155,18 @@ class ClientState:
         self._write(key, ".npz", write)
 
     def get_values(self, key: str) -> dict[str, Any] | None:
-        if key not in self.records and not self._restore(key):
+        key = self._key(key, writing=False)
+        if not self._has(key):
             return None
         return dict(self.records[key])
 
     def set_values(self, key: str, values: Mapping[str, Any]) -> None:
+        key = self._key(key, writing=True)
         self.records[key] = ConfigRecord(OrderedDict(values))
         self._write(key, ".json", lambda path: path.write_text(json.dumps(dict(values))))
 
     def __contains__(self, key: str) -> bool:
-        return key in self.records or self._restore(key)
+        return self._has(self._key(key, writing=False))
 
 
 _CFG_CACHE: dict[str, RunConfig] = {}
@@ -111,9 +189,7 @@ class PFLClient(NumPyClient):
                                "SuperNode with --node-config 'partition-id=<i> num-partitions=<n>'")
         self.pid = int(context.node_config["partition-id"])
         self.data_root = context.node_config.get("data-root") or os.environ.get("FLOWER_PFL_DATA")
-        state_dir = context.node_config.get("state-dir")
-        self.state = ClientState(context.state, Path(str(state_dir)) / f"run-{context.run_id}" /
-                                 f"partition-{self.pid}" if state_dir else None)
+        self.state = ClientState(context.state)  # its disk folder is set in setup()
         self.cfg: RunConfig | None = None
         self.data: ClientData | None = None
         self.device = torch.device("cpu")
@@ -135,11 +211,17 @@ class PFLClient(NumPyClient):
 
     def fit(self, parameters: NDArrays, config: Mapping[str, Scalar]):
         self.setup(config)
-        arrays, metrics = self.fit_round(parameters, config)
-        meta = self.state.get_values("meta") or {"fit-rounds": 0}
-        meta["fit-rounds"] = int(meta["fit-rounds"]) + 1  # survives rounds: context.state
-        meta["last-round"] = self.round
-        self.state.set_values("meta", meta)
+        self.state.begin(self.round)  # kept only if the server accepts this round's upload
+        try:
+            arrays, metrics = self.fit_round(parameters, config)
+            meta = self.state.get_values("meta") or {"fit-rounds": 0}
+            meta["fit-rounds"] = int(meta["fit-rounds"]) + 1  # survives rounds: context.state
+            meta["last-round"] = self.round
+            self.state.set_values("meta", meta)
+        except BaseException:
+            self.state.abort()
+            raise
+        self.state.end()
         metrics = {"partition-id": self.pid, **metrics}
         return arrays, self.data.num_train, metrics
 
@@ -160,10 +242,26 @@ class PFLClient(NumPyClient):
     # ------------------------------------------------------------------------ helpers
     def setup(self, config: Mapping[str, Scalar]) -> None:
         self.cfg = parse_run_config(str(config["cfg"]))
+        self.state.disk = self.state_dir(config)
+        if "accepted-round" in config:  # the server's verdict on this client's last fit
+            self.state.resolve(int(config["accepted-round"]))
         self.data = load_client_data(self.cfg.values, self.pid, self.data_root)
         self.device = resolve_device(self.cfg["device"])
         self.spec = TrainSpec.from_config(self.cfg)
         self.round = int(config.get("round", 0))
+
+    def state_dir(self, config: Mapping[str, Scalar]) -> Path | None:
+        """Where this client's state is mirrored on disk: the node's ``state-dir``
+        (deployment), else the run's ``client-state-dir`` (simulation with checkpoints),
+        else nowhere.  Keyed by the server's run-uid, which a resumed run keeps."""
+        run = f"run-{config.get('run-uid') or self.ctx.run_id}"
+        node_dir = self.ctx.node_config.get("state-dir")
+        if node_dir:
+            return Path(str(node_dir)) / run / f"partition-{self.pid}"
+        sim_dir = str((self.ctx.run_config or {}).get("client-state-dir", ""))
+        if sim_dir and int(self.cfg.values.get("checkpoint-every", 0) or 0) > 0:
+            return Path(sim_dir) / f"partition-{self.pid}"
+        return None
 
     def new_model(self, arrays: Sequence[np.ndarray] | None = None) -> NamedLayers:
         model = model_for(self.cfg)

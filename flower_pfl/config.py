@@ -64,6 +64,18 @@ FIELDS: dict[str, Field] = {
     "round-timeout": Field((float, int), None, _POS, "seconds > 0 or null (wait for every "
                            "client; in deployment a dead node then blocks the round)",
                            nullable=True),
+    # reliability (docs/reliability.md)
+    "min-fit-answers": Field((int,), 1, _POS, "an integer >= 1 (valid updates a round needs; "
+                             "fewer is an error)"),
+    "min-eval-answers": Field((int,), 1, _POS, "an integer >= 1 (evaluation answers an "
+                              "evaluation round needs; fewer is an error)"),
+    "max-update-norm": Field((float, int), None, _POS, "a number > 0 or null: an upload whose "
+                             "L2 distance to what the server sent exceeds it is rejected",
+                             nullable=True),
+    "checkpoint-every": Field((int,), 5, _NONNEG, "an integer >= 0 (rounds between checkpoints "
+                              "for --resume; 0: none)"),
+    "stall-timeout": Field((float, int), 1800.0, _POS, "seconds > 0 or null: the launcher stops "
+                           "a run whose log shows no progress for this long", nullable=True),
     "device": Field((str,), "auto", _in(DEVICES), f"one of {list(DEVICES)}"),
     "model": Field((str,), "cnn", _in(MODELS), f"one of {list(MODELS)}"),
     "output-dir": Field((str,), "outputs", None, "a directory path"),
@@ -276,7 +288,38 @@ def _cross_checks(values: Mapping[str, Any]) -> list[str]:
     if values["min-fit-clients"] > values["clients"]:
         problems.append(f"'min-fit-clients' = {values['min-fit-clients']} exceeds 'clients' = "
                         f"{values['clients']}")
+    sampled = max(values["min-fit-clients"], int(round(values["fraction-fit"] * values["clients"])))
+    if sampled < 1:
+        problems.append(f"'fraction-fit' = {values['fraction-fit']} of {values['clients']} clients "
+                        f"samples nobody; raise it or 'min-fit-clients'")
+    if values["min-fit-answers"] > min(sampled, values["clients"]):
+        problems.append(f"'min-fit-answers' = {values['min-fit-answers']} can never be met: a "
+                        f"round samples {min(sampled, values['clients'])} client(s) "
+                        f"(max(min-fit-clients, round(fraction-fit * clients)))")
+    if values["min-eval-answers"] > values["clients"]:
+        problems.append(f"'min-eval-answers' = {values['min-eval-answers']} exceeds 'clients' = "
+                        f"{values['clients']}")
     return problems
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last)."""
+
+
+def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep=False):
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise ConfigError(f"{loader.name}: key '{key}' is written twice (lines {seen[key]} and "
+                              f"{line}); YAML would silently keep the second -- keep one")
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                              _mapping_without_duplicates)
 
 
 def load(path: str | Path, overrides: str | Sequence[str] | Mapping[str, Any] | None = None
@@ -286,9 +329,15 @@ def load(path: str | Path, overrides: str | Sequence[str] | Mapping[str, Any] | 
     if not path.is_file():
         raise ConfigError(f"configuration file not found: {path}")
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        with open(path, encoding="utf-8") as fh:  # a file object: errors name the path
+            tree = yaml.load(fh, Loader=_StrictLoader)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read configuration file {path}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if tree is None:
+        raise ConfigError(f"{path} is empty (no key set): write at least 'strategy:' and the "
+                          f"keys you mean; `flower-pfl validate` shows what a file gives")
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
     if overrides:

@@ -3,20 +3,63 @@
 Run config keys (pyproject.toml ``[tool.flwr.app.config]``):
 ``config-file`` -- the YAML file (absolute, relative to the cwd, or to the app folder);
 ``overrides``   -- ``"key=value key2=value2"`` applied on top of the file for this run;
-``results-dir`` -- where to write results (set by ``flower-pfl run``; empty: from YAML).
+``results-dir`` -- where to write results (set by ``flower-pfl run``; empty: from YAML);
+``resume``      -- continue the run in ``results-dir`` from its newest checkpoint
+                   (``flower-pfl run --resume DIR`` sets it; docs/reliability.md);
+``client-state-dir`` -- a folder for the clients' personal state (simulation: set by
+                   ``flower-pfl run`` so that checkpoints include it; deployment nodes
+                   use their own ``state-dir`` node config instead).
+
+The legacy server loop always counts rounds from 1; :class:`ResumableServer` starts at
+the strategy's ``start_round`` instead, so a resumed run continues with the next round.
 """
 
 from __future__ import annotations
 
+import timeit
+from logging import INFO
 from pathlib import Path
 
 from flwr.common import Context
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.common.logger import log
+from flwr.server import Server, ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.history import History
 
 from flower_pfl import config as config_mod
 from flower_pfl import registry
 
 APP_DIR = Path(__file__).resolve().parent.parent
+
+
+class ResumableServer(Server):
+    """Flower's legacy round loop (fit round, then federated evaluation), from
+    ``strategy.start_round`` to ``num_rounds``."""
+
+    def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
+        history = History()
+        log(INFO, "[INIT]")
+        self.parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
+        start = timeit.default_timer()
+        for current_round in range(getattr(self.strategy, "start_round", 1), num_rounds + 1):
+            log(INFO, "")
+            log(INFO, "[ROUND %s]", current_round)
+            res_fit = self.fit_round(server_round=current_round, timeout=timeout)
+            if res_fit is not None:
+                parameters, fit_metrics, _ = res_fit
+                if parameters:
+                    self.parameters = parameters
+                history.add_metrics_distributed_fit(server_round=current_round,
+                                                    metrics=fit_metrics)
+            res_fed = self.evaluate_round(server_round=current_round, timeout=timeout)
+            if res_fed is not None and res_fed[0] is not None:
+                history.add_loss_distributed(server_round=current_round, loss=res_fed[0])
+                history.add_metrics_distributed(server_round=current_round, metrics=res_fed[1])
+        return history, timeit.default_timer() - start
+
+
+def _flag(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes")
 
 
 def build_strategy(context: Context):
@@ -25,12 +68,18 @@ def build_strategy(context: Context):
     cfg = config_mod.load(path, str(rc.get("overrides", "")) or None)
     results_dir = str(rc.get("results-dir", "")) or None
     strategy = registry.get(cfg.strategy).strategy_cls()(cfg, results_dir=results_dir)
+    client_state = str(rc.get("client-state-dir", ""))
+    if client_state and int(cfg["checkpoint-every"]) > 0:
+        strategy.client_state_dir = Path(client_state)
+    if _flag(rc.get("resume", False)):
+        strategy.resume()
     return cfg, strategy
 
 
 def server_fn(context: Context) -> ServerAppComponents:
     cfg, strategy = build_strategy(context)
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(
+    server = ResumableServer(client_manager=SimpleClientManager(), strategy=strategy)
+    return ServerAppComponents(server=server, config=ServerConfig(
         num_rounds=cfg["rounds"], round_timeout=cfg["round-timeout"]))
 
 

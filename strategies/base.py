@@ -16,6 +16,24 @@
 
 Subclasses implement the paper's Algorithm box: ``fit_payload``, ``aggregate_updates``
 and, if needed, ``eval_payload`` and ``prepare_round``.
+
+Reliability (docs/reliability.md), also written once here:
+
+* every upload is checked (:func:`flower_pfl.reliability.check_update`: array count,
+  shapes, dtypes, NaN/Inf, num_examples > 0, optional ``max-update-norm``) BEFORE
+  ``aggregate_updates`` sees it; a rejected upload and a client that raised, timed out
+  or disconnected are logged by partition-id with the reason (log, ``server.csv``,
+  ``failures.csv``), the round goes on with the others if at least ``min-fit-answers``
+  valid updates came back, and the client's server-side state is untouched.  Clients
+  learn their last *accepted* round with every message (``accepted-round``) and drop
+  personal state written in a round the server did not accept (clients/base.py);
+* the node count must equal ``clients`` when the run starts; later a node that is gone
+  is not an error (the run goes on with the nodes it has) and a node that comes back is
+  mapped to its partition-id again;
+* every ``checkpoint-every`` rounds an atomic checkpoint of round, global model, the
+  whole :class:`ClientStore`, every other picklable strategy attribute
+  (``checkpoint_state``/``restore_state`` to customise), metric history, results state
+  and the sampling RNG; ``resume()`` continues from it.
 """
 
 from __future__ import annotations
@@ -23,19 +41,21 @@ from __future__ import annotations
 import concurrent.futures
 import resource
 import time
+import uuid
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from flwr.common import (EvaluateIns, EvaluateRes, FitIns, FitRes, GetPropertiesIns, Parameters,
-                         Scalar, ndarrays_to_parameters, parameters_to_ndarrays)
+from flwr.common import (Code, EvaluateIns, EvaluateRes, FitIns, FitRes, GetPropertiesIns,
+                         Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays)
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from flower_pfl import reliability
 from flower_pfl.config import RunConfig
 from flower_pfl.metrics import summarize
 from flower_pfl.params import ParamSpec
@@ -46,6 +66,66 @@ WAIT_FOR_NODES_S = 120.0
 
 class FederationError(RuntimeError):
     """The federation does not match the configuration (node count, partition ids)."""
+
+
+class RoundError(RuntimeError):
+    """Too few clients answered a round (``min-fit-answers`` / ``min-eval-answers``)."""
+
+
+class ResumeError(RuntimeError):
+    """The results folder cannot be resumed (no checkpoint, another configuration)."""
+
+
+class ClientFailure(Exception):
+    """A client's message failed: it raised, timed out or its node disconnected."""
+
+    def __init__(self, pid: int, reason: str) -> None:
+        super().__init__(f"partition-id {pid}: {reason}")
+        self.pid = pid
+        self.reason = reason
+
+
+def _failure_reason(exc: BaseException) -> str:
+    text = str(exc)
+    if "Expected one Message but got: 0" in text:
+        return "no reply (timed out or node disconnected)"
+    if "Message contains an Error" in text:
+        return "client raised: " + text.split("reason:", 1)[-1].strip()[:400]
+    return f"{type(exc).__name__}: {text[:400]}"
+
+
+class TaggedProxy(ClientProxy):
+    """Wraps a node's ClientProxy so that a failure carries the partition-id and a reason
+    (Flower's legacy loop hands bare exceptions to ``aggregate_*``)."""
+
+    def __init__(self, proxy: ClientProxy, pid: int) -> None:
+        super().__init__(proxy.cid)
+        self.proxy, self.pid = proxy, pid
+
+    def _call(self, name: str, ins, timeout, group_id):
+        try:
+            res = getattr(self.proxy, name)(ins, timeout, group_id)
+        except BaseException as exc:  # noqa: BLE001 - Flower collects these as failures
+            raise ClientFailure(self.pid, _failure_reason(exc)) from exc
+        if res.status.code != Code.OK:
+            raise ClientFailure(self.pid, f"status {res.status.code.name}: "
+                                f"{res.status.message[:400]}")
+        return res
+
+    def get_properties(self, ins, timeout, group_id):
+        return self.proxy.get_properties(ins, timeout, group_id)
+
+    def get_parameters(self, ins, timeout, group_id):
+        return self.proxy.get_parameters(ins, timeout, group_id)
+
+    def fit(self, ins, timeout, group_id):
+        return self._call("fit", ins, timeout, group_id)
+
+    def evaluate(self, ins, timeout, group_id):
+        return self._call("evaluate", ins, timeout, group_id)
+
+    def reconnect(self, ins, timeout, group_id):
+        return self.proxy.reconnect(ins, timeout, group_id)
 
 
 @dataclass
@@ -83,6 +163,8 @@ class PersonalizedStrategy(Strategy):
 
     #: whether the strategy maintains a global model that clients also evaluate
     has_global_model: bool = True
+    #: whether clients upload a model (Local uploads nothing: its uploads skip the model checks)
+    uploads_model: bool = True
 
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
@@ -105,6 +187,14 @@ class PersonalizedStrategy(Strategy):
         self._round_server_log: dict[str, Any] = {}
         # the per-client metric: accuracy (higher is better), or the synthetic task's mse
         self.metric = "mse" if cfg["data.dataset"] == "synthetic-gaussian" else "accuracy"
+        # reliability state
+        self.run_uid = uuid.uuid4().hex  # names the clients' state folders across a resume
+        self.start_round = 1  # > 1 after resume()
+        self.client_state_dir: Path | None = None  # simulation: set by the ServerApp
+        self._federation_checked = False
+        self._restored = False
+        self._sent: dict[int, np.ndarray] = {}
+        self._dtypes: list[np.dtype] = []
 
     # ------------------------------------------------------------------ subclass hooks
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
@@ -128,6 +218,39 @@ class PersonalizedStrategy(Strategy):
         """Record server-side per-round quantities (written to server.csv and the log)."""
         self._round_server_log.update(values)
 
+    #: attributes a checkpoint never holds (connections, files, the configuration itself)
+    NOT_CHECKPOINTED = frozenset({"cfg", "cfg_json", "hyper", "num_clients", "results",
+                                  "proxies", "pid_of_cid", "client_state_dir", "start_round",
+                                  "_federation_checked", "_restored", "_round_server_log",
+                                  "_sent", "metric"})
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything needed to continue after the last finished round.
+
+        Default: every attribute of the strategy that pickles, except plumbing
+        (``NOT_CHECKPOINTED``) -- the ``ClientStore`` (model matrix, per-client values),
+        global model, RNG, metric history and any attribute a subclass adds.  Override
+        (call super) to drop something big that can be rebuilt, or to add state kept
+        outside ``self``.
+        """
+        state, skipped = {}, []
+        for name, value in vars(self).items():
+            if name in self.NOT_CHECKPOINTED:
+                continue
+            if reliability.picklable(value):
+                state[name] = value
+            else:
+                skipped.append(name)
+        if skipped:
+            log(WARNING, "[flower-pfl] checkpoint: attribute(s) %s cannot be pickled and are "
+                "not saved; override checkpoint_state/restore_state if they matter", skipped)
+        return state
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`checkpoint_state` (default: set the attributes back)."""
+        for name, value in state.items():
+            setattr(self, name, value)
+
     # ---------------------------------------------------------------- Strategy methods
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         if self._initial is None:
@@ -135,54 +258,107 @@ class PersonalizedStrategy(Strategy):
 
             self._initial = initial_arrays(self.cfg)
         self.spec = ParamSpec.of(self._initial)
-        self.global_arrays = [a.copy() for a in self._initial] if self.has_global_model else None
-        self.setup([a.copy() for a in self._initial])
+        self._dtypes = [np.asarray(a).dtype for a in self._initial]
+        if not self._restored:
+            self.global_arrays = [a.copy() for a in self._initial] if self.has_global_model \
+                else None
+            self.setup([a.copy() for a in self._initial])
         log(INFO, "[flower-pfl] strategy=%s clients=%d rounds=%d model=%s (%d parameters); "
-            "results -> %s", self.cfg.strategy, self.num_clients, self.cfg["rounds"],
-            self.cfg["model"], self.spec.dim, self.results.dir)
+            "results -> %s%s", self.cfg.strategy, self.num_clients, self.cfg["rounds"],
+            self.cfg["model"], self.spec.dim, self.results.dir,
+            f"; resumed after round {self.start_round - 1}" if self._restored else "")
         # The legacy server asks one client for parameters if we return None; our model is
         # built from the config, so always return it (it also travels as the global model).
-        return ndarrays_to_parameters(self._initial)
+        return ndarrays_to_parameters(self.global_arrays or self._initial)
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        every = int(self.cfg.values.get("checkpoint-every", 0) or 0)
+        if every and server_round > self.start_round and (server_round - 1) % every == 0:
+            self.save_checkpoint(server_round - 1)  # the state after round server_round - 1
         self._handshake(client_manager)
         self._round_server_log = {}
         sampled = self.sample(server_round)
         started = time.perf_counter()
         self.prepare_round(server_round, sampled)
         instructions = []
+        max_norm = self.cfg.values.get("max-update-norm")
+        self._sent = {}
         for pid in sampled:
             arrays, extra = self.fit_payload(pid, server_round)
-            config = self._base_config(server_round, extra)
-            instructions.append((self.proxies[pid], FitIns(ndarrays_to_parameters(arrays), config)))
+            if max_norm is not None:  # the update's starting point, for the norm check
+                self._sent[pid] = reliability.flat(arrays if arrays else self._initial)
+            config = self._base_config(server_round, extra, pid)
+            instructions.append((TaggedProxy(self.proxies[pid], pid),
+                                 FitIns(ndarrays_to_parameters(arrays), config)))
         self.log_server(server_prepare_s=round(time.perf_counter() - started, 4),
                         sampled=len(sampled))
         return instructions
 
+    def _proxy_pid(self, proxy: ClientProxy) -> int:
+        if isinstance(proxy, TaggedProxy):
+            return proxy.pid
+        return self.pid_of_cid.get(proxy.cid, -1)
+
+    def _failures(self, server_round: int, phase: str, failures: list[Any]
+                  ) -> list[tuple[int, str]]:
+        """(partition-id, reason) of every failed message; logged and kept in failures.csv."""
+        out = []
+        for f in failures:
+            if isinstance(f, ClientFailure):
+                out.append((f.pid, f.reason))
+            elif isinstance(f, tuple) and len(f) == 2:  # (proxy, result with a bad status)
+                out.append((self._proxy_pid(f[0]), f"status: {f[1].status.message[:400]}"))
+            else:
+                out.append((-1, _failure_reason(f)))
+        for pid, reason in out:
+            log(WARNING, "[flower-pfl] round %d: %s of partition-id %d failed: %s", server_round,
+                phase, pid, reason)
+        if out:
+            self.results.log_table("failures", [{"round": server_round, "phase": phase,
+                                                 "partition-id": pid, "reason": reason}
+                                                for pid, reason in out])
+        return out
+
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
-        updates = []
+        updates, rejected = [], []
+        max_norm = self.cfg.values.get("max-update-norm")
         for proxy, res in results:
-            pid = int(res.metrics.get("partition-id", self.pid_of_cid.get(proxy.cid, -1)))
-            updates.append(ClientUpdate(pid, parameters_to_ndarrays(res.parameters),
-                                        res.num_examples, dict(res.metrics)))
-            self.store.last_round[pid] = server_round
-        if failures:
-            log(WARNING, "[flower-pfl] round %d: %d client(s) failed in fit: %s", server_round,
-                len(failures), [repr(f)[:300] for f in failures[:3]])
-            if not results:
-                raise RuntimeError(f"round {server_round}: every sampled client failed; first "
-                                   f"failure: {failures[0]!r:.1000}")
+            pid = self._proxy_pid(proxy)
+            arrays = parameters_to_ndarrays(res.parameters)
+            claimed = res.metrics.get("partition-id", pid)
+            reason = None
+            if int(claimed) != pid:
+                reason = f"the upload claims partition-id {claimed}"
+            if reason is None and (self.uploads_model or arrays):
+                reason = reliability.check_update(arrays, res.num_examples, self.spec.shapes,
+                                                  self._dtypes, res.metrics,
+                                                  self._sent.get(pid), max_norm)
+            if reason is not None:
+                rejected.append(ClientFailure(pid, f"update rejected: {reason}"))
+                continue
+            updates.append(ClientUpdate(pid, arrays, int(res.num_examples), dict(res.metrics)))
+        failed = self._failures(server_round, "fit", list(failures) + rejected)
+        for u in updates:
+            self.store.last_round[u.pid] = server_round  # accepted: clients keep this round
+        minimum = int(self.cfg.values.get("min-fit-answers", 1))
+        if len(updates) < minimum:
+            raise RoundError(
+                f"round {server_round}: {len(updates)} valid update(s) from "
+                f"{len(updates) + len(failed)} sampled client(s), fewer than min-fit-answers = "
+                f"{minimum}; failures: " + "; ".join(f"partition-id {p}: {r}"
+                                                     for p, r in failed[:10]))
         started = time.perf_counter()
         if updates:
             self.aggregate_updates(server_round, sorted(updates, key=lambda u: u.pid))
         self.log_server(server_aggregate_s=round(time.perf_counter() - started, 4),
-                        fit_ok=len(updates), fit_failed=len(failures),
+                        fit_ok=len(updates), fit_failed=len(failed),
+                        fit_failed_ids=" ".join(str(p) for p, _ in sorted(failed)),
                         server_peak_rss_mb=round(resource.getrusage(
                             resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
         train_losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
-        metrics: dict[str, Scalar] = {"fit_clients": len(updates), "fit_failures": len(failures)}
+        metrics: dict[str, Scalar] = {"fit_clients": len(updates), "fit_failures": len(failed)}
         if train_losses:
             metrics["train_loss"] = float(np.mean(train_losses))
         self.results.log_server(server_round, self._round_server_log)
@@ -198,17 +374,26 @@ class PersonalizedStrategy(Strategy):
         eval_global = bool(self.cfg["eval-global"] and self.has_global_model)
         for pid in sorted(self.proxies):
             arrays, extra = self.eval_payload(pid, server_round)
-            config = self._base_config(server_round, {"eval-global": eval_global, **extra})
-            instructions.append((self.proxies[pid],
+            config = self._base_config(server_round, {"eval-global": eval_global, **extra}, pid)
+            instructions.append((TaggedProxy(self.proxies[pid], pid),
                                  EvaluateIns(ndarrays_to_parameters(arrays), config)))
         return instructions
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
+        failed = self._failures(server_round, "evaluate", list(failures))
+        answered = {_client_row(res, self.metric)["partition-id"] for _, res in results}
+        missing = sorted(set(range(self.num_clients)) - answered - {p for p, _ in failed})
+        if missing and self._eval_round(server_round):
+            log(WARNING, "[flower-pfl] round %d: partition-id(s) %s not connected; evaluation "
+                "statistics are over the %d client(s) that answered", server_round, missing,
+                len(answered))
+        minimum = int(self.cfg.values.get("min-eval-answers", 1))
+        if self._eval_round(server_round) and len(results) < minimum:
+            raise RoundError(f"round {server_round}: {len(results)} evaluation answer(s), fewer "
+                             f"than min-eval-answers = {minimum}; failures: "
+                             + "; ".join(f"partition-id {p}: {r}" for p, r in failed[:10]))
         if not results:
-            if self._eval_round(server_round):
-                log(WARNING, "[flower-pfl] round %d: no evaluation results (%d failures)",
-                    server_round, len(failures))
             return None, {}
         m = self.metric
         rows = sorted((_client_row(res, m) for _, res in results),
@@ -222,17 +407,19 @@ class PersonalizedStrategy(Strategy):
         self.results.log_round(server_round, personal, global_, rows, lower_is_better)
         best = (min if lower_is_better else max)(h["mean"] for h in self.eval_history)
         log(INFO, "[flower-pfl] round %d: personalized %s mean %.4f weighted %.4f std %.4f "
-            "worst10%% %.4f top10%% %.4f min %.4f | best mean %.4f%s | %d clients, %d failed",
-            server_round, m, personal["mean"], personal["weighted_mean"], personal["std"],
-            personal["worst10_mean"], personal["top10_mean"], personal["min"], best,
-            f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
-            len(failures))
+            "worst10%% %.4f top10%% %.4f min %.4f | best mean %.4f%s | %d clients answered, "
+            "%d did not", server_round, m, personal["mean"], personal["weighted_mean"],
+            personal["std"], personal["worst10_mean"], personal["top10_mean"], personal["min"],
+            best, f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
+            self.num_clients - len(rows))
         if server_round >= self.cfg["rounds"]:
             self.results.finish("completed")
             log(INFO, "[flower-pfl] final per-round table: %s", self.results.dir / "rounds.csv")
             log(INFO, "[flower-pfl] per-client table: %s", self.results.dir / "clients.csv")
         metrics: dict[str, Scalar] = {f"personal_{k}": v for k, v in personal.items()}
         metrics["personal_bmta"] = best
+        metrics["eval_answered"] = len(rows)
+        metrics["eval_missing"] = self.num_clients - len(rows)
         if global_:
             metrics.update({f"global_{k}": v for k, v in global_.items()})
         loss = float(np.average([r["loss"] for r in rows], weights=[r["num-test"] for r in rows]))
@@ -241,6 +428,63 @@ class PersonalizedStrategy(Strategy):
     def evaluate(self, server_round: int, parameters: Parameters
                  ) -> tuple[float, dict[str, Scalar]] | None:
         return None  # no centralised test set: pFL is evaluated on each client's own split
+
+    # -------------------------------------------------------------- checkpoint/resume
+    def save_checkpoint(self, server_round: int) -> Path:
+        """Atomic checkpoint of the state after ``server_round`` (see flower_pfl.reliability)."""
+        started = time.perf_counter()
+        state = {"version": 1, "round": server_round, "config": self._config_identity(),
+                 "strategy": self.checkpoint_state(),
+                 "results": {"rounds": self.results.rounds, "server": self.results.server_rows,
+                             "elapsed_s": time.time() - self.results.started,
+                             "lower_is_better": self.results.lower_is_better}}
+        folder = reliability.write_checkpoint(self.results.dir, server_round, state,
+                                              self.client_state_dir)
+        log(INFO, "[flower-pfl] checkpoint after round %d written: %s (%.2f s)", server_round,
+            folder, time.perf_counter() - started)
+        return folder
+
+    def _config_identity(self) -> dict[str, Any]:
+        return {"values": dict(self.cfg.values), "hyper": dict(self.hyper)}
+
+    def resume(self, results_dir: str | Path | None = None) -> int:
+        """Load the newest checkpoint of the results folder; returns its round.
+
+        Must be called before ``initialize_parameters``.  The results files are rewound to
+        that round (no round is written twice) and, in simulation, the clients' state folder
+        is replaced by the checkpoint's snapshot.
+        """
+        folder = reliability.latest_checkpoint(results_dir or self.results.dir)
+        if folder is None:
+            raise ResumeError(f"no checkpoint in {results_dir or self.results.dir} (a run writes "
+                              f"one every 'checkpoint-every' rounds; 0 disables them)")
+        state = reliability.read_checkpoint(folder)
+        mine, theirs = self._config_identity(), state["config"]
+        if mine != theirs:
+            diff = sorted(k for k in set(mine["values"]) | set(theirs["values"])
+                          if mine["values"].get(k) != theirs["values"].get(k))
+            if mine["hyper"] != theirs["hyper"]:
+                diff.append("hyper")
+            raise ResumeError(f"{folder.parent.parent} was written by a different configuration "
+                              f"(differs in: {', '.join(diff)}); resume it with its own "
+                              f"configuration or start a new run")
+        r = int(state["round"])
+        self.restore_state(state["strategy"])
+        res = state["results"]
+        self.results.rounds = list(res["rounds"])
+        self.results.server_rows = list(res["server"])
+        self.results.lower_is_better = bool(res["lower_is_better"])
+        self.results.started = time.time() - float(res["elapsed_s"])
+        for csv_path in sorted(self.results.dir.glob("*.csv")):
+            reliability.rewind_csv(csv_path, r)
+        self.results.finish("running")
+        if self.client_state_dir is not None:
+            reliability.restore_client_state(folder, self.client_state_dir)
+        self.start_round = r + 1
+        self._restored = True
+        log(INFO, "[flower-pfl] resuming %s from the checkpoint after round %d (%s)",
+            self.cfg.strategy, r, folder)
+        return r
 
     # ------------------------------------------------------------------------ helpers
     def sample(self, server_round: int) -> list[int]:
@@ -254,16 +498,25 @@ class PersonalizedStrategy(Strategy):
     def _eval_round(self, server_round: int) -> bool:
         return server_round % self.cfg["eval-every"] == 0 or server_round >= self.cfg["rounds"]
 
-    def _base_config(self, server_round: int, extra: Mapping[str, Scalar]) -> dict[str, Scalar]:
-        return {"cfg": self.cfg_json, "strategy": self.cfg.strategy, "round": server_round,
-                **extra}
+    def _base_config(self, server_round: int, extra: Mapping[str, Scalar],
+                     pid: int | None = None) -> dict[str, Scalar]:
+        config: dict[str, Scalar] = {"cfg": self.cfg_json, "strategy": self.cfg.strategy,
+                                     "round": server_round, "run-uid": self.run_uid}
+        if pid is not None:  # the last round whose upload the server accepted from pid
+            config["accepted-round"] = int(self.store.last_round.get(pid, 0))
+        return {**config, **extra}
 
     def _handshake(self, client_manager: ClientManager) -> None:
-        """Map every connected node to its partition-id (asked once per node)."""
-        if client_manager.num_available() < self.num_clients:
-            client_manager.wait_for(self.num_clients, timeout=int(WAIT_FOR_NODES_S))
+        """Map every connected node to its partition-id (asked once per node).
+
+        At the start the federation must have exactly ``clients`` nodes; later a missing
+        node is logged, not fatal (its rounds are failures), and a node that comes back
+        (a new node id) is mapped to its partition-id again."""
+        if not self._federation_checked:
+            if client_manager.num_available() < self.num_clients:
+                client_manager.wait_for(self.num_clients, timeout=int(WAIT_FOR_NODES_S))
         available = client_manager.all()
-        if len(available) != self.num_clients:
+        if not self._federation_checked and len(available) != self.num_clients:
             raise FederationError(
                 f"the configuration says clients = {self.num_clients} but the federation has "
                 f"{len(available)} node(s). In simulation run through `flower-pfl run` (it sets "
@@ -272,9 +525,22 @@ class PersonalizedStrategy(Strategy):
         unknown = [p for cid, p in available.items() if cid not in self.pid_of_cid]
         if unknown:
             ins = GetPropertiesIns({"cfg": self.cfg_json})
+
+            def ask(proxy):
+                try:
+                    return proxy.get_properties(ins, WAIT_FOR_NODES_S, None)
+                except Exception as exc:  # noqa: BLE001
+                    if not self._federation_checked:
+                        raise FederationError(f"node {proxy.cid} did not answer the partition-id "
+                                              f"handshake: {_failure_reason(exc)}") from exc
+                    log(WARNING, "[flower-pfl] node %s did not answer the handshake (%s); "
+                        "asking again next round", proxy.cid, _failure_reason(exc))
+                    return None
             with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-                answers = list(pool.map(lambda p: p.get_properties(ins, None, None), unknown))
+                answers = list(pool.map(ask, unknown))
             for proxy, res in zip(unknown, answers):
+                if res is None:
+                    continue
                 if "partition-id" not in res.properties:
                     raise FederationError(f"node {proxy.cid} did not report a partition-id "
                                           f"(status: {res.status.message})")
@@ -285,10 +551,17 @@ class PersonalizedStrategy(Strategy):
                 if pid in self.proxies and self.proxies[pid].cid in available \
                         and self.proxies[pid].cid != proxy.cid:
                     raise FederationError(f"two nodes report partition-id {pid}")
+                if self._federation_checked and pid not in self.proxies:
+                    log(INFO, "[flower-pfl] partition-id %d is back (node %s)", pid, proxy.cid)
                 self.pid_of_cid[proxy.cid] = pid
                 self.proxies[pid] = proxy
         # drop proxies of nodes that disconnected (a restarted SuperNode gets a new proxy)
+        gone = sorted(pid for pid, p in self.proxies.items() if p.cid not in available)
+        if gone:
+            log(WARNING, "[flower-pfl] partition-id(s) %s disconnected; the run goes on with "
+                "%d node(s)", gone, len(self.proxies) - len(gone))
         self.proxies = {pid: p for pid, p in self.proxies.items() if p.cid in available}
+        self._federation_checked = True
 
 
 def _client_row(res: EvaluateRes, metric: str) -> dict[str, Any]:

@@ -1,0 +1,181 @@
+"""Reliability building blocks: checking uploads, atomic checkpoints, results-file rewind.
+
+Pure Python + numpy; no Flower import (the strategies' base class and the launcher use it).
+
+Upload check (:func:`check_update`).  An upload is rejected -- before it can reach any
+stored model, Gram matrix, variance estimate or average -- when
+
+* the number of arrays differs from the model's (``ParamSpec``), or any shape differs;
+* an array's dtype differs from the model's (a float64 or int upload of a float32 model);
+* any value is NaN or +-Inf (also any numeric metric: a NaN loss poisons averages);
+* ``num_examples <= 0`` (it would weight an average by zero or flip its sign);
+* ``max_norm`` is set and ``||upload - sent||_2 > max_norm``, where ``sent`` is what the
+  server sent that client this round (its starting point; the initial model when the
+  strategy sent nothing).  The paper setting leaves this open; we bound the *update*,
+  not the model, so the bound does not depend on the model's size or distance from 0.
+
+Checkpoints (:func:`write_checkpoint`, :func:`latest_checkpoint`).  One folder per
+checkpointed round ``<results>/checkpoint/round-000R/`` holding ``state.pkl`` (server
+state) and, in simulation, ``client-state/`` (the clients' personal state, hard-linked:
+the clients write every file by temp file + rename, so a link keeps the old content at
+no copy cost).  The folder is built under a temporary name and renamed into place, so
+a crash leaves either the old or the new checkpoint, never half of one.
+
+Results rewind (:func:`rewind_csv`): on resume every ``*.csv`` with a ``round`` column
+drops the rows of rounds after the checkpoint, so no round is duplicated.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+CHECKPOINT_DIR = "checkpoint"
+STATE_FILE = "state.pkl"
+CLIENT_STATE = "client-state"
+
+
+# ------------------------------------------------------------------------ uploads
+def check_update(arrays: Sequence[np.ndarray], num_examples: int,
+                 shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
+                 metrics: Mapping[str, Any] | None = None, sent: np.ndarray | None = None,
+                 max_norm: float | None = None) -> str | None:
+    """Why this upload must be rejected, or None when it is acceptable."""
+    if len(arrays) != len(shapes):
+        return f"wrong number of arrays: {len(arrays)} (the model has {len(shapes)})"
+    for i, (a, shape, dtype) in enumerate(zip(arrays, shapes, dtypes)):
+        a = np.asarray(a)
+        if tuple(a.shape) != tuple(shape):
+            return f"array {i} has shape {tuple(a.shape)}, expected {tuple(shape)}"
+        if a.dtype != dtype:
+            return f"array {i} has dtype {a.dtype}, expected {np.dtype(dtype)}"
+    try:
+        n = int(num_examples)
+    except (TypeError, ValueError):
+        return f"num_examples = {num_examples!r} is not an integer"
+    if n <= 0:
+        return f"num_examples = {n} (must be > 0)"
+    for i, a in enumerate(arrays):
+        if not np.isfinite(a).all():
+            bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
+            return f"array {i} holds {bad} NaN/Inf value(s)"
+    for key, value in (metrics or {}).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"metric '{key}' = {value}"
+    if max_norm is not None:
+        flat = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays]) \
+            if arrays else np.zeros(0)
+        ref = np.zeros_like(flat) if sent is None else np.asarray(sent, dtype=np.float64)
+        norm = float(np.linalg.norm(flat - ref))
+        if norm > max_norm:
+            return f"update norm {norm:.4g} exceeds max-update-norm = {max_norm:g}"
+    return None
+
+
+def flat(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays]) \
+        if len(arrays) else np.zeros(0)
+
+
+# --------------------------------------------------------------------- checkpoints
+def checkpoint_root(results_dir: str | Path) -> Path:
+    return Path(results_dir) / CHECKPOINT_DIR
+
+
+def round_dir(results_dir: str | Path, server_round: int) -> Path:
+    return checkpoint_root(results_dir) / f"round-{server_round:06d}"
+
+
+def latest_checkpoint(results_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder, or None."""
+    root = checkpoint_root(results_dir)
+    if not root.is_dir():
+        return None
+    done = sorted(p for p in root.glob("round-*") if (p / STATE_FILE).is_file()
+                  and not p.name.endswith(".tmp"))
+    return done[-1] if done else None
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Copy a folder as hard links (a real copy where linking is not possible)."""
+    for dirpath, _, files in os.walk(src):
+        target = dst / Path(dirpath).relative_to(src)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if ".tmp" in name:
+                continue  # a half-written temp file of a client that is still writing
+            try:
+                os.link(Path(dirpath) / name, target / name)
+            except OSError:
+                shutil.copy2(Path(dirpath) / name, target / name)
+
+
+def write_checkpoint(results_dir: str | Path, server_round: int, state: Mapping[str, Any],
+                     client_state_dir: Path | None = None, keep: int = 1) -> Path:
+    """Atomically write ``state`` (+ a hard-link snapshot of ``client_state_dir``)."""
+    final = round_dir(results_dir, server_round)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with open(tmp / (STATE_FILE + ".tmp"), "wb") as fh:
+        pickle.dump(dict(state), fh, protocol=pickle.HIGHEST_PROTOCOL)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp / (STATE_FILE + ".tmp"), tmp / STATE_FILE)
+    if client_state_dir is not None and client_state_dir.is_dir():
+        link_tree(client_state_dir, tmp / CLIENT_STATE)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)  # the checkpoint appears whole or not at all
+    older = sorted(p for p in checkpoint_root(results_dir).glob("round-*")
+                   if p != final and not p.name.endswith(".tmp"))
+    for old in older[:max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read_checkpoint(folder: Path) -> dict[str, Any]:
+    with open(folder / STATE_FILE, "rb") as fh:
+        return pickle.load(fh)
+
+
+def restore_client_state(folder: Path, client_state_dir: Path) -> None:
+    """Replace the live client-state folder by the checkpoint's snapshot (as links)."""
+    shutil.rmtree(client_state_dir, ignore_errors=True)
+    client_state_dir.mkdir(parents=True, exist_ok=True)
+    if (folder / CLIENT_STATE).is_dir():
+        link_tree(folder / CLIENT_STATE, client_state_dir)
+
+
+def rewind_csv(path: Path, last_round: int) -> int:
+    """Drop rows with ``round > last_round``; returns how many rows were dropped."""
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames or []
+        rows = list(reader)
+    if "round" not in header:
+        return 0
+    keep = [r for r in rows if r["round"] == "" or int(float(r["round"])) <= last_round]
+    if len(keep) == len(rows):
+        return 0
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=header, restval="")
+        w.writeheader()
+        w.writerows(keep)
+    os.replace(tmp, path)
+    return len(rows) - len(keep)
+
+
+def picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "cannot checkpoint this"
+        return False
