@@ -1,0 +1,80 @@
+"""APFL: gradients through the mixture (v and alpha), state v_i/alpha_i across rounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from flower_pfl.baselines_math import apfl_step
+from flower_pfl.config import ConfigError
+from tests.conftest import small_config
+from tests.test_baselines import TINY, replay_fit, state_arrays, state_values, two_rounds
+
+
+def _tiny():
+    torch.manual_seed(0)
+    w, v = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    x, y = torch.randn(5, 3), torch.tensor([0, 1, 1, 0, 1])
+    return w, v, x, y
+
+
+def test_apfl_step_matches_the_mixture_gradients_by_hand():
+    w, v, x, y = _tiny()
+    alpha, lr, alpha_lr = 0.3, 0.1, 0.2
+    w0 = [p.detach().clone() for p in w.parameters()]
+    v0 = [p.detach().clone() for p in v.parameters()]
+    # by hand: vbar = alpha v + (1 - alpha) w; g = grad f(vbar)
+    weight = (alpha * v0[0] + (1 - alpha) * w0[0]).requires_grad_(True)
+    bias = (alpha * v0[1] + (1 - alpha) * w0[1]).requires_grad_(True)
+    g = torch.autograd.grad(F.cross_entropy(x @ weight.T + bias, y), [weight, bias])
+    gw = torch.autograd.grad(F.cross_entropy(w(x), y), list(w.parameters()))
+    d_alpha = sum(((vv - ww) * gg).sum() for vv, ww, gg in zip(v0, w0, g))
+
+    new_alpha, _, _ = apfl_step(w, v, alpha, x, y, lr, alpha_lr, F.cross_entropy)
+    for p, p0, gg in zip(v.parameters(), v0, g):  # grad_v = alpha * grad f(vbar)
+        assert torch.allclose(p, p0 - lr * alpha * gg, atol=1e-6)
+    for p, p0, gg in zip(w.parameters(), w0, gw):  # w: plain SGD on f(w)
+        assert torch.allclose(p, p0 - lr * gg, atol=1e-6)
+    assert new_alpha == pytest.approx(alpha - alpha_lr * float(d_alpha), abs=1e-6)
+    assert new_alpha != alpha
+
+
+def test_alpha_is_fixed_without_adaptation_and_clipped_to_unit_interval():
+    w, v, x, y = _tiny()
+    assert apfl_step(w, v, 0.4, x, y, 0.1, 0.2, F.cross_entropy, adapt_alpha=False)[0] == 0.4
+    with torch.no_grad():
+        for p in v.parameters():
+            p.mul_(50.0)  # far from w: a huge alpha gradient
+    a = apfl_step(w, v, 0.5, x, y, 0.1, 1e4, F.cross_entropy)[0]
+    assert 0.0 <= a <= 1.0
+
+
+def test_v_and_alpha_continue_across_rounds(tmp_path):
+    cfg = small_config(strategy="apfl", rounds=2, **TINY)
+    s, proxies, before, ins, res = two_rounds(cfg, tmp_path)
+    pid = 2
+    alpha1 = float(state_values(before[pid], "apfl")["alpha"])
+    alpha2 = float(state_values(proxies[pid].context.state, "apfl")["alpha"])
+    assert alpha1 != cfg.hyper["alpha-init"] and alpha2 != alpha1  # alpha adapts
+    v2 = state_arrays(proxies[pid].context.state, "apfl-v")
+    # round 2 replayed from the round-1 state gives the stored v_i, alpha_i ...
+    again, _ = replay_fit(proxies[pid], before[pid], ins[pid])
+    for a, b in zip(state_arrays(again, "apfl-v"), v2):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert float(state_values(again, "apfl")["alpha"]) == pytest.approx(alpha2)
+    # ... while a client starting fresh (v_i = global, alpha_i = alpha-init) ends elsewhere
+    fresh, _ = replay_fit(proxies[pid], None, ins[pid])
+    assert max(float(np.abs(a - b).max()) for a, b in
+               zip(state_arrays(fresh, "apfl-v"), v2)) > 1e-4
+    assert float(state_values(fresh, "apfl")["alpha"]) != pytest.approx(alpha2)
+    # the personalized (mixture) model is evaluated beside the global one, and differs
+    last = (tmp_path / "rounds.csv").read_text()
+    assert "global_mean" in last
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_alpha_zero_or_one_is_rejected(alpha):
+    with pytest.raises(ConfigError, match="0 is FedAvg, 1 is Local"):
+        small_config(strategy="apfl", **{"hyper.apfl.alpha-init": alpha})
