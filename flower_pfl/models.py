@@ -4,6 +4,21 @@ Every model exposes ``layer_names()``: the ordered names of its parameterised la
 (the units PLGU scores and FedRep splits into body/head).  What travels between
 server and clients is :func:`get_arrays` -- the floating-point entries of the
 state_dict in order (integer buffers such as BatchNorm's step counter stay local).
+
+Layer groups (PLGU's "layers" l = 1..L, FedRep's body/head split): one group per entry
+of ``layer_names()``, i.e. per module that holds parameters directly; a group holds that
+module's weight and bias (and, for BatchNorm, its running mean/var in the transported
+arrays). :func:`layer_groups` maps each group to its indices in :func:`get_arrays`.
+
+=========  ===  ===========================================================
+model       L   groups (in order; the last one is FedRep's head)
+=========  ===  ===========================================================
+mclr        1   fc
+dnn         2   fc1, fc2
+cnn         4   conv1, conv2, fc1, fc2
+resnet18   41   net.conv1, net.bn1, then per block conv1, bn1, conv2, bn2
+                (+ downsample.0 conv, downsample.1 bn), ..., net.fc
+=========  ===  ===========================================================
 """
 
 from __future__ import annotations
@@ -133,6 +148,23 @@ def set_arrays(model: nn.Module, arrays: Sequence[np.ndarray]) -> None:
                 raise ValueError(f"shape mismatch for '{name}': model {tuple(tensor.shape)}, "
                                  f"received {tuple(np.shape(array))}")
             tensor.copy_(torch.as_tensor(np.asarray(array), dtype=tensor.dtype))
+
+
+def layer_groups(model: nn.Module) -> list[tuple[str, list[int]]]:
+    """``[(layer name, [indices into get_arrays(model)])]`` in ``layer_names()`` order.
+
+    A layer's arrays are the float state_dict entries directly owned by that module
+    (``<name>.weight``, ``<name>.bias``, BatchNorm ``<name>.running_mean`` / ``running_var``).
+    """
+    keys = [k for k, _ in _float_items(model)]
+    groups = []
+    for name in model.layer_names():  # type: ignore[attr-defined]
+        prefix = f"{name}." if name else ""
+        idx = [i for i, k in enumerate(keys) if k.startswith(prefix) and "." not in k[len(prefix):]]
+        if not idx and name in keys:  # a parameter registered on the root (ScalarModel)
+            idx = [keys.index(name)]
+        groups.append((name, idx))
+    return groups
 
 
 def resolve_device(name: str) -> torch.device:

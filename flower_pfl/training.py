@@ -5,6 +5,14 @@ index slices of a seeded permutation -- no DataLoader workers to start per round
 Regularisers are added to the loss, so they are differentiated like the data term:
 ``prox_penalty`` is the squared proximal term ``coef/2 * ||w - center||^2`` used by
 FedAMP (coef = lambda/alpha_k), FedProx, pFedMe and Ditto.
+
+``lwsam_step`` is the one local optimizer step of SAM / LWSAM (PLGU Algorithm 1, eqs. 4-5,
+p = q = 2; the perturbation itself is :func:`flower_pfl.plgu_math.lwsam_perturbation`):
+gradient g at theta, ascent eps = rho * Lambda g / ||g|| on the ``perturbed`` tensors,
+gradient g~ at theta + eps, then one optimizer step with g~ on the perturbed tensors and
+with the plain g on the ``plain`` tensors (Algorithm 1's personalized update, line 5).
+SAM (FedSAM) is Lambda = I; rho = 0 is exactly one SGD step (no second pass).
+``train_lwsam`` loops it over the same mini-batch schedule as ``train``.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from flower_pfl.plgu_math import lwsam_perturbation
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,60 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
             break
     return {"train_loss": total / max(done, 1), "reg_loss": total_reg / max(done, 1),
             "local_steps": float(done)}
+
+
+def lwsam_step(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor,
+               opt: torch.optim.Optimizer, perturbed: Sequence[torch.Tensor],
+               scales: Sequence[float], rho: float, plain: Sequence[torch.Tensor] = (),
+               loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+               ) -> float:
+    """One SAM/LWSAM step on the batch (xb, yb); returns the loss at theta (before eps).
+
+    ``perturbed``: tensors that get the ascent perturbation and the SAM gradient g~;
+    ``scales``: Lambda of each of them (1.0 everywhere = SAM); ``plain``: tensors updated
+    with the unperturbed gradient g; any other parameter of ``model`` stays fixed.
+    ``opt`` must optimise exactly ``perturbed + plain``."""
+    tensors = list(perturbed) + list(plain)
+    loss = loss_fn(model(xb), yb)
+    grads = torch.autograd.grad(loss, tensors)
+    g_pert, g_plain = grads[:len(perturbed)], grads[len(perturbed):]
+    if rho > 0 and perturbed:
+        eps = lwsam_perturbation(g_pert, scales, rho)
+        with torch.no_grad():
+            for p, e in zip(perturbed, eps):
+                p.add_(e)
+        g_pert = torch.autograd.grad(loss_fn(model(xb), yb), list(perturbed))
+        with torch.no_grad():
+            for p, e in zip(perturbed, eps):
+                p.sub_(e)
+    for p, g in zip(tensors, list(g_pert) + list(g_plain)):
+        p.grad = g.detach()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def train_lwsam(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
+                generator: torch.Generator, device: torch.device,
+                perturbed: Sequence[torch.Tensor], scales: Sequence[float], rho: float,
+                plain: Sequence[torch.Tensor] = (), num_steps: int | None = None,
+                lr: float | None = None,
+                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+                ) -> dict[str, float]:
+    """``num_steps`` LWSAM steps (:func:`lwsam_step`) over the same mini-batch schedule and
+    with the same optimiser settings as :func:`train`; returns mean loss and step count."""
+    model.to(device).train()
+    tensors = list(perturbed) + list(plain)
+    steps = num_steps if num_steps is not None else spec.num_steps(len(y))
+    if not tensors:  # nothing to train (e.g. a one-layer model's empty FedRep body)
+        return {"train_loss": float("nan"), "reg_loss": 0.0, "local_steps": 0.0}
+    opt = torch.optim.SGD(tensors, lr=spec.lr if lr is None else lr,
+                          momentum=spec.momentum, weight_decay=spec.weight_decay)
+    total = 0.0
+    for idx in batches(len(y), spec.batch_size, steps, generator):
+        xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
+        total += lwsam_step(model, xb, yb, opt, perturbed, scales, rho, plain, loss_fn)
+    return {"train_loss": total / max(steps, 1), "reg_loss": 0.0, "local_steps": float(steps)}
 
 
 @torch.no_grad()

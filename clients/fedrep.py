@@ -1,0 +1,78 @@
+"""FedRep client (Collins et al., "Exploiting Shared Representations for Personalized
+Federated Learning", ICML 2021), as PLGU section 5.1 / Algorithm 3 lines 7-12 describe it.
+
+The model is theta_i = h_i o phi: the head h_i is the LAST layer group of the model
+(``layer_names()[-1]``: ``fc`` / ``fc2`` / ``net.fc``), kept in ``context.state``; the body
+(representation) phi is every other layer and is shared.  One round:
+
+1. receive the global body phi^t; assemble (h_i, phi^t)  (a new client: the initial head);
+2. train the head for ``head-epochs`` passes with the body frozen (eq. 9, plain SGD);
+3. train the body for ``body-epochs`` passes with the head frozen -- plain SGD for FedRep,
+   the LWSAM step of eqs. 10-13 for PLGU-GRep (``rho`` > 0, clients/plgu.py);
+4. keep h_i, upload the body phi_i.
+
+The personalized model is (h_i, current global body). With a one-layer model (mclr) the
+body is empty: FedRep then IS local training of the head (the strategy warns).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clients.base import PFLClient
+from clients.fedsam import LWSAMClientMixin, layer_tensors
+from flower_pfl.models import get_arrays
+
+
+class FedRepClient(LWSAMClientMixin, PFLClient):
+    def split(self, model):
+        """(indices of head arrays, indices of body arrays) in get_arrays order."""
+        groups = self.groups(model)
+        head = list(groups[-1][1])
+        body = [i for _, idx in groups[:-1] for i in idx]
+        return head, body
+
+    def assemble(self, body_arrays):
+        """The model (h_i, phi): the stored head (or the initial one) and the given body."""
+        model = self.new_model()
+        arrays = get_arrays(model)
+        head, body = self.split(model)
+        stored = self.state.get_arrays("head")
+        if stored is not None:
+            for i, a in zip(head, stored):
+                arrays[i] = a
+        for i, a in zip(body, body_arrays):
+            arrays[i] = a
+        return self.new_model(arrays)
+
+    def body_scales(self, received_body, body_layers) -> list[float]:
+        """Lambda per body layer: FedRep perturbs nothing (rho = 0), so any value works."""
+        return [1.0] * len(body_layers)
+
+    def fit_round(self, parameters, config):
+        model = self.assemble(parameters)
+        layers = layer_tensors(model)
+        head_t = layers[-1]
+        body_layers = layers[:-1]
+        # one "epoch" = one pass over the local data (or train.steps mini-batches if set)
+        n_batches = self.spec.steps or max(1, -(-self.data.num_train // self.spec.batch_size))
+        m_head = self.lwsam_train(model, [], [], 0.0, plain=head_t,
+                                  num_steps=int(config["head-epochs"]) * n_batches, salt=0)
+        scales = self.body_scales(parameters, body_layers)
+        perturbed = [p for layer in body_layers for p in layer]
+        per_tensor = [s for layer, s in zip(body_layers, scales) for _ in layer]
+        m_body = self.lwsam_train(model, perturbed, per_tensor, float(config["rho"]),
+                                  num_steps=int(config["body-epochs"]) * n_batches, salt=1)
+        arrays = get_arrays(model)
+        head, body = self.split(model)
+        self.state.set_arrays("head", [arrays[i] for i in head])
+        body_arrays = [arrays[i] for i in body]
+        self.state.set_arrays("body", body_arrays)  # phi_i: eq. 10 needs it next round
+        metrics = {"train_loss": m_body["train_loss"] if body else m_head["train_loss"],
+                   "head_loss": m_head["train_loss"], "head_steps": m_head["local_steps"],
+                   "body_steps": m_body["local_steps"]}
+        return [np.asarray(a) for a in body_arrays], {k: float(v) for k, v in metrics.items()
+                                                      if np.isfinite(v)}
+
+    def personal_model(self, parameters, config):
+        return self.assemble(parameters)

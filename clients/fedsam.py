@@ -1,0 +1,68 @@
+"""FedSAM client (Qu et al., "Generalized Federated Learning via Sharpness Aware
+Minimization", ICML 2022; PLGU's [33]) and the LWSAM helpers the PLGU clients share.
+
+FedSAM: start from the global model w^t, run the configured local steps with SAM
+(:func:`flower_pfl.training.lwsam_step` with Lambda = I: eps = rho g/||g||, then the
+gradient at w + eps), upload Delta = w^K - w^t. The personalized model IS the global model.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from clients.base import PFLClient
+from flower_pfl.models import NamedLayers, get_arrays, layer_groups
+from flower_pfl.training import gaussian_nll, train_lwsam
+
+
+def layer_tensors(model: NamedLayers) -> list[list[torch.Tensor]]:
+    """The trainable tensors of each layer group (order of ``layer_names()``)."""
+    out = []
+    for name in model.layer_names():
+        try:
+            out.append(list(model.get_submodule(name).parameters(recurse=False)))
+        except AttributeError:  # a parameter registered on the model itself (ScalarModel)
+            out.append([model.get_parameter(name)])
+    return out
+
+
+def per_layer(arrays: Sequence[np.ndarray], groups: list[tuple[str, list[int]]]
+              ) -> list[list[np.ndarray]]:
+    """Split a get_arrays() list into its layer groups."""
+    return [[arrays[i] for i in idx] for _, idx in groups]
+
+
+class LWSAMClientMixin:
+    """Runs :func:`flower_pfl.training.train_lwsam` on the client's data."""
+
+    def lwsam_train(self: PFLClient, model: NamedLayers, perturbed: Sequence[torch.Tensor],
+                    scales: Sequence[float], rho: float, plain: Sequence[torch.Tensor] = (),
+                    num_steps: int | None = None, salt: int = 0) -> dict[str, float]:
+        loss_fn = F.cross_entropy if self.data.task == "classification" else \
+            gaussian_nll(self.data.noise_sq)
+        return train_lwsam(model, self.data.x_train, self.data.y_train, self.spec,
+                           self.generator(salt), self.device, perturbed, scales, rho, plain,
+                           num_steps=num_steps, loss_fn=loss_fn)
+
+    def groups(self, model: NamedLayers) -> list[tuple[str, list[int]]]:
+        return layer_groups(model)
+
+
+def deltas(trained: Sequence[np.ndarray], start: Sequence[np.ndarray]) -> list[np.ndarray]:
+    return [np.asarray(a, dtype=np.float32) - np.asarray(b, dtype=np.float32)
+            for a, b in zip(trained, start)]
+
+
+class FedSAMClient(LWSAMClientMixin, PFLClient):
+    def fit_round(self, parameters, config):
+        model = self.new_model(parameters)
+        tensors = [p for layer in layer_tensors(model) for p in layer]
+        metrics = self.lwsam_train(model, tensors, [1.0] * len(tensors), float(config["rho"]))
+        return deltas(get_arrays(model), parameters), metrics
+
+    def personal_model(self, parameters, config):
+        return self.new_model(parameters)

@@ -1,0 +1,35 @@
+"""pFedHN client (Shamsian et al., "Personalized Federated Learning using Hypernetworks",
+ICML 2021).
+
+The server's hypernetwork generated this client's model theta_i = h(v_i; phi) and sent it.
+The client trains it for the configured local steps and uploads the trained theta~_i; the
+server turns theta_i - theta~_i into the hypernetwork's gradient (strategies/pfedhn.py).
+Its personalized model is the generated theta_i (pFedHN evaluates h(v_i) itself).
+The client also keeps theta~_i in ``context.state``: PLGU-GHN's scores need it.
+"""
+
+from __future__ import annotations
+
+from clients.base import PFLClient
+from clients.fedsam import LWSAMClientMixin, layer_tensors
+from flower_pfl.models import get_arrays
+
+
+class PFedHNClient(LWSAMClientMixin, PFLClient):
+    def scales(self, generated, model) -> list[float]:
+        """Lambda per layer: pFedHN runs plain SGD (rho = 0), so any value works."""
+        return [1.0] * len(model.layer_names())
+
+    def fit_round(self, parameters, config):
+        model = self.new_model(parameters)
+        layers = layer_tensors(model)
+        lam = self.scales(parameters, model)
+        tensors = [p for layer in layers for p in layer]
+        per_tensor = [s for layer, s in zip(layers, lam) for _ in layer]
+        metrics = self.lwsam_train(model, tensors, per_tensor, float(config["rho"]))
+        trained = get_arrays(model)
+        self.state.set_arrays("trained", trained)
+        return trained, metrics
+
+    def personal_model(self, parameters, config):
+        return self.new_model(parameters)

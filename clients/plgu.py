@@ -1,0 +1,111 @@
+"""PLGU clients (Qu et al., CVPR 2023): PLGU-LF (Algorithm 2 + Algorithm 1), PLGU-GRep
+(Algorithm 3, eqs. 9-13) and PLGU-GHN (PLGU on pFedHN).
+
+PLGU-LF, one round of sampled client i (Algorithm 2, lines 6-10):
+  6  xi_i by eq. 6 between its personal model theta_i^t and the global w^t
+     (no personal model yet: theta_i^t = w^t, all distances 0, uniform scores);
+     Lambda_i = diag(L * xi_i) (flower_pfl/plgu_math.py: mean 1, uniform = SAM)
+  7  L^Per = the D layers with the largest xi, L^Uni = the others
+  8  theta~^0: L^Uni layers <- w^t, L^Per layers <- theta_i^t (kept local: "frozen")
+  9  Algorithm 1 for K local steps on theta~: gradient g at theta~; the personal layers
+     take the plain step theta_Per -= eta g (line 5); the universal layers take the LWSAM
+     step w~ -= eta g~, g~ the gradient at theta~ + eps, eps = rho Lambda g/||g|| on the
+     universal layers (lines 6-8)
+  10 upload Delta = w~^K - w~^0 of the universal layers (the personal layers' Delta is not
+     sent: a mask says which arrays are shared); keep theta~^K as theta_i^{t+1}.
+  Our reading of Algorithm 1 on ONE model: its two outputs, "personalized model theta~"
+  (plain SGD, line 5) and "global model w~" (LWSAM, lines 6-8), are the L^Per and L^Uni
+  parts of theta~ (Algorithm 2 builds theta~^0 from exactly these two parts). Limits
+  (tested): |L^Per| = 0 is FedSAM (exactly, while Lambda = I), |L^Per| = L is Local.
+
+PLGU-GRep: FedRep (clients/fedrep.py) whose body update uses LWSAM with Lambda from eq. 10,
+  xi_l = ||phi_{i,l} - phi_l|| / dim(phi_l) over the body layers, phi_i the body this client
+  uploaded last time, phi the received global body. rho = 0 is FedRep (tested).
+
+PLGU-GHN (our reading; the paper defers it to a supplement we do not have): pFedHN whose
+  client trains the generated model theta_i with LWSAM instead of SGD, Lambda from the
+  eq. 6 scores between the client's last trained model theta~_i and the newly generated
+  theta_i (the layers where the client pulls hardest away from what the shared hypernetwork
+  generates get the most perturbation), so the delta that trains the hypernetwork -- the
+  universal part -- comes from a flatter neighbourhood; the embedding v_i stays the
+  personal part. rho = 0 is pFedHN (tested).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clients.base import PFLClient
+from clients.fedrep import FedRepClient
+from clients.fedsam import LWSAMClientMixin, deltas, layer_tensors, per_layer
+from clients.pfedhn import PFedHNClient
+from flower_pfl import plgu_math as pm
+from flower_pfl.models import get_arrays
+
+
+class PLGULFClient(LWSAMClientMixin, PFLClient):
+    def fit_round(self, parameters, config):
+        template = self.new_model(parameters)
+        groups = self.groups(template)
+        personal = self.state.get_arrays("personal")
+        if personal is None:
+            personal = [np.array(a, copy=True) for a in parameters]
+        xi = pm.layer_scores(per_layer(personal, groups), per_layer(parameters, groups))  # 6
+        lam = pm.lwsam_scaling(xi)
+        per, uni = pm.split_layers(xi, int(config["personal-layers"]))  # line 7
+        start = [np.array(a, copy=True) for a in parameters]  # line 8
+        for l in per:
+            for i in groups[l][1]:
+                start[i] = personal[i]
+        model = self.new_model(start)
+        layers = layer_tensors(model)
+        perturbed = [p for l in uni for p in layers[l]]
+        scales = [float(lam[l]) for l in uni for _ in layers[l]]
+        plain = [p for l in per for p in layers[l]]
+        metrics = self.lwsam_train(model, perturbed, scales, float(config["rho"]),
+                                   plain=plain)  # line 9 (Algorithm 1)
+        trained = get_arrays(model)
+        self.state.set_arrays("personal", trained)
+        shared = np.zeros(len(trained), dtype=bool)
+        for l in uni:
+            shared[groups[l][1]] = True
+        delta = deltas(trained, start)  # line 10: universal layers start at w^t
+        upload = [d if s else np.zeros_like(d) for d, s in zip(delta, shared)]
+        return upload, {**metrics, "shared": "".join("1" if s else "0" for s in shared),
+                        "personal_layers": ",".join(groups[l][0] for l in per),
+                        "xi_max": float(xi.max()), "xi_min": float(xi.min())}
+
+    def personal_model(self, parameters, config):
+        model = self.load_personal()
+        return model if model is not None else self.new_model(parameters)
+
+
+class PLGUGRepClient(FedRepClient):
+    def body_scales(self, received_body, body_layers):
+        """Eq. 10 over the body layers, Lambda = L_phi * xi (uniform on first participation)."""
+        if not body_layers:
+            return []
+        model = self.new_model()
+        groups = self.groups(model)[:-1]
+        # body arrays are the get_arrays entries of the body groups, in order
+        offsets, pos = [], 0
+        for _, idx in groups:
+            offsets.append(list(range(pos, pos + len(idx))))
+            pos += len(idx)
+        mine = self.state.get_arrays("body")
+        if mine is None:
+            mine = received_body
+        split = lambda arrays: [[arrays[i] for i in idx] for idx in offsets]  # noqa: E731
+        return [float(v) for v in pm.lwsam_scaling(pm.layer_scores(split(mine),
+                                                                    split(received_body)))]
+
+
+class PLGUGHNClient(PFedHNClient):
+    def scales(self, generated, model):
+        """Eq. 6 between the last trained model and the generated one; Lambda = L * xi."""
+        groups = self.groups(model)
+        trained = self.state.get_arrays("trained")
+        if trained is None:
+            trained = generated
+        xi = pm.layer_scores(per_layer(trained, groups), per_layer(generated, groups))
+        return [float(v) for v in pm.lwsam_scaling(xi)]

@@ -1,0 +1,73 @@
+"""PLGU (Qu et al., CVPR 2023) and the methods it builds on / compares with: FedSAM,
+FedRep, pFedHN. Defaults: the PLGU paper's section 6.1 where it states them (rho = 0.05,
+K = 5 local epochs), our documented choices otherwise (docs/algorithms/plgu.md)."""
+
+from __future__ import annotations
+
+from flower_pfl.hyper import NUM, POS, Entry, Hyper
+
+RHO = Hyper(0.05, NUM, lambda v: v >= 0, "a number >= 0",
+            "radius rho of the (LW)SAM perturbation; 0.05 = PLGU section 6.1 default and the best "
+            "value of its Table 4. rho = 0 removes the perturbation (a warning says which method "
+            "it becomes)")
+HEAD = Hyper(5, (int,), POS, "an integer >= 1",
+             "epochs of head training with the body frozen (eq. 9; K of Algorithm 3 -- PLGU "
+             "section 6.1 uses K = 5 local epochs)")
+BODY = Hyper(1, (int,), POS, "an integer >= 1",
+             "epochs of body (representation) training with the head frozen after the head "
+             "(FedRep: one pass; PLGU-GRep: the same number of LWSAM steps, eqs. 11-13)")
+HN = {
+    "embed-dim": Hyper(16, (int,), POS, "an integer >= 1",
+                       "size of the client embedding v_i (our choice)"),
+    "hidden": Hyper(100, (int,), POS, "an integer >= 1",
+                    "width of the hypernetwork's two hidden layers (3 FC layers, PLGU 6.1; "
+                    "width our choice)"),
+    "hn-lr": Hyper(1.0, NUM, POS, "a number > 0",
+                   "SGD step on the hypernetwork with the round's mean gradient; 1.0 moves the "
+                   "output bias (the shared part of every generated model) by the mean client "
+                   "delta, as FedAvg does (our choice)"),
+    "embed-lr": Hyper(1.0, NUM, POS, "a number > 0",
+                      "SGD step on a client's embedding with its own gradient (our choice)"),
+}
+
+ENTRIES = [
+    Entry(
+        "fedsam", "strategies.fedsam:FedSAM", "clients.fedsam:FedSAMClient",
+        "FedSAM (Qu et al., ICML 2022): SAM as the local optimizer, w += mean Delta.",
+        {"rho": RHO},
+    ),
+    Entry(
+        "plgu-lf", "strategies.plgu:PLGULF", "clients.plgu:PLGULFClient",
+        "PLGU-LF (Qu et al., CVPR 2023, Alg. 2): eq. 6 layer scores, top-D layers kept "
+        "personal, LWSAM on the shared layers, w += mean Delta of the shared layers.",
+        {"rho": RHO,
+         "personal-layers": Hyper(1, (int,), lambda v: v >= 0, "an integer >= 0",
+                                  "D = |L^Per| of Alg. 2: layers kept personal. 1 of the CNN's 4 "
+                                  "(PLGU's Fig. 2 example keeps 1 of 3; its ResNet-18 uses 5 of "
+                                  "~23). 0 = FedSAM-like, >= L = Local (both warned)")},
+    ),
+    Entry(
+        "fedrep", "strategies.fedrep:FedRep", "clients.fedrep:FedRepClient",
+        "FedRep (Collins et al., ICML 2021): personal head (last layer) trained first, then the "
+        "shared body; server averages the bodies.",
+        {"head-epochs": HEAD, "body-epochs": BODY},
+    ),
+    Entry(
+        "plgu-grep", "strategies.plgu:PLGUGRep", "clients.plgu:PLGUGRepClient",
+        "PLGU-GRep (Qu et al., CVPR 2023, Alg. 3): FedRep whose body update is LWSAM with the "
+        "eq. 10 layer scores.",
+        {"head-epochs": HEAD, "body-epochs": BODY, "rho": RHO},
+    ),
+    Entry(
+        "pfedhn", "strategies.pfedhn:PFedHN", "clients.pfedhn:PFedHNClient",
+        "pFedHN (Shamsian et al., ICML 2021): a server hypernetwork maps learned client "
+        "embeddings to client models; client deltas are back-propagated into it.",
+        dict(HN),
+    ),
+    Entry(
+        "plgu-ghn", "strategies.plgu:PLGUGHN", "clients.plgu:PLGUGHNClient",
+        "PLGU-GHN (Qu et al., CVPR 2023; our reading): pFedHN whose clients train the generated "
+        "model with LWSAM, layer scores between their last trained and the generated model.",
+        {**HN, "rho": RHO},
+    ),
+]

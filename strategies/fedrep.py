@@ -1,0 +1,48 @@
+"""FedRep (Collins et al., ICML 2021) server, as PLGU Algorithm 3 lines 5 and 14 use it.
+
+The server holds only the global body (representation) phi: every layer group of the model
+but the last (the head, which each client keeps; clients/fedrep.py). Each round it sends
+phi^t to the sampled clients and sets phi^{t+1} = (1/C) sum_i phi_i (Algorithm 3, line 14:
+an unweighted mean of the uploaded bodies). There is no global model to evaluate: the
+personalized model of client i is (h_i, phi^t), evaluated by every client.
+"""
+
+from __future__ import annotations
+
+from logging import WARNING
+
+import numpy as np
+from flwr.common.logger import log
+
+from flower_pfl.models import layer_groups, model_for
+from strategies.base import ClientUpdate, PersonalizedStrategy
+
+
+class FedRep(PersonalizedStrategy):
+    has_global_model = False
+    rho_key: str | None = None  # PLGU-GRep sends its rho; FedRep trains the body with SGD
+
+    def setup(self, initial_arrays):
+        groups = layer_groups(model_for(self.cfg))
+        self.body_index = [i for _, idx in groups[:-1] for i in idx]
+        self.body = [np.array(initial_arrays[i], copy=True) for i in self.body_index]
+        if not self.body_index:
+            log(WARNING, "[flower-pfl] %s: model '%s' has one layer group, so the shared body "
+                "is empty and every client trains only its own head (= Local training)",
+                self.cfg.strategy, self.cfg["model"])
+
+    def rho(self) -> float:
+        return 0.0
+
+    def fit_payload(self, pid, server_round):
+        return self.body, {"head-epochs": int(self.hyper["head-epochs"]),
+                           "body-epochs": int(self.hyper["body-epochs"]), "rho": self.rho()}
+
+    def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        if not self.body:
+            return
+        self.body = [np.mean(np.stack([u.arrays[k] for u in updates]).astype(np.float64),
+                             axis=0).astype(np.float32) for k in range(len(self.body))]
+
+    def eval_payload(self, pid, server_round):
+        return self.body, {}

@@ -1,0 +1,68 @@
+"""pFedHN (Shamsian et al., "Personalized Federated Learning using Hypernetworks", ICML
+2021) server: the hypernetwork and the client embeddings live here.
+
+theta_i = h(v_i; phi): a 3-layer MLP (flower_pfl/plgu_math.HyperNetwork) maps client i's
+learned embedding v_i (kept in the ClientStore, ``embedding``) to the flat parameters of
+its model. Each round: generate theta_i for every sampled client and send it; the client
+trains it and returns theta~_i; the server computes, per client, the gradient of
+<theta_i, theta_i - theta~_i> w.r.t. phi and v_i (pFedHN's update: back-propagating the
+client's delta through the hypernetwork), moves v_i by ``embed-lr`` times its own gradient
+and phi by ``hn-lr`` times the MEAN of the round's phi-gradients (pFedHN updates after
+every single client; with several clients per round we average, so ``hn-lr`` = 1 moves the
+output layer's bias -- the shared part of every theta_i -- by the mean client delta, as
+FedAvg moves its global model). Plain SGD on phi and v (no momentum, nothing to store but
+the weights). Personalized evaluation: every client evaluates its generated h(v_i).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from flower_pfl import plgu_math as pm
+from strategies.base import ClientUpdate, PersonalizedStrategy
+
+
+class PFedHN(PersonalizedStrategy):
+    has_global_model = False
+
+    def rho(self) -> float:
+        return 0.0
+
+    def setup(self, initial_arrays):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(self.cfg["seed"]) + 0x4E)
+            self.hn = pm.HyperNetwork(int(self.hyper["embed-dim"]), int(self.hyper["hidden"]),
+                                      self.spec.flatten(initial_arrays).astype(np.float32))
+        for pid in range(self.num_clients):
+            self.store.put("embedding", pid, pm.init_embedding(int(self.hyper["embed-dim"]),
+                                                               int(self.cfg["seed"]), pid))
+
+    @torch.no_grad()
+    def generate(self, pid: int) -> list[np.ndarray]:
+        v = torch.as_tensor(self.store.get("embedding", pid))
+        return self.spec.unflatten(self.hn(v).numpy().astype(np.float32))
+
+    def fit_payload(self, pid, server_round):
+        return self.generate(pid), {"rho": self.rho()}
+
+    def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        params = list(self.hn.parameters())
+        total = [torch.zeros_like(p) for p in params]
+        delta_norms = []
+        for u in updates:
+            v = torch.as_tensor(self.store.get("embedding", u.pid))
+            trained = torch.as_tensor(self.spec.flatten(u.arrays).astype(np.float32))
+            grads, g_v = pm.hypernetwork_grads(self.hn, v, trained)
+            for t, g in zip(total, grads):
+                t.add_(g)
+            self.store.put("embedding", u.pid,
+                           (v - float(self.hyper["embed-lr"]) * g_v).numpy().astype(np.float32))
+            delta_norms.append(float(grads[-1].norm()))  # output bias grad = theta - theta~
+        with torch.no_grad():
+            for p, t in zip(params, total):
+                p.sub_(float(self.hyper["hn-lr"]) * t / len(updates))
+        self.log_server(client_delta_norm_mean=float(np.mean(delta_norms)))
+
+    def eval_payload(self, pid, server_round):
+        return self.generate(pid), {}

@@ -1,0 +1,72 @@
+"""PLGU servers (Qu et al., CVPR 2023): PLGU-LF (Algorithm 2), PLGU-GRep (Algorithm 3),
+PLGU-GHN (PLGU on pFedHN). The client sides are in clients/plgu.py, the math in
+flower_pfl/plgu_math.py.
+
+PLGU-LF (scheme I, with a global model), Algorithm 2:
+  4  sample C^t (the base's seeded sampling)
+  5-10 each sampled client: scores (eq. 6), top-D personal layers, LWSAM (Algorithm 1),
+     returns Delta of its universal layers + a mask of which arrays it shared
+  11 w^{t+1} = w^t + mean Delta, per array over the clients that shared it
+     (strategies/fedsam.apply_mean_delta, the rule FedSAM uses with every array shared)
+  Evaluated: personalized models (each client's theta_i) and the global w^t.
+  Limits: D = |L^Per| = 0 -> FedSAM (exactly while Lambda = I, e.g. every client's first
+  round; afterwards FedSAM with layer-scaled radius); D = L -> Local (nothing is shared,
+  w stays at its initial value). See docs/algorithms/plgu.md for why section 4.1's
+  "FedAvg" and Fig. 5's wording do not follow from Algorithm 2.
+PLGU-GRep (scheme II): FedRep's server (mean of bodies, line 14); clients run eqs. 9-13.
+PLGU-GHN: pFedHN's server; clients train with LWSAM (our reading, see clients/plgu.py).
+"""
+
+from __future__ import annotations
+
+from logging import WARNING
+
+from flwr.common.logger import log
+
+from flower_pfl.models import model_for
+from strategies.base import ClientUpdate
+from strategies.fedrep import FedRep
+from strategies.fedsam import FedSAM, apply_mean_delta, warn_rho_zero
+from strategies.pfedhn import PFedHN
+
+
+class PLGULF(FedSAM):
+    def setup(self, initial_arrays):
+        warn_rho_zero(self.hyper, "plgu-lf", "PLGU-LF without LWSAM (layer freezing + SGD)")
+        num_layers = len(model_for(self.cfg).layer_names())
+        d = int(self.hyper["personal-layers"])
+        if d >= num_layers:
+            log(WARNING, "[flower-pfl] plgu-lf: personal-layers = %d >= the %d layer(s) of "
+                "model '%s': every layer stays personal, nothing is shared -- this runs as "
+                "Local training", d, num_layers, self.cfg["model"])
+        elif d == 0:
+            log(WARNING, "[flower-pfl] plgu-lf: personal-layers = 0 keeps no layer personal: "
+                "this is FedSAM with the layer-scaled (LWSAM) perturbation")
+
+    def fit_payload(self, pid, server_round):
+        return self.global_arrays, {"rho": float(self.hyper["rho"]),
+                                    "personal-layers": int(self.hyper["personal-layers"])}
+
+    def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        self.global_arrays, counts = apply_mean_delta(self.global_arrays, updates)
+        per = [str(u.metrics.get("personal_layers", "")) for u in updates]
+        self.log_server(arrays_shared_by_nobody=int((counts == 0).sum()),
+                        personal_layer_choices=";".join(sorted(set(per))))
+
+
+class PLGUGRep(FedRep):
+    def setup(self, initial_arrays):
+        super().setup(initial_arrays)
+        warn_rho_zero(self.hyper, "plgu-grep", "FedRep")
+
+    def rho(self) -> float:
+        return float(self.hyper["rho"])
+
+
+class PLGUGHN(PFedHN):
+    def setup(self, initial_arrays):
+        super().setup(initial_arrays)
+        warn_rho_zero(self.hyper, "plgu-ghn", "pFedHN")
+
+    def rho(self) -> float:
+        return float(self.hyper["rho"])

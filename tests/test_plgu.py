@@ -1,0 +1,284 @@
+"""PLGU (Qu et al., CVPR 2023) with FedSAM, FedRep and pFedHN: eq. 6 and the LWSAM
+perturbation by hand, LWSAM = SGD at rho = 0, PLGU-LF's two limits, PLGU-GRep = FedRep and
+PLGU-GHN = pFedHN at rho = 0, the hypernetwork's gradient from a client delta, and each
+mechanism switched off against on -- all on small real FMNIST subsets."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from clients.base import ClientState
+from flower_pfl import data, inprocess
+from flower_pfl import plgu_math as pm
+from flower_pfl.models import build_model, get_arrays, initial_arrays
+from flower_pfl.training import TrainSpec, train, train_lwsam
+from strategies.base import ClientUpdate
+from tests.conftest import small_config
+
+
+def _cfg(strategy, **over):
+    base = {"clients": 4, "rounds": 2, "fraction-fit": 1.0, "data.partition": "pathological",
+            "data.classes-per-client": 3, "data.subsample": 2000, "train.batch-size": 32}
+    base.update(over)
+    return small_config(strategy=strategy, **base)
+
+
+def _run(cfg, tmp_path, name):
+    manager = inprocess.make_federation(cfg["clients"])
+    strategy = inprocess.run(cfg, tmp_path / name, manager=manager)
+    states = {int(p.context.node_config["partition-id"]): ClientState(p.context.state)
+              for p in manager.all().values()}
+    return strategy, states
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+# ------------------------------------------------------------------ eq. 6 / eq. 10 by hand
+def test_eq6_layer_scores_by_hand():
+    w = [[np.zeros((2, 2)), np.zeros(2)], [np.ones(2)]]  # layer 1: 6 entries, layer 2: 2
+    theta = [[np.array([[3.0, 0.0], [0.0, 0.0]]), np.array([4.0, 0.0])], [np.array([1.0, 3.0])]]
+    # ||theta_1 - w_1|| = 5 over 6 entries; ||theta_2 - w_2|| = 2 over 2 entries
+    d = pm.layer_distances(theta, w)
+    assert d == pytest.approx([5 / 6, 1.0])
+    xi = pm.layer_scores(theta, w)
+    assert xi == pytest.approx([(5 / 6) / (5 / 6 + 1), 1 / (5 / 6 + 1)])
+    assert xi.sum() == pytest.approx(1.0)
+    assert pm.lwsam_scaling(xi) == pytest.approx(2 * xi)  # Lambda = L xi, mean 1
+    assert pm.layer_scores(w, w) == pytest.approx([0.5, 0.5])  # 0/0: uniform (documented)
+    assert pm.lwsam_scaling(pm.layer_scores(w, w)) == pytest.approx([1.0, 1.0])  # = SAM
+    assert pm.split_layers([0.1, 0.5, 0.3, 0.1], 2) == ([1, 2], [0, 3])
+    assert pm.split_layers([0.1, 0.5], 0) == ([], [0, 1])
+    assert pm.split_layers([0.1, 0.5], 5) == ([0, 1], [])
+
+
+def test_lwsam_perturbation_per_layer_proportional_to_scores_and_norm_rho():
+    g = [torch.tensor([3.0, 0.0]), torch.tensor([[0.0, 4.0]])]  # ||g|| = 5
+    rho = 0.2
+    sam = pm.lwsam_perturbation(g, [1.0, 1.0], rho)
+    assert math.sqrt(sum(float((e ** 2).sum()) for e in sam)) == pytest.approx(rho)
+    torch.testing.assert_close(sam[0], torch.tensor([rho * 3 / 5, 0.0]))
+    xi = np.array([0.8, 0.2])
+    lam = pm.lwsam_scaling(xi)  # [1.6, 0.4]
+    eps = pm.lwsam_perturbation(g, lam, rho)
+    for l in range(2):
+        torch.testing.assert_close(eps[l], rho * float(lam[l]) * g[l] / 5.0)
+    # per layer ||eps_l|| / ||g_l|| is proportional to xi_l
+    ratio = [float(eps[l].norm() / g[l].norm()) for l in range(2)]
+    assert ratio[0] / ratio[1] == pytest.approx(xi[0] / xi[1])
+    assert all(float(e.abs().sum()) == 0 for e in pm.lwsam_perturbation(g, lam, 0.0))
+    zero = [torch.zeros(2)]
+    assert float(pm.lwsam_perturbation(zero, [1.0], rho)[0].abs().sum()) == 0  # no NaN
+
+
+# ----------------------------------------------------------------- the optimizer step
+def _client_data():
+    cfg = _cfg("fedsam")
+    return cfg, data.load_client_data(cfg.values, 0)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_lwsam_at_rho_zero_is_sgd_bit_for_bit(momentum):
+    cfg, d = _client_data()
+    spec = TrainSpec(lr=0.05, batch_size=32, epochs=1, momentum=momentum)
+    a = build_model("cnn", (1, 28, 28), 10, seed=3)
+    b = build_model("cnn", (1, 28, 28), 10, seed=3)
+    train(a, d.x_train, d.y_train, spec, torch.Generator().manual_seed(7), torch.device("cpu"))
+    params = list(b.parameters())
+    train_lwsam(b, d.x_train, d.y_train, spec, torch.Generator().manual_seed(7),
+                torch.device("cpu"), params, [1.0] * len(params), rho=0.0)
+    assert _same(get_arrays(a), get_arrays(b))
+    c = build_model("cnn", (1, 28, 28), 10, seed=3)  # rho > 0 must change the result
+    params = list(c.parameters())
+    train_lwsam(c, d.x_train, d.y_train, spec, torch.Generator().manual_seed(7),
+                torch.device("cpu"), params, [1.0] * len(params), rho=0.05)
+    assert not _same(get_arrays(a), get_arrays(c))
+
+
+def test_one_sam_step_by_hand_on_real_batch():
+    _, d = _client_data()
+    xb, yb = d.x_train[:32], d.y_train[:32]
+    model = build_model("mclr", (1, 28, 28), 10, seed=1)
+    w0 = [p.detach().clone() for p in model.parameters()]
+    rho, lr, lam = 0.1, 0.05, [1.7, 0.3]  # weight and bias of the one layer, scaled apart
+    # by hand: g at w0, eps = rho lam g/||g||, g~ at w0 + eps, w1 = w0 - lr g~
+    ref = build_model("mclr", (1, 28, 28), 10, seed=1)
+    g = torch.autograd.grad(F.cross_entropy(ref(xb), yb), list(ref.parameters()))
+    norm = torch.sqrt(sum((x ** 2).sum() for x in g))
+    with torch.no_grad():
+        for p, gi, s in zip(ref.parameters(), g, lam):
+            p.add_(rho * s * gi / norm)
+    g2 = torch.autograd.grad(F.cross_entropy(ref(xb), yb), list(ref.parameters()))
+    expected = [w - lr * gi for w, gi in zip(w0, g2)]
+    spec = TrainSpec(lr=lr, batch_size=32, steps=1)
+    gen = torch.Generator().manual_seed(0)
+    train_lwsam(model, xb, yb, spec, gen, torch.device("cpu"), list(model.parameters()), lam,
+                rho)
+    for p, e in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.detach(), e)
+
+
+def test_plain_and_frozen_tensors():
+    _, d = _client_data()
+    model = build_model("dnn", (1, 28, 28), 10, seed=2)
+    before = get_arrays(model)
+    spec = TrainSpec(lr=0.05, batch_size=32, steps=3)
+    train_lwsam(model, d.x_train, d.y_train, spec, torch.Generator().manual_seed(0),
+                torch.device("cpu"), list(model.fc2.parameters()), [1.0, 1.0], 0.05,
+                plain=[])  # fc1 frozen
+    after = get_arrays(model)
+    assert _same(before[:2], after[:2]) and not _same(before[2:], after[2:])
+
+
+# ------------------------------------------------------------------- PLGU-LF limits
+def test_plgu_lf_without_personal_layers_is_fedsam_while_lambda_is_identity(tmp_path):
+    """D = 0: Algorithm 2 line 8 puts the whole global model into theta~, every layer is
+    universal, LWSAM on all layers, w += mean Delta: FedSAM's update. On every client's
+    first participation Lambda = I (uniform scores), so round 1 must match FedSAM bit for
+    bit; from round 2 on Lambda comes from eq. 6 and the two must part."""
+    fs, _ = _run(_cfg("fedsam", rounds=1), tmp_path, "fs1")
+    lf, _ = _run(_cfg("plgu-lf", rounds=1, **{"hyper.plgu-lf.personal-layers": 0}), tmp_path,
+                 "lf1")
+    assert _same(fs.global_arrays, lf.global_arrays)
+    assert not _same(fs.global_arrays, initial_arrays(_cfg("fedsam")))
+    fs2, _ = _run(_cfg("fedsam", rounds=2), tmp_path, "fs2")
+    lf2, _ = _run(_cfg("plgu-lf", rounds=2, **{"hyper.plgu-lf.personal-layers": 0}), tmp_path,
+                  "lf2")
+    assert not _same(fs2.global_arrays, lf2.global_arrays)  # the eq. 6 scores act
+
+
+def test_plgu_lf_with_every_layer_personal_is_local(tmp_path):
+    """D = L: line 8 keeps every layer of the client's own model, nothing is universal, so
+    nothing is perturbed or uploaded: each personal model follows Local's SGD exactly and
+    the global model never moves (section 4.1's "FedAvg" does not follow from Alg. 2)."""
+    cfg_lf = _cfg("plgu-lf", **{"hyper.plgu-lf.personal-layers": 4})  # the CNN's 4 layers
+    lf, lf_states = _run(cfg_lf, tmp_path, "lf")
+    loc, loc_states = _run(_cfg("local"), tmp_path, "loc")
+    for pid in range(4):
+        mine = lf_states[pid].get_arrays("personal")
+        assert mine is not None and _same(mine, loc_states[pid].get_arrays("personal"))
+    assert _same(lf.global_arrays, initial_arrays(cfg_lf))
+    assert lf.eval_history[-1]["mean"] == loc.eval_history[-1]["mean"]
+
+
+def test_plgu_lf_keeps_top_layers_personal_and_shares_the_rest(tmp_path):
+    cfg = _cfg("plgu-lf", rounds=2)
+    lf, states = _run(cfg, tmp_path, "lf")
+    rows = lf.results.server_rows
+    assert rows[-1]["arrays_shared_by_nobody"] < len(lf.global_arrays)
+    # round 2: every client has a personal model, so one layer (its top xi) stays personal
+    personal_layers = rows[-1]["personal_layer_choices"].split(";")
+    assert all(p in {"conv1", "conv2", "fc1", "fc2"} for p in personal_layers)
+    idx = {"conv1": [0, 1], "conv2": [2, 3], "fc1": [4, 5], "fc2": [6, 7]}
+    for pid in range(4):
+        mine = states[pid].get_arrays("personal")
+        assert not _same(mine, lf.global_arrays)
+    # switching LWSAM off (rho = 0) changes the result: the perturbation acts
+    off, _ = _run(_cfg("plgu-lf", rounds=2, **{"hyper.plgu-lf.rho": 0.0}), tmp_path, "off")
+    assert not _same(off.global_arrays, lf.global_arrays)
+    assert idx  # layer names of the CNN, as documented in models.py
+
+
+# --------------------------------------------------------------- PLGU-GRep / FedRep
+def test_plgu_grep_at_rho_zero_is_fedrep(tmp_path):
+    rep, rep_states = _run(_cfg("fedrep"), tmp_path, "rep")
+    g0, g0_states = _run(_cfg("plgu-grep", **{"hyper.plgu-grep.rho": 0.0}), tmp_path, "g0")
+    assert _same(rep.body, g0.body)
+    for pid in range(4):
+        assert _same(rep_states[pid].get_arrays("head"), g0_states[pid].get_arrays("head"))
+    g, _ = _run(_cfg("plgu-grep"), tmp_path, "g")  # rho = 0.05: LWSAM on the body acts
+    assert not _same(rep.body, g.body)
+
+
+def test_fedrep_head_is_personal_and_body_is_shared(tmp_path):
+    rep, states = _run(_cfg("fedrep", rounds=1), tmp_path, "rep")
+    init = initial_arrays(_cfg("fedrep"))
+    assert len(rep.body) == 6  # conv1, conv2, fc1 (weight + bias each); fc2 is the head
+    assert not _same(rep.body, init[:6])
+    heads = [states[pid].get_arrays("head") for pid in range(4)]
+    assert all(len(h) == 2 for h in heads)
+    assert not np.array_equal(heads[0][0], heads[1][0])  # each client its own head
+
+
+def test_grep_scores_follow_eq10(tmp_path):
+    from clients.plgu import PLGUGRepClient
+    from flwr.common import Context, RecordDict
+
+    cfg = _cfg("plgu-grep")
+    ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
+                  run_config={})
+    client = PLGUGRepClient(ctx)
+    client.setup({"cfg": cfg.to_json(), "round": 1})
+    body = initial_arrays(cfg)[:6]
+    layers = [None, None, None]
+    assert client.body_scales(body, layers) == pytest.approx([1.0, 1.0, 1.0])  # first time
+    mine = [b.copy() for b in body]
+    mine[0] = mine[0] + 1.0  # conv1's weight moved by 1 in every entry
+    client.state.set_arrays("body", mine)
+    lam = client.body_scales(body, layers)
+    assert lam[0] == pytest.approx(3.0) and lam[1:] == pytest.approx([0.0, 0.0])
+
+
+# ------------------------------------------------------------------ pFedHN / PLGU-GHN
+def test_hypernetwork_gets_the_client_delta_as_gradient():
+    torch.manual_seed(0)
+    target = np.arange(6, dtype=np.float32)
+    hn = pm.HyperNetwork(4, 8, target)
+    v = torch.as_tensor(pm.init_embedding(4, 0, 1))
+    with torch.no_grad():
+        theta = hn(v)
+    trained = theta + torch.tensor([1.0, -2.0, 0.0, 0.5, 0.0, 3.0])  # client delta
+    grads, g_v = pm.hypernetwork_grads(hn, v, trained)
+    names = [n for n, _ in hn.named_parameters()]
+    by_name = dict(zip(names, grads))
+    # d<theta, theta - theta~>/d bias_out = theta - theta~ = -delta
+    torch.testing.assert_close(by_name["out.bias"], -(trained - theta))
+    for n, g in by_name.items():
+        assert float(g.abs().sum()) > 0, f"no gradient reaches {n}"
+    assert float(g_v.abs().sum()) > 0  # the embedding learns too
+    zero, zero_v = pm.hypernetwork_grads(hn, v, theta)  # no delta: no gradient
+    assert all(float(g.abs().sum()) == 0 for g in zero) and float(zero_v.abs().sum()) == 0
+
+
+def test_pfedhn_server_step_moves_hypernetwork_and_embedding(tmp_path):
+    from strategies.pfedhn import PFedHN
+
+    cfg = _cfg("pfedhn")
+    s = PFedHN(cfg, results_dir=tmp_path)
+    s.initialize_parameters(inprocess.make_federation(4))
+    theta0 = s.generate(1)
+    assert _same(theta0, s.generate(1))
+    v0 = s.store.get("embedding", 1).copy()
+    hn0 = [p.detach().clone() for p in s.hn.parameters()]
+    trained = [a + 0.01 for a in theta0]  # a client delta of +0.01 everywhere
+    s.aggregate_updates(1, [ClientUpdate(1, trained, 10)])
+    assert all(not torch.equal(a, b.detach()) for a, b in zip(hn0, s.hn.parameters()))
+    assert not np.array_equal(v0, s.store.get("embedding", 1))
+    assert np.array_equal(s.store.get("embedding", 0), s.store.get("embedding", 0))
+    moved = s.spec.flatten(s.generate(1)) - s.spec.flatten(theta0)
+    assert float(moved.mean()) > 0  # the generated model moved towards the trained one
+
+
+def test_plgu_ghn_at_rho_zero_is_pfedhn(tmp_path):
+    hn, _ = _run(_cfg("pfedhn"), tmp_path, "hn")
+    g0, _ = _run(_cfg("plgu-ghn", **{"hyper.plgu-ghn.rho": 0.0}), tmp_path, "g0")
+    assert all(torch.equal(a, b) for a, b in zip(hn.hn.parameters(), g0.hn.parameters()))
+    g, _ = _run(_cfg("plgu-ghn"), tmp_path, "g")
+    assert not all(torch.equal(a, b) for a, b in zip(hn.hn.parameters(), g.hn.parameters()))
+
+
+def test_every_strategy_reports_five_percent_tails(tmp_path):
+    import csv
+
+    _run(_cfg("plgu-lf", rounds=1), tmp_path, "lf")
+    with open(tmp_path / "lf" / "rounds.csv") as fh:
+        row = next(csv.DictReader(fh))
+    for key in ("personal_worst5_mean", "personal_top5_mean", "global_worst5_mean",
+                "global_top5_mean"):
+        assert 0.0 <= float(row[key]) <= 1.0
