@@ -270,6 +270,8 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
 
     states = {c.key: cell_state(c) for c in cells}
     todo = [c for c in cells if states[c.key] == "todo" and selected(c)]
+    if only.get("strategy"):  # run in the order asked for (e.g. the method of interest first)
+        todo.sort(key=lambda c: list(only["strategy"]).index(c.strategy))
     n = len(cells)
     log(f"[bench] {matrix.name}: {n} cells ({sum(s == 'done' for s in states.values())} done, "
         f"{sum(s == 'not registered' for s in states.values())} not registered, {len(todo)} to run)"
@@ -278,14 +280,15 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
     durations: dict[str, list[float]] = {}
     with ExitStack() as stack:
         shared = None
-        for cell in cells:
-            k = cells.index(cell) + 1
+        for k, cell in enumerate([c for c in cells if c not in todo] + todo, start=1):
             if cell not in todo:
                 why = {"done": "done, skipped", "not registered": "strategy not registered: not run",
                        "todo": "not selected"}[states[cell.key]]
                 log(f"[bench] cell {k}/{n} {cell.key}: {why}", flush=True)
                 continue
             t0 = time.time()
+            log(f"[bench] cell {k}/{n} {cell.key}: running (elapsed "
+                f"{_fmt_s(t0 - started)})", flush=True)
             try:
                 cfg, path = _prepare(cell)
                 if superlink == "shared":

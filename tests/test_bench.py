@@ -1,0 +1,143 @@
+"""`flower-pfl bench`: a tiny matrix end to end through the real `flwr run` path.
+
+2 strategies x 1 setting x 2 seeds (MCLR, 4 clients, 2 rounds, 3000 FMNIST images), plus one
+strategy name that is not registered (must read "not run", never a number). Checks: every
+cell ran through Flower's simulation, the table's numbers are the per-run summary files'
+numbers, the plots exist, and a rerun skips every finished cell.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flower_pfl import bench
+
+STRATEGIES = ["fedavg", "fedacs"]
+UNREGISTERED = "not-registered-yet"
+SEEDS = [0, 1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    matrix = {
+        "name": "tiny",
+        "set": {"rounds": 2, "clients": 4, "fraction-fit": 1.0, "model": "mclr",
+                "data": {"dataset": "fmnist", "partition": "practical", "groups": 2,
+                         "subsample": 3000}},
+        "strategies": STRATEGIES + [UNREGISTERED],
+        "settings": {"prac": {"paper": {"fedavg": 50.0, UNREGISTERED: 90.0}}},
+        "seeds": SEEDS,
+        "compare": "bmta",
+    }
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    out = root / "out"
+    lines: list[str] = []
+    m = bench.load_matrix(path)
+    records = bench.run_bench(m, out, timeout_s=600, log=lambda s, **_: lines.append(s))
+    return m, out, records, lines
+
+
+def _table(out: Path) -> dict[str, dict[str, str]]:
+    with open(out / "table.csv") as fh:
+        return {r["strategy"]: r for r in csv.DictReader(fh)}
+
+
+def test_every_cell_ran_through_flwr_and_table_matches_summaries(tiny):
+    m, out, records, lines = tiny
+    table = _table(out)
+    for strategy in STRATEGIES:
+        row = table[strategy]
+        assert row["status"] == "done" and row["seeds_done"] == "2"
+        finals, bmtas, worst = [], [], []
+        for seed in SEEDS:
+            cell = out / "runs" / "prac" / strategy / f"seed-{seed}"
+            assert "Successfully started run" in (cell / "flwr-run.log").read_text()
+            summary = json.loads((cell / "summary.json").read_text())
+            assert summary["status"] == "completed" and len(summary["rounds"]) == 2
+            assert json.loads((cell / "config.json").read_text())["values"]["seed"] == seed
+            finals.append(100 * summary["final"]["personal_mean"])
+            bmtas.append(100 * summary["bmta"])
+            worst.append(100 * summary["final"]["personal_worst10_mean"])
+            assert (cell / "curves.png").stat().st_size > 0  # every run draws its curves
+        for col, vals in (("final_mean", finals), ("bmta", bmtas), ("final_worst10", worst)):
+            mean = sum(vals) / 2
+            std = math.sqrt(sum((v - mean) ** 2 for v in vals))  # sample std of 2 values
+            assert float(row[col]) == pytest.approx(mean, abs=1e-9)
+            assert float(row[col + "_std"]) == pytest.approx(std, abs=1e-9)
+    # the paper column and the gap (ours BMTA - paper)
+    assert float(table["fedavg"]["gap"]) == pytest.approx(
+        float(table["fedavg"]["bmta"]) - 50.0, abs=1e-9)
+    assert table["fedavg"]["global_final"] != ""  # fedavg has a global model
+    assert table["fedacs"]["global_final"] == ""  # fedacs has none: no number
+    # progress: cell k of N with an estimate of what is left
+    done = [s for s in lines if re.search(r"cell [1-6]/6 prac/\S+/seed-\d: completed in .* "
+                                          r"\| elapsed .* \| est\. left", s)]
+    assert len(done) == len(STRATEGIES) * len(SEEDS)
+
+
+def test_unregistered_strategy_reads_not_run(tiny):
+    m, out, records, lines = tiny
+    row = _table(out)[UNREGISTERED]
+    assert row["status"].startswith("not run") and row["final_mean"] == "" and row["gap"] == ""
+    md = (out / "table.md").read_text()
+    line = next(ln for ln in md.splitlines() if ln.startswith(f"| {UNREGISTERED} "))
+    assert "not run" in line and "90.00" in line  # the paper's number, no number of ours
+    assert not (out / "runs" / "prac" / UNREGISTERED).exists()
+
+
+def test_plots_exist(tiny):
+    m, out, records, lines = tiny
+    for name in ("curves-prac.png", "clients-prac.png", "heatmap-prac-fedacs-attention.png",
+                 "heatmap-prac-fedacs-selection.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, name
+
+
+def test_rerun_skips_finished_cells(tiny):
+    m, out, records, lines = tiny
+    summaries = sorted((out / "runs").rglob("summary.json"))
+    assert len(summaries) == len(STRATEGIES) * len(SEEDS)
+    stamps = [p.stat().st_mtime_ns for p in summaries]
+    again: list[str] = []
+    bench.run_bench(bench.load_matrix(m.path), out, log=lambda s, **_: again.append(s))
+    assert sum("done, skipped" in s for s in again) == len(STRATEGIES) * len(SEEDS)
+    assert [p.stat().st_mtime_ns for p in summaries] == stamps  # nothing was rerun
+    assert "0 to run" in again[0]
+
+
+def test_cell_state_detects_unfinished_and_changed_cells(tiny, tmp_path):
+    m, out, records, lines = tiny
+    cell = next(c for c in m.cells(out) if c.strategy == "fedavg" and c.seed == 0)
+    assert bench.cell_state(cell) == "done"
+    copy = bench.Cell(cell.setting, cell.strategy, cell.seed, cell.tree, tmp_path / cell.dir.name)
+    shutil.copytree(cell.dir, copy.dir)
+    (copy.dir / "cell.yaml").write_text((copy.dir / "cell.yaml").read_text()
+                                        .replace(str(cell.dir.parent), str(copy.dir.parent)))
+    assert bench.cell_state(copy) == "done"
+    summary = json.loads((copy.dir / "summary.json").read_text())
+    summary["status"] = "running"  # an interrupted run
+    (copy.dir / "summary.json").write_text(json.dumps(summary))
+    assert bench.cell_state(copy) == "todo"
+    changed = bench.Cell(cell.setting, cell.strategy, cell.seed,
+                         bench.merge(cell.tree, {"rounds": 3}), cell.dir)
+    assert bench.cell_state(changed) == "todo"  # a changed configuration reruns
+
+
+def test_matrix_errors_are_reported_together(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"strategies": [], "seeds": "0", "compare": "best",
+                                    "typo": 1}))
+    with pytest.raises(bench.MatrixError) as err:
+        bench.load_matrix(path)
+    msg = str(err.value)
+    assert "typo" in msg and "no strategy" in msg and "seeds" in msg and "compare" in msg
