@@ -1,0 +1,167 @@
+"""A simulation round vs the same work in a plain PyTorch loop (docs/BENCHMARKS.md (a)).
+
+Workload (the issue's): FedAvg, FMNIST, DNN, pathological 2 classes per client, 20 clients,
+all sampled every round, batch 10, 1 local epoch, ``--rounds`` rounds, every client
+evaluates every round (global-model evaluation off, so each client evaluates one model).
+
+1. ``plain``: one process, no Flower: per round, per client, the model gets the global
+   arrays, runs the same ``training.train`` on the same local data and ``training.evaluate``
+   on its local test split; the server averages (sample-weighted). Seconds per round =
+   median over rounds 2.., and the process' peak RSS.
+2. ``sim``: ``flower-pfl run`` on the same YAML (Ray simulation, SuperLink). Seconds per
+   round from the run's rounds.csv (median of round-to-round differences), the wall time of
+   the whole command, fixed cost = wall - rounds x s/round, and the peak of the summed
+   PSS (/proc/<pid>/smaps_rollup) of the launcher and every process it started, sampled every
+   0.5 s, minus the launcher's PSS before the run started.
+
+    .venv/bin/python benchmarks/sim_overhead.py --rounds 5 [--subsample 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def workload(rounds: int, subsample: int | None, out: Path) -> dict:
+    return {"strategy": "fedavg", "rounds": rounds, "clients": 20, "fraction-fit": 1.0,
+            "min-fit-clients": 20, "eval-every": 1, "eval-global": False, "model": "dnn",
+            "seed": 0, "output-dir": str(out), "run-name": "sim",
+            "data": {"dataset": "fmnist", "partition": "pathological", "classes-per-client": 2,
+                     "subsample": subsample},
+            "train": {"epochs": 1, "batch-size": 10, "lr": 0.05}}
+
+
+def plain(tree: dict) -> dict:
+    import numpy as np
+    import torch
+
+    from flower_pfl import config
+    from flower_pfl.data import load_client_data
+    from flower_pfl.models import get_arrays, initial_arrays, model_for, resolve_device, set_arrays
+    from flower_pfl.training import TrainSpec, evaluate, train
+
+    torch.set_num_threads(1)  # as one Ray actor with num-cpus 1
+    cfg = config.validate(dict(tree), source="plain")
+    device = resolve_device("cpu")
+    spec = TrainSpec.from_config(cfg)
+    data = {pid: load_client_data(cfg.values, pid) for pid in range(cfg["clients"])}
+    global_arrays = initial_arrays(cfg)
+    times = []
+    for rnd in range(1, cfg["rounds"] + 1):
+        t0 = time.perf_counter()
+        uploads, weights = [], []
+        for pid, d in data.items():
+            model = model_for(cfg)
+            set_arrays(model, global_arrays)
+            gen = torch.Generator().manual_seed(1000 * rnd + pid)
+            train(model, d.x_train, d.y_train, spec, gen, device)
+            uploads.append(get_arrays(model))
+            weights.append(d.num_train)
+        w = np.asarray(weights, dtype=np.float64) / sum(weights)
+        global_arrays = [sum(wi * u[k] for wi, u in zip(w, uploads)).astype(np.float32)
+                         for k in range(len(global_arrays))]
+        accs = []
+        for pid, d in data.items():
+            model = model_for(cfg)
+            set_arrays(model, global_arrays)
+            accs.append(evaluate(model, d.x_test, d.y_test, device)[1])
+        times.append(time.perf_counter() - t0)
+    return {"s_per_round": statistics.median(times[1:]), "round_s": times,
+            "final_mean": float(np.mean(accs)),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def sim(tree: dict, out: Path) -> dict:
+    from flower_pfl.procs import process_tree
+
+    path = out / "sim.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    # `flower-pfl run` of THIS checkout (python -m from its root)
+    cmd = [sys.executable, "-m", "flower_pfl.launch", "run", "--config", str(path), "--quiet"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
+    time.sleep(0.3)
+    idle_kb = _pss_kb(proc.pid)
+    peak = {"kb": 0, "procs": 0}
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            pids = process_tree(proc.pid)
+            total = sum(_pss_kb(p) for p in pids)
+            if total > peak["kb"]:
+                peak.update(kb=total, procs=len(pids))
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    output, _ = proc.communicate()
+    wall = time.perf_counter() - t0
+    stop.set()
+    thread.join()
+    if proc.returncode != 0:
+        raise RuntimeError(output[-2000:])
+    summary = json.loads((out / "sim" / "summary.json").read_text())
+    rows = summary["rounds"]
+    diffs = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
+    per_round = statistics.median(diffs)
+    return {"s_per_round": per_round, "wall_s": wall,
+            "fixed_s": wall - len(rows) * per_round,
+            "first_round_elapsed_s": rows[0]["elapsed_s"],
+            "final_mean": summary["final"]["personal_mean"],
+            "peak_pss_all_mb": peak["kb"] / 1024, "launcher_idle_pss_mb": idle_kb / 1024,
+            "peak_processes": peak["procs"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--subsample", type=int, default=None)
+    p.add_argument("--only", choices=("plain", "sim"), default=None)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="sim-overhead-") as tmp:
+        tree = workload(args.rounds, args.subsample, Path(tmp))
+        res = {}
+        if args.only != "sim":
+            res["plain"] = plain(tree)
+            print("plain:", json.dumps(res["plain"]), flush=True)
+        if args.only != "plain":
+            res["sim"] = sim(tree, Path(tmp))
+            print("sim:  ", json.dumps(res["sim"]), flush=True)
+        if len(res) == 2:
+            print(f"ratio simulation round / plain loop round = "
+                  f"{res['sim']['s_per_round'] / res['plain']['s_per_round']:.2f}; fixed cost per "
+                  f"run {res['sim']['fixed_s']:.1f} s; all processes peak PSS "
+                  f"{res['sim']['peak_pss_all_mb']:.0f} MB (plain process peak RSS "
+                  f"{res['plain']['peak_rss_mb']:.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()
