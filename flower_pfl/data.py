@@ -29,6 +29,8 @@ import math
 import os
 import shutil
 import tempfile
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -85,8 +87,14 @@ def _gunzip_raw(directory: Path, cache: Path) -> Path:
     for name in FMNIST_FILES:
         if not (target / name).is_file():
             fd, tmp = tempfile.mkstemp(dir=target)
-            with gzip.open(directory / f"{name}.gz", "rb") as src, os.fdopen(fd, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+            try:
+                with gzip.open(directory / f"{name}.gz", "rb") as src, \
+                        os.fdopen(fd, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+                os.unlink(tmp)
+                raise DataError(f"dataset file {directory / (name + '.gz')} is corrupt or "
+                                f"truncated ({exc}); reinstall or re-download it") from exc
             os.replace(tmp, target / name)  # atomic: concurrent Ray actors may race here
     return cache / "torchvision"
 
@@ -112,18 +120,34 @@ def load_pooled(dataset: str, root: str | None = None, cache_dir: str | None = N
     tag = hashlib.sha256(f"{dataset}|{root}".encode()).hexdigest()[:12]
     npz = cache / "pooled" / f"{dataset}-{tag}.npz"
     if npz.is_file():
-        with np.load(npz) as z:
-            _POOLED[key] = (z["x"], z["y"])
-        return _POOLED[key]
+        try:
+            with np.load(npz) as z:
+                _POOLED[key] = (z["x"], z["y"])
+            return _POOLED[key]
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
+            npz.unlink(missing_ok=True)  # a corrupt cache copy: rebuild it from the dataset
+    root_path = Path(root).expanduser() if root else None
+    if root_path is not None and not root_path.is_dir():
+        raise DataError(f"data.root = {root} is not a directory (it should hold the dataset's "
+                        f"files)")
     from torchvision import datasets as tvd  # heavy import, only where data is needed
 
-    root_path = Path(root).expanduser() if root else None
     if dataset == "fmnist":
         try:
             tv_root = _prepare_fmnist_raw(root_path, cache)
-            parts = [tvd.FashionMNIST(str(tv_root), train=t, download=False) for t in (True, False)]
-        except (FileNotFoundError, RuntimeError):
+        except FileNotFoundError:
+            tv_root = None
+        if tv_root is None:
             parts = _download(tvd.FashionMNIST, root_path or cache / "torchvision", dataset)
+        else:
+            try:
+                parts = [tvd.FashionMNIST(str(tv_root), train=t, download=False)
+                         for t in (True, False)]
+            except (RuntimeError, ValueError, OSError) as exc:
+                raise DataError(f"the Fashion-MNIST IDX files under {tv_root} are corrupt "
+                                f"({type(exc).__name__}: {exc}); delete them and reinstall "
+                                f"'dataset-fashion-mnist' or point data.root at good copies"
+                                ) from exc
     else:
         cls = {"mnist": tvd.MNIST, "cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100}.get(dataset)
         if dataset == "emnist":
@@ -292,6 +316,9 @@ def make_partition(labels: np.ndarray, cfg: Mapping[str, Any]) -> Partition:
         tr, te = local[n_test:], local[:n_test]
         if cap is not None:
             tr = tr[:cap]
+        if len(tr) == 0 or len(te) == 0:
+            raise DataError(f"the partition leaves client {client} with {len(tr)} training and "
+                            f"{len(te)} test sample(s); lower 'clients' or raise 'data.subsample'")
         train.append(np.sort(tr))
         test.append(np.sort(te))
     return Partition(train, test)

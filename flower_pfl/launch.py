@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -25,9 +26,10 @@ from typing import Iterator, Sequence
 
 from flower_pfl import config as config_mod
 from flower_pfl import registry
-from flower_pfl.procs import (APP_DIR, LaunchError, ProcessSet, RunOutcome, _alive,  # noqa: F401
-                              _bin, _stream, flwr_env, free_port, process_tree, run_status,
-                              stop_tree, toml_string, wait_http)
+from flower_pfl.procs import (APP_DIR, LaunchError, ProcessSet, RunOutcome, Terminated,  # noqa
+                              _alive, _bin, _stream, flwr_env, free_port, process_tree,
+                              run_status, stop_on_signals, stop_tree, toml_string, wait_http)
+from flower_pfl.reliability import preflight
 
 
 # ------------------------------------------------------------------------ processes
@@ -54,10 +56,13 @@ def simulation_superlink(workdir: Path, log_path: Path) -> Iterator[tuple[dict, 
 # ---------------------------------------------------------------------------- runs
 def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequence[str],
                    results_dir: Path, app_dir: Path = APP_DIR, timeout_s: float | None = None,
-                   echo: bool = True, num_supernodes: int | None = None) -> RunOutcome:
+                   echo: bool = True, num_supernodes: int | None = None, resume: bool = False,
+                   on_line=None) -> RunOutcome:
     """Run ``cfg`` through ``flwr run`` in Ray simulation and stop everything it started.
 
     ``num_supernodes`` defaults to the YAML's ``clients`` (only tests set another value).
+    ``resume`` continues the run in ``results_dir`` from its newest checkpoint. The
+    watchdog stops a run that shows no progress for ``stall-timeout`` seconds.
     Raises LaunchError if the run did not reach ``finished:completed``.
     """
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -66,7 +71,11 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
     run_config.write_text(
         f"config-file = {toml_string(str(config_path.resolve()))}\n"
         f"overrides = {toml_string(' '.join(overrides))}\n"
-        f"results-dir = {toml_string(str(results_dir.resolve()))}\n")
+        f"results-dir = {toml_string(str(results_dir.resolve()))}\n"
+        f"resume = {'true' if resume else 'false'}\n"
+        # the clients' personal state lives in their (Ray) processes: mirror it here so that
+        # checkpoints hold it and a resumed run gets it back
+        f"client-state-dir = {toml_string(str((results_dir / 'client-state').resolve()))}\n")
     federation = (f"num-supernodes={num_supernodes or cfg['clients']} "
                   f"client-resources-num-cpus={cfg['client-resources.num-cpus']} "
                   f"client-resources-num-gpus={cfg['client-resources.num-gpus']}")
@@ -75,7 +84,8 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
         with simulation_superlink(workdir, results_dir / "superlink.log") as (env, procs):
             cmd = [_bin("flwr"), "run", str(app_dir), "local", "--stream",
                    "--federation-config", federation, "--run-config", str(run_config)]
-            run_id = _stream(cmd, env, log_path, echo, timeout_s, procs)
+            run_id = _stream(cmd, env, log_path, echo, timeout_s, procs, on_line=on_line,
+                             stall_s=cfg["stall-timeout"])
             status = run_status(run_id, env) if run_id else "unknown"
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -87,6 +97,43 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
 # ----------------------------------------------------------------------------- CLI
 def _load(args) -> config_mod.RunConfig:
     return config_mod.load(Path(args.config), args.set or None)
+
+
+def resume_config(results_dir: Path, args=None) -> tuple[config_mod.RunConfig, Path]:
+    """The configuration a results folder was written with, as a YAML file the ServerApp
+    reads (``<results>/resume.yaml``); with ``--config``/``--set`` given, they must give
+    the same configuration."""
+    from flower_pfl import reliability
+
+    folder = reliability.latest_checkpoint(results_dir)
+    if folder is None:
+        raise config_mod.ConfigError(f"--resume {results_dir}: no checkpoint there (runs write "
+                                     f"one every 'checkpoint-every' rounds)")
+    saved = reliability.read_checkpoint(folder)["config"]
+    tree: dict = {}
+    for dotted, value in saved["values"].items():
+        node = tree
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    tree["hyper"] = {saved["values"]["strategy"]: dict(saved["hyper"])}
+    path = results_dir / "resume.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(tree, sort_keys=True))
+    cfg = config_mod.load(path)
+    if args is not None and (args.set or args.config_given):
+        given = config_mod.load(Path(args.config), args.set or None)
+        diff = sorted(k for k in set(given.values) | set(cfg.values)
+                      if given.values.get(k) != cfg.values.get(k))
+        if given.hyper != cfg.hyper:
+            diff.append("hyper")
+        if diff:
+            raise config_mod.ConfigError(f"--resume {results_dir}: that run was written by a "
+                                         f"different configuration (differs in: "
+                                         f"{', '.join(diff)})")
+    return cfg, path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -108,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "run":
             p.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
             p.add_argument("--quiet", action="store_true", help="do not echo Flower's log")
+            p.add_argument("--resume", metavar="RESULTS_DIR", default=None,
+                           help="continue a stopped run from its newest checkpoint (its own "
+                           "configuration is used; --config/--set must match it if given)")
     sub.add_parser("strategies")
     p = sub.add_parser("certs", help="make a throwaway CA + server certificate (testing)")
     p.add_argument("dir")
@@ -125,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--data-root", default=None)
     p.add_argument("--timeout", type=float, default=None)
     args = parser.parse_args(argv)
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    args.config_given = "--config" in argv_list
 
     if args.command == "certs":
         from flower_pfl.deploy import make_ca
@@ -145,8 +197,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for key, h in entry.hyper.items():
                 print(f"{'':14s}{key} = {h.default!r}: {h.doc}")
         return 0
+    resume_dir = Path(args.resume).resolve() if getattr(args, "resume", None) else None
     try:
-        cfg = _load(args)
+        if resume_dir is not None:
+            cfg, resume_yaml = resume_config(resume_dir, args)
+        else:
+            cfg = _load(args)
     except config_mod.ConfigError as exc:
         print(f"flower-pfl: {exc}", file=sys.stderr)
         return 2
@@ -163,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         results_dir = default_results_dir(cfg)
+        stop_on_signals()
         try:
             deploy(Path(args.config), args.set or [], results_dir, cfg["clients"],
                    None if args.insecure else Path(args.certs),
@@ -170,22 +227,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         except LaunchError as exc:
             print(f"flower-pfl: FAILED: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt as exc:
+            print("flower-pfl: stopped; every process of the deployment stopped", file=sys.stderr)
+            return 128 + getattr(exc, "signum", signal.SIGINT)
         print(f"flower-pfl: deployment run completed. Results: {results_dir}")
         return 0
     from strategies.base import default_results_dir
 
-    results_dir = default_results_dir(cfg)
-    print(f"flower-pfl: {cfg.strategy} on {cfg['data.dataset']}/{cfg['data.partition']}, "
-          f"{cfg['clients']} clients, {cfg['rounds']} rounds -> {results_dir}", flush=True)
+    results_dir = resume_dir or default_results_dir(cfg)
     try:
-        run_simulation(cfg, Path(args.config), args.set or [], results_dir,
-                       timeout_s=args.timeout, echo=not args.quiet)
+        preflight(cfg, results_dir)
+    except Exception as exc:  # noqa: BLE001 - PreflightError, DataError: one clear line
+        print(f"flower-pfl: cannot start: {exc}", file=sys.stderr)
+        return 2
+    print(f"flower-pfl: {cfg.strategy} on {cfg['data.dataset']}/{cfg['data.partition']}, "
+          f"{cfg['clients']} clients, {cfg['rounds']} rounds -> {results_dir}"
+          f"{' (resumed)' if resume_dir else ''}", flush=True)
+    stop_on_signals()
+    try:
+        if resume_dir is not None:
+            run_simulation(cfg, resume_yaml, [], results_dir, timeout_s=args.timeout,
+                           echo=not args.quiet, resume=True)
+        else:
+            run_simulation(cfg, Path(args.config), args.set or [], results_dir,
+                           timeout_s=args.timeout, echo=not args.quiet)
     except LaunchError as exc:
         print(f"flower-pfl: FAILED: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("flower-pfl: interrupted; processes stopped", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (procs.Terminated)
+        name = exc.args[0] if isinstance(exc, Terminated) else "interrupted"
+        print(f"flower-pfl: {name}; every process of the run stopped. Continue with "
+              f"`flower-pfl run --resume {results_dir}`", file=sys.stderr)
+        return 128 + getattr(exc, "signum", signal.SIGINT)
     print(f"flower-pfl: run completed. Results: {results_dir}/rounds.csv (per round), "
           f"{results_dir}/clients.csv (per client), {results_dir}/summary.json")
     return 0

@@ -16,7 +16,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import queue
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -131,6 +133,12 @@ def flwr_env(flwr_home: Path, port: int) -> dict:
     env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(port)
     env["FLWR_LOCAL_CONTROL_API_PORT"] = str(port)
     env.setdefault("RAY_DEDUP_LOGS", "0")
+    # The simulation process runs the ServerApp (numpy math on the model matrix) while Ray
+    # starts in the same process; OpenBLAS's own thread pool there was seen spinning forever
+    # in exec_blas (issue 15: ModelMatrix.__init__'s np.dot). One BLAS thread per process
+    # removes that pool (exec_blas is not used single-threaded); torch keeps its own threads
+    # (client-resources.num-cpus). Set OPENBLAS_NUM_THREADS yourself to override.
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     # Without an address, ray.init() joins the cluster last started with `ray start` on this
     # machine (/tmp/ray/ray_current_cluster) -- and hangs if that cluster is gone. Start a
     # private Ray instance unless the user names a cluster in RAY_ADDRESS.
@@ -195,35 +203,91 @@ class RunOutcome:
     pids: set[int]  # every process the run started (all stopped when this returns)
 
 
+PROGRESS = re.compile(r"\[flower-pfl\]|aggregate_fit|aggregate_evaluate|configure_fit|"
+                      r"configure_evaluate|\[ROUND|\[INIT\]|Successfully started run")
+
+
 def _stream(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s: float | None,
-            procs: ProcessSet, on_line=None) -> str | None:
+            procs: ProcessSet, on_line=None, stall_s: float | None = None) -> str | None:
     """Run ``flwr run --stream``, tee its output, return the run id; ``on_line(line)`` is
-    called for every line (tests use it to act at a given round)."""
+    called for every line (tests use it to act at a given round).
+
+    Watchdog: with ``stall_s``, a run whose log shows no progress (no round, no message
+    round-trip, no strategy line) for ``stall_s`` seconds is stopped with a LaunchError;
+    ``timeout_s`` bounds the whole run.  Lines are read on a thread, so both fire even
+    when the run prints nothing at all (a hang).
+    """
     run_id = None
     last_snapshot = 0.0
-    deadline = None if timeout_s is None else time.time() + timeout_s
+    started = time.time()
+    deadline = None if timeout_s is None else started + timeout_s
+    last_progress, last_line = started, "(nothing yet)"
+    lines: queue.Queue = queue.Queue()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
         procs.procs.append(proc)
         assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            log.flush()
-            if echo:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-            match = re.search(r"Successfully started run (\d+)", line)
-            if match:
-                run_id = match.group(1)
-            if on_line is not None:
-                on_line(line)
-            if time.time() - last_snapshot > 1.0:  # a /proc scan, at most once a second
+
+        def pump(stream) -> None:
+            for text in stream:
+                lines.put(text)
+            lines.put(None)
+        threading.Thread(target=pump, args=(proc.stdout,), daemon=True).start()
+        while True:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                line = ""
+            if line is None:
+                break
+            now = time.time()
+            if line:
+                log.write(line)
+                log.flush()
+                if echo:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                match = re.search(r"Successfully started run (\d+)", line)
+                if match:
+                    run_id = match.group(1)
+                if PROGRESS.search(line):
+                    last_progress, last_line = now, line.strip()[:200]
+                if on_line is not None:
+                    on_line(line)
+            if now - last_snapshot > 1.0:  # a /proc scan, at most once a second
                 procs.snapshot()  # remember ServerApp/Ray PIDs while they are alive
-                last_snapshot = time.time()
-            if deadline is not None and time.time() > deadline:
+                last_snapshot = now
+            if deadline is not None and now > deadline:
                 raise LaunchError(f"run exceeded {timeout_s:.0f}s; see {log_path}")
+            if stall_s is not None and now - last_progress > stall_s:
+                raise LaunchError(
+                    f"watchdog: no progress for {stall_s:.0f}s (no round finished, no message "
+                    f"answered); the last progress line was: {last_line!r}. The run was stopped; "
+                    f"see {log_path}. Raise 'stall-timeout' if rounds legitimately take longer.")
         proc.wait()
     return run_id
 
 
+# ---------------------------------------------------------------------------- signals
+class Terminated(KeyboardInterrupt):
+    """SIGTERM/SIGHUP, turned into an exception so that every ``finally`` stops its processes."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame) -> None:
+    # One stop is enough: ignore repeats (a scheduler often sends TERM twice) while the
+    # ``finally`` blocks stop the processes this launcher started.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP stop the launcher the way Ctrl-C (SIGINT) does: every process it
+    started is stopped by PID on the way out (call once, from the main thread)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_terminated)

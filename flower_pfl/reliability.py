@@ -179,3 +179,62 @@ def picklable(value: Any) -> bool:
         return True
     except Exception:  # noqa: BLE001 - any failure means "cannot checkpoint this"
         return False
+
+
+# ---------------------------------------------------------------------- preflight
+class PreflightError(RuntimeError):
+    """The run cannot start: the message names the cause (data, model, output folder)."""
+
+
+def check_output_dir(results_dir: str | Path) -> None:
+    path = Path(results_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise PreflightError(f"the output directory {path} is not writable ({exc.strerror or exc}); "
+                             f"set 'output-dir' (or 'run-name') to a folder you can write") from exc
+
+
+def preflight(cfg, results_dir: str | Path | None = None) -> None:
+    """Everything that can be checked before training starts, each with a clear message:
+    the output folder, the dataset files, every client's train and test split, and the
+    model against the data's shape and labels."""
+    if results_dir is not None:
+        check_output_dir(results_dir)
+    values = cfg.values if hasattr(cfg, "values") else cfg
+    from flower_pfl import data as data_mod
+
+    if values["data.dataset"] == "synthetic-gaussian":
+        return
+    try:
+        x, y = data_mod.load_pooled(values["data.dataset"], values["data.root"],
+                                    values.get("cache-dir"))
+        part = data_mod.get_partition(values, y)
+    except data_mod.DataError as exc:
+        raise PreflightError(str(exc)) from exc
+    for pid, (tr, te) in enumerate(zip(part.train, part.test)):
+        if len(tr) == 0 or len(te) == 0:
+            raise PreflightError(f"the partition leaves client {pid} with {len(tr)} training and "
+                                 f"{len(te)} test sample(s); lower 'clients', raise "
+                                 f"'data.subsample' or change 'data.test-fraction'")
+    import torch
+
+    from flower_pfl.models import model_for
+
+    model = model_for(values)
+    sample = data_mod._to_tensor(x[part.train[0][:1]], values["data.dataset"])
+    try:
+        with torch.no_grad():
+            out = model(sample)
+    except Exception as exc:  # noqa: BLE001 - any failure means the shapes do not match
+        raise PreflightError(f"model '{values['model']}' does not fit dataset "
+                             f"'{values['data.dataset']}': samples of shape "
+                             f"{tuple(sample.shape[1:])} fail in the model ({exc})") from exc
+    labels = int(y.max()) + 1
+    if out.ndim != 2 or out.shape[1] < labels:
+        raise PreflightError(f"model '{values['model']}' gives {tuple(out.shape[1:])} outputs "
+                             f"per sample but dataset '{values['data.dataset']}' has {labels} "
+                             f"classes")

@@ -94,3 +94,37 @@ def test_cli_validate_reports_error_before_anything_starts(tmp_path):
     assert out.returncode == 2
     assert "unknown strategy 'fedamq'" in out.stderr and "'rounds' = 0" in out.stderr
     assert "SuperLink" not in out.stdout + out.stderr
+
+
+def test_key_written_twice_is_an_error(tmp_path):
+    path = tmp_path / "twice.yaml"
+    for text, needle in [("strategy: fedavg\nrounds: 3\ndata:\n  alpha: 0.5\nrounds: 5\n",
+                          "key 'rounds' is written twice (lines 2 and 5)"),
+                         ("strategy: fedavg\ndata:\n  alpha: 0.5\n  alpha: 0.1\n",
+                          "key 'alpha' is written twice (lines 3 and 4)")]:
+        path.write_text(text)
+        with pytest.raises(ConfigError) as info:
+            config.load(path)
+        assert str(info.value) == f"{path}: {needle}; YAML would silently keep the second -- keep one"
+
+
+def test_empty_file_is_an_error(tmp_path):
+    for text in ("", "# only a comment\n"):
+        path = tmp_path / "empty.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="empty.yaml is empty"):
+            config.load(path)
+
+
+@pytest.mark.parametrize("tree, needle", [
+    ({"clients": 10, "fraction-fit": 0.2, "min-fit-answers": 3},
+     "'min-fit-answers' = 3 can never be met: a round samples 2 client(s)"),
+    ({"clients": 4, "min-eval-answers": 5}, "'min-eval-answers' = 5 exceeds 'clients' = 4"),
+    ({"checkpoint-every": -1}, "'checkpoint-every' = -1 is out of range"),
+    ({"max-update-norm": 0}, "'max-update-norm' = 0 is out of range"),
+    ({"stall-timeout": -5}, "'stall-timeout' = -5 is out of range"),
+])
+def test_reliability_keys_that_cannot_be_met(tree, needle):
+    with pytest.raises(ConfigError) as info:
+        config.validate(tree, source="bad.yaml")
+    assert needle in str(info.value)

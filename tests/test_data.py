@@ -114,3 +114,35 @@ def test_offline_dataset_error_is_clear(tmp_path, monkeypatch):
     monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
     with pytest.raises(data.DataError, match="could not load dataset 'cifar10'"):
         data.load_pooled("cifar10", root=str(tmp_path))
+
+
+def _fresh(tmp_path, **changes):
+    return small_config(**{"cache-dir": str(tmp_path / "cache"), **changes})
+
+
+def test_missing_dataset_folder_is_named(tmp_path):
+    with pytest.raises(data.DataError, match=r"data.root = .*nowhere is not a directory"):
+        data.load_pooled("fmnist", root=str(tmp_path / "nowhere"), cache_dir=str(tmp_path))
+
+
+def test_corrupt_dataset_file_is_named(tmp_path):
+    import shutil
+
+    root = tmp_path / "fmnist"
+    root.mkdir()
+    for name in data.FMNIST_FILES:
+        shutil.copy(data.DEBIAN_FMNIST_DIR / f"{name}.gz", root / f"{name}.gz")
+    blob = (root / "train-images-idx3-ubyte.gz").read_bytes()
+    (root / "train-images-idx3-ubyte.gz").write_bytes(blob[: len(blob) // 3])  # truncated
+    with pytest.raises(data.DataError, match=r"train-images-idx3-ubyte.gz is corrupt"):
+        data.load_pooled("fmnist", root=str(root), cache_dir=str(tmp_path / "cache"))
+
+
+def test_partition_leaving_a_client_without_data_is_named(labels):
+    cfg = small_config(clients=10, **{"data.partition": "iid", "data.subsample": 15})
+    with pytest.raises(data.DataError, match=r"client \d+ received 1 samples"):
+        data.make_partition(labels, cfg.values)
+    cfg = small_config(clients=10, **{"data.partition": "iid", "data.subsample": 20,
+                                      "data.max-train-samples": 1})
+    part = data.make_partition(labels, cfg.values)  # 2 samples each: 1 train, 1 test
+    assert all(len(t) == 1 for t in part.train) and all(len(t) == 1 for t in part.test)

@@ -267,3 +267,122 @@ def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path)
                          **{"checkpoint-every": 1, "data.subsample": 2000, "train.lr": 0.1})
     with pytest.raises(ResumeError, match=r"different configuration \(differs in: train.lr\)"):
         inprocess.run(other, tmp_path, resume=True)
+
+
+# ------------------------------------------------------------- real `flower-pfl run`
+def _tiny_yaml(tmp_path: Path, strategy: str, **changes) -> Path:
+    tree = {"strategy": strategy, "rounds": 4, "clients": 4, "fraction-fit": 0.5,
+            "model": "mclr", "eval-every": 1, "checkpoint-every": 1, "seed": 3,
+            "output-dir": str(tmp_path / "out"), "run-name": "run",
+            "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 3000}}
+    tree.update(changes)
+    path = tmp_path / f"{strategy}.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def _cli(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([str(Path(sys.executable).parent / "flower-pfl"), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, start_new_session=True)
+
+
+@pytest.mark.parametrize("strategy", ["fedamp", "fedacs", "selffl"])
+def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, tmp_path):
+    import threading
+
+    import torch
+
+    from flower_pfl import config
+    from flower_pfl.procs import _alive, process_tree
+
+    path = _tiny_yaml(tmp_path, strategy)
+    results = tmp_path / "out" / "run"
+    launcher = _cli("run", "--config", str(path))
+    seen: set[int] = set()
+    stop = threading.Event()
+
+    def watch() -> None:  # every process the run started, while it runs
+        while not stop.is_set():
+            seen.update(process_tree(launcher.pid))
+            time.sleep(0.5)
+    threading.Thread(target=watch, daemon=True).start()
+    log = []
+    for line in launcher.stdout:
+        log.append(line)
+        if "checkpoint after round 2 written" in line:
+            seen.update(process_tree(launcher.pid))
+            launcher.send_signal(signal.SIGTERM)  # a scheduler's time limit, `kill`, `timeout`
+            break
+    rest = launcher.communicate(timeout=180)[0]
+    stop.set()
+    assert launcher.returncode == 128 + signal.SIGTERM, "".join(log[-30:]) + rest
+    assert "SIGTERM; every process of the run stopped" in rest
+    assert len(seen) > 3 and not [p for p in seen if _alive(p)], "processes left running"
+    done = [int(r["round"]) for r in _read(results / "rounds.csv")]
+    assert 2 <= max(done) < 4
+
+    resumed = _cli("run", "--resume", str(results), "--quiet")
+    out = resumed.communicate(timeout=600)[0]
+    assert resumed.returncode == 0, out[-3000:]
+    assert [int(r["round"]) for r in _read(results / "rounds.csv")] == [1, 2, 3, 4]
+
+    # the same run, uninterrupted, in one process (same classes, seeds and one torch
+    # thread per client as in the Ray actors)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = config.load(path)
+        inprocess.run(cfg, tmp_path / "ref", client_state_dir=tmp_path / "ref" / "cs")
+    finally:
+        torch.set_num_threads(threads)
+    got = {int(r["partition-id"]): r for r in _read(results / "clients.csv") if r["round"] == "4"}
+    want = {int(r["partition-id"]): r for r in _read(tmp_path / "ref" / "clients.csv")
+            if r["round"] == "4"}
+    assert sorted(got) == sorted(want) == [0, 1, 2, 3]
+    metric = "accuracy"
+    for pid in want:
+        assert float(got[pid][metric]) == pytest.approx(float(want[pid][metric]), abs=1e-6)
+        assert float(got[pid]["loss"]) == pytest.approx(float(want[pid]["loss"]), rel=1e-4)
+        assert got[pid]["fit-rounds"] == want[pid]["fit-rounds"]
+
+
+# ------------------------------------------------------------ bad input before training
+def test_unwritable_output_dir_is_named(tmp_path):
+    from flower_pfl.reliability import PreflightError, check_output_dir
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(PreflightError, match=r"output directory .*file/run is not writable"):
+        check_output_dir(blocker / "run")
+
+
+def test_model_not_fitting_the_data_is_named(tmp_path, monkeypatch):
+    from flower_pfl import data
+    from flower_pfl.reliability import PreflightError, preflight
+
+    cfg = small_config(model="mclr", **{"data.subsample": 2000})
+    preflight(cfg, tmp_path / "ok")  # the real pairing passes
+    # a model built for 3x32x32 inputs (what a mislabelled dataset would give)
+    monkeypatch.setattr(data, "input_shape", lambda name: (3, 32, 32))
+    with pytest.raises(PreflightError, match=r"model 'mclr' does not fit dataset 'fmnist': "
+                                             r"samples of shape \(1, 28, 28\) fail"):
+        preflight(cfg, tmp_path / "bad")
+    monkeypatch.setattr(data, "input_shape", lambda name: (1, 28, 28))
+    monkeypatch.setitem(data.NUM_CLASSES, "fmnist", 5)
+    with pytest.raises(PreflightError, match=r"gives \(5,\) outputs per sample but dataset "
+                                             r"'fmnist' has 10 classes"):
+        preflight(cfg, tmp_path / "bad")
+
+
+def test_cli_refuses_bad_input_before_starting(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    path = _tiny_yaml(tmp_path, "fedavg", **{"output-dir": str(blocker)})
+    out = subprocess.run([str(Path(sys.executable).parent / "flower-pfl"), "run", "--config",
+                          str(path)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 2 and "cannot start" in out.stderr and "not writable" in out.stderr
+    assert "SuperLink" not in out.stdout
+    out = subprocess.run([str(Path(sys.executable).parent / "flower-pfl"), "run", "--resume",
+                          str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 2 and "no checkpoint there" in out.stderr
