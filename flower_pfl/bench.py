@@ -449,7 +449,8 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
     lines = [f"# {matrix.name}", "",
              f"Matrix `{matrix.path.name}` on base `{matrix.base_path.name}`; seeds "
              f"{matrix.seeds}. Personalized accuracy in % over ALL clients (final = last "
-             f"evaluated round), mean ± sample std over the finished seeds; `global` = the "
+             f"evaluated round), mean ± sample std over the finished seeds (a single value "
+             f"where one seed finished); `global` = the "
              f"global model's final mean where the strategy has one; s/round = wall seconds per "
              f"round after the first evaluation. The paper's number sits beside our "
              f"**{compared}**; gap = ours − paper.", ""]
@@ -467,7 +468,7 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
                   + " | paper | gap |", "|---" * (len(COLUMNS) + 5) + "|"]
         for rec in (r for r in records if r["setting"] == setting):
             if rec["status"].startswith("not run") or rec["status"] == "failed":
-                cells_ = [rec["status"]] * len(COLUMNS)
+                cells_ = [rec["status"]] + [""] * (len(COLUMNS) - 1)  # never a number
             else:
                 cells_ = []
                 for col, _ in COLUMNS:
@@ -475,6 +476,8 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
                         cells_.append("–")
                     elif col == "s_per_round":
                         cells_.append(f"{rec[col]:.1f}")
+                    elif rec["seeds_done"] == 1:  # one seed: no spread to show
+                        cells_.append(f"{rec[col]:.2f}")
                     else:
                         cells_.append(f"{rec[col]:.2f} ± {rec[col + '_std']:.2f}")
             paper = rec.get("paper")
