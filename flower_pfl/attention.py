@@ -10,6 +10,8 @@ the personalized cloud/intermediate models are then ``U = Xi @ W`` (one matmul, 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -39,25 +41,73 @@ def fedamp_weights(sq_dist: np.ndarray, self_idx: np.ndarray, peers: np.ndarray,
 
     Raises DegenerateAttention when xi_ii < 0 (alpha_k above the bound) or when every
     off-diagonal weight underflows to 0 although peers exist (sigma far too small:
-    FedAMP would silently run as Local training).
+    FedAMP would silently run as Local training).  Weights that are tiny but not 0 are
+    the strategy's to report (:func:`offdiag_mass`).
     """
     self_idx = np.asarray(self_idx)
     others = _others(peers, self_idx)
     xi = np.where(others, alpha_k * np.exp(-np.asarray(sq_dist, dtype=np.float64) / sigma) / sigma,
                   0.0)
+    return _fedamp_finish(xi, others, self_idx, sq_dist, alpha_k, sigma)
+
+
+def _fedamp_finish(xi, others, self_idx, sq_dist, alpha_k, sigma) -> np.ndarray:
     off = xi.sum(axis=1)
     if others.any() and not (xi[others] > 0).any():
         raise DegenerateAttention(
             f"FedAMP: every attention weight underflows to 0 (sigma = {sigma:.3g} is tiny next "
-            f"to the squared model distances, median {np.median(sq_dist[others]):.3g}); this "
-            f"would be Local training. Use sigma: auto or a sigma near the squared distances.")
+            f"to the squared model distances, median {np.median(np.asarray(sq_dist)[others]):.3g}"
+            f"); this would be Local training. Use sigma: auto or a sigma near the squared "
+            f"distances.")
     if (off > 1.0 + 1e-9).any():
         raise DegenerateAttention(
             f"FedAMP: alpha_k = {alpha_k:.3g} makes a self-weight xi_ii negative (sum of "
             f"messages up to {off.max():.3g}); keep alpha_k <= sigma/(clients-1) = "
             f"{fedamp_alpha_bound(sigma, int(others.sum(axis=1).max())):.3g} or use alpha-k: auto.")
-    xi[np.arange(len(self_idx)), self_idx] = 1.0 - off
+    xi[np.arange(len(self_idx)), self_idx] = np.maximum(1.0 - off, 0.0)
     return xi
+
+
+def fedamp_auto_weights(sq_dist: np.ndarray, self_idx: np.ndarray, peers: np.ndarray,
+                        sigma: float, min_self_weight: float, decay: float = 1.0
+                        ) -> tuple[np.ndarray, float]:
+    """FedAMP eq. 5/7 with ``alpha-k: auto``: the largest alpha_k (times ``decay``, the
+    schedule) that keeps every row's self weight xi_ii >= ``min_self_weight`` for THESE
+    distances:  alpha_k = (1 - min_self_weight) / max_i sum_{j!=i} A'(d_ij).
+
+    The weights are alpha_k A'(d_ij) exactly, computed with the common factor
+    exp(-d_min/sigma) taken out (d_min: the smallest peer distance), so a sharp sigma
+    cannot underflow every weight to 0.  Returns (Xi, log(alpha_k)) -- alpha_k itself
+    overflows when sigma is far below the distances.
+    """
+    self_idx = np.asarray(self_idx)
+    others = _others(peers, self_idx)
+    if not others.any():
+        xi = np.zeros(np.shape(sq_dist))
+        xi[np.arange(len(self_idx)), self_idx] = 1.0
+        return xi, 0.0
+    d = np.asarray(sq_dist, dtype=np.float64)
+    d_min = float(d[others].min())
+    rel = np.where(others, np.exp(-(d - d_min) / sigma), 0.0)  # A'(d) sigma e^{d_min/sigma}
+    top = float(rel.sum(axis=1).max())
+    xi = rel * ((1.0 - min_self_weight) * decay / top)
+    # alpha_k = (1 - m) decay sigma e^{-d_min/sigma} / top, in logs
+    log_alpha = math.log((1.0 - min_self_weight) * decay * sigma / top) + d_min / sigma
+    return _fedamp_finish(xi, others, self_idx, d, math.exp(min(log_alpha, 700.0)), sigma), \
+        log_alpha
+
+
+def offdiag_mass(xi: np.ndarray, self_idx: np.ndarray) -> np.ndarray:
+    """Per row: the weight on peers, 1 - xi_ii (0: the client trains alone, i.e. Local)."""
+    return 1.0 - np.asarray(xi)[np.arange(len(self_idx)), np.asarray(self_idx)]
+
+
+def peak_over_mean(xi: np.ndarray, self_idx: np.ndarray) -> float:
+    """max / mean of the non-zero peer weights: ~1 means uniform attention over peers."""
+    off = np.array(xi, dtype=np.float64)
+    off[np.arange(len(self_idx)), np.asarray(self_idx)] = 0.0
+    nonzero = off[off > 0]
+    return float(nonzero.max() / nonzero.mean()) if nonzero.size else 0.0
 
 
 def heurfedamp_weights(cosine: np.ndarray, self_idx: np.ndarray, peers: np.ndarray,

@@ -124,6 +124,10 @@ class ModelMatrix:
         d[np.arange(len(rows)), rows] = 0.0
         return np.maximum(d, 0.0)
 
+    def drift(self) -> np.ndarray:
+        """``||w_i - r||`` of every row: its distance from the reference (initial) model."""
+        return np.sqrt(np.maximum(np.diagonal(self.gram_c).astype(np.float64), 0.0))
+
     def raw_gram(self, rows: Sequence[int] | None = None) -> np.ndarray:
         """``<w_i, w_j>`` of the uncentred models, float64."""
         rows = np.arange(self.num_rows) if rows is None else np.asarray(rows)

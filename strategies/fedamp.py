@@ -7,48 +7,54 @@ Server (eq. 5/7):  u_i = xi_ii w_i + sum_{j != i} xi_ij w_j,
 Client (eq. 6):    w_i = argmin_w F_i(w) + lambda / (2 alpha_k) ||w - u_i||^2
                    (clients/fedamp.py: SGD started from u_i).
 
-Choices the paper leaves open (documented in docs/algorithms/fedamp.md):
-* ``sigma: auto`` -- sigma = median squared distance between the stored client models,
-  recomputed each round, so A' neither underflows nor goes flat whatever the model size.
-* ``alpha-k: auto`` -- alpha_k = alpha-scale * sigma / (n_peers), the largest step that
-  keeps every xi_ii >= 0 (A' <= 1/sigma); an explicit alpha_k above that bound is an error.
+Choices the paper leaves open (measured runs in docs/algorithms/fedamp.md):
+* ``sigma: auto`` -- sigma = sigma-scale * (median squared distance between the stored
+  peer models), recomputed each round.  sigma-scale 1 (the median itself) made the
+  attention nearly flat; the default is sharper.
+* ``alpha-k: auto`` -- the largest alpha_k that keeps every xi_ii >= min-self-weight for
+  the distances of this round: alpha_k = (1 - min-self-weight) / max_i sum_j A'(d_ij).
+  (The worst-case bound sigma/(n-1) of the first version assumed all distances 0 and
+  left ~0.4 of the mass on peers at sigma = median, ~0 with a sharp sigma.)
+  An explicit alpha_k that makes some xi_ii < 0 is an error.
 * ``alpha-schedule`` -- alpha_k = alpha_1 * {1, 1/sqrt(k), 1/k} (Theorems 1-2).
 * ``lambda: auto`` -- lambda = prox-weight * alpha_k, i.e. the client's prox weight
-  lambda/alpha_k is fixed (default 1), whatever alpha_k auto gives; an explicit lambda
-  whose lr * lambda/alpha_k >= 1 (explicit SGD on the prox term overshoots) is an error.
-* A degenerate setting (every weight underflows) raises instead of running as Local.
+  lambda/alpha_k is fixed (``prox-weight``), whatever alpha_k auto gives; an explicit
+  lambda whose lr * lambda/alpha_k >= 1 (explicit SGD on the prox term overshoots) is
+  an error.
+* Mechanism off: every weight underflowing to 0 raises; a mean peer mass (1 - xi_ii)
+  below ``MIN_PEER_MASS`` is logged as a WARNING naming sigma / alpha-k, every round the
+  measure ``peer_mass`` is in server.csv.
 """
 
 from __future__ import annotations
 
 import math
+from logging import WARNING
 
 import numpy as np
+from flwr.common.logger import log
 
-from flower_pfl.attention import fedamp_alpha_bound, fedamp_weights
+from flower_pfl.attention import fedamp_auto_weights, fedamp_weights, offdiag_mass
 from strategies.message_passing import MessagePassingStrategy
+
+#: below this mean weight on peers FedAMP is Local training in all but name
+MIN_PEER_MASS = 1e-3
 
 
 class FedAMP(MessagePassingStrategy):
-    def sigma(self) -> float:
+    def sigma(self, peers: np.ndarray) -> float:
         if self.hyper["sigma"] != "auto":
             return float(self.hyper["sigma"])
-        seen = np.flatnonzero(self.matrix.seen)
-        if len(seen) < 2:
+        held = np.flatnonzero(peers)
+        if len(held) < 2:
             return 1.0  # no pair yet: any sigma gives the same (self-only) weights
-        d = self.matrix.sq_distances(seen)[:, seen]
-        med = float(np.median(d[~np.eye(len(seen), dtype=bool)]))
-        return med if med > 0 else 1.0
+        d = self.matrix.sq_distances(held)[:, held]
+        med = float(np.median(d[~np.eye(len(held), dtype=bool)]))
+        return self.hyper["sigma-scale"] * med if med > 0 else 1.0
 
-    def alpha_k(self, server_round: int, sigma: float) -> float:
-        if self.hyper["alpha-k"] == "auto":
-            others = max(int(self.matrix.seen.sum()), 1)  # at most n_seen peers besides i
-            base = self.hyper["alpha-scale"] * fedamp_alpha_bound(sigma, others)
-        else:
-            base = float(self.hyper["alpha-k"])
-        decay = {"constant": 1.0, "inverse-sqrt": 1.0 / math.sqrt(server_round),
-                 "inverse": 1.0 / server_round}[self.hyper["alpha-schedule"]]
-        return base * decay
+    def decay(self, server_round: int) -> float:
+        return {"constant": 1.0, "inverse-sqrt": 1.0 / math.sqrt(server_round),
+                "inverse": 1.0 / server_round}[self.hyper["alpha-schedule"]]
 
     def prox_coef(self, alpha: float) -> float:
         """lambda / alpha_k, the weight of the client's prox term (eq. 6)."""
@@ -65,11 +71,34 @@ class FedAMP(MessagePassingStrategy):
         return coef
 
     def attention(self, rows, server_round):
-        sigma = self.sigma()
-        alpha = self.alpha_k(server_round, sigma)
+        peers = self.peers()
+        sigma = self.sigma(peers)
+        dist = self.matrix.sq_distances(rows)
+        if self.hyper["alpha-k"] == "auto":
+            xi, log_alpha = fedamp_auto_weights(dist, rows, peers, sigma,
+                                                float(self.hyper["min-self-weight"]),
+                                                self.decay(server_round))
+            alpha = math.exp(min(log_alpha, 700.0))
+        else:
+            alpha = float(self.hyper["alpha-k"]) * self.decay(server_round)
+            xi = fedamp_weights(dist, rows, peers, alpha, sigma)
         self._coef = self.prox_coef(alpha)
         self.log_server(sigma=sigma, alpha_k=alpha, prox_coef=self._coef)
-        return fedamp_weights(self.matrix.sq_distances(rows), rows, self.peers(), alpha, sigma)
+        return xi
+
+    def prepare_round(self, server_round, sampled):
+        super().prepare_round(server_round, sampled)
+        rows, xi = self.last_xi
+        has_peer = self.peers().sum() > 1
+        mass = float(offdiag_mass(xi, rows).mean())
+        self.log_server(peer_mass=mass)
+        if has_peer and mass < MIN_PEER_MASS and not getattr(self, "_warned_off", False):
+            self._warned_off = True
+            log(WARNING, "[flower-pfl] FedAMP round %d: the clients put on average %.3g of "
+                "their cloud model's weight on peers (xi_ii ~ 1): this is Local training. "
+                "sigma = %s is too small next to the squared model distances or alpha-k = %s "
+                "too small; use sigma: auto and alpha-k: auto (server.csv: peer_mass).",
+                server_round, mass, self.hyper["sigma"], self.hyper["alpha-k"])
 
     def fit_config(self, pid, server_round):
         return {"prox-coef": self._coef}

@@ -5,18 +5,42 @@ Server:  xi_ij = exp(sigma cos(w_i, w_j)) / sum_{h != i} exp(sigma cos(w_i, w_h)
 Client:  the same local problem as FedAMP (eq. 6) with prox weight lambda / alpha_k.
 
 Cosines come from the same stacked model matrix and Gram matrix as FedAMP's distances.
+
+Mechanism off: cosines of models grown from one initialisation differ by ~1e-3, so a
+small sigma makes the softmax uniform (every peer the same weight: FedAvg-like mixing,
+no attention).  ``peak_over_mean`` (max / mean peer weight) is in server.csv every round;
+below ``MIN_PEAK_OVER_MEAN`` a WARNING names sigma.
 """
 
 from __future__ import annotations
 
-from flower_pfl.attention import heurfedamp_weights
+from logging import WARNING
+
+from flwr.common.logger import log
+
+from flower_pfl.attention import heurfedamp_weights, peak_over_mean
 from strategies.message_passing import MessagePassingStrategy
+
+#: peak / mean peer weight below this: attention is uniform over the peers
+MIN_PEAK_OVER_MEAN = 1.1
 
 
 class HeurFedAMP(MessagePassingStrategy):
     def attention(self, rows, server_round):
         return heurfedamp_weights(self.matrix.cosine(rows), rows, self.peers(),
                                   float(self.hyper["sigma"]), float(self.hyper["self-weight"]))
+
+    def prepare_round(self, server_round, sampled):
+        super().prepare_round(server_round, sampled)
+        rows, xi = self.last_xi
+        ratio = peak_over_mean(xi, rows)
+        if self.peers().sum() > 2 and ratio < MIN_PEAK_OVER_MEAN \
+                and not getattr(self, "_warned_off", False):
+            self._warned_off = True
+            log(WARNING, "[flower-pfl] HeurFedAMP round %d: the attention is uniform over the "
+                "peers (peak/mean peer weight %.4f): the cosines of the models are too close "
+                "for sigma = %g to separate them; raise sigma (server.csv: peak_over_mean).",
+                server_round, ratio, float(self.hyper["sigma"]))
 
     def fit_config(self, pid, server_round):
         return {"prox-coef": float(self.hyper["lambda"] / self.hyper["alpha-k"])}

@@ -10,15 +10,26 @@ ITS u_i.
 Clients that have never uploaded are represented by the initial model (their W^0
 column) and are not used as peers until they upload.  For evaluation, a client without a
 personal model yet receives its u_i; the others evaluate their own w_i.
+
+Robustness (a choice of ours, not the papers'): a stored model whose distance from the
+initial model exceeds ``outlier_factor`` times the median of the stored models'
+distances (a client whose local training diverged without producing NaN/Inf, which the
+upload check refuses) is not used as anyone's peer until it comes back in range:
+cosine attention (HeurFedAMP, FedACS) is blind to a model's scale, and even a small
+weight on a huge model drags every cloud model that mixes it in.  The client's own row
+is kept (its u_i still starts from its own w_i); the excluded partition-ids are logged.
 """
 
 from __future__ import annotations
 
 import time
+from logging import WARNING
 from typing import Any
 
 import numpy as np
+from flwr.common.logger import log
 
+from flower_pfl.attention import peak_over_mean
 from flower_pfl.params import ModelMatrix
 from strategies.base import ClientUpdate, PersonalizedStrategy
 
@@ -27,6 +38,9 @@ class MessagePassingStrategy(PersonalizedStrategy):
     has_global_model = False
     #: name under which the last round's weight matrix is saved (npy + png)
     matrix_name = "attention"
+    #: a stored model further from the initial model than this many times the median
+    #: distance of the stored models is no one's peer (see the module docstring)
+    outlier_factor = 10.0
 
     def setup(self, initial_arrays):
         self.store.matrix = ModelMatrix(self.num_clients, self.spec.flatten(initial_arrays))
@@ -47,7 +61,13 @@ class MessagePassingStrategy(PersonalizedStrategy):
         return self.store.matrix
 
     def peers(self) -> np.ndarray:
-        return self.matrix.seen.copy()
+        """Clients whose stored model may be mixed into others' models."""
+        seen = self.matrix.seen
+        if seen.sum() < 3:
+            return seen.copy()
+        drift = self.matrix.drift()
+        limit = self.outlier_factor * float(np.median(drift[seen]))
+        return seen & (drift <= limit)
 
     def prepare_round(self, server_round, sampled):
         rows = np.asarray(sampled, dtype=np.int64)
@@ -56,15 +76,16 @@ class MessagePassingStrategy(PersonalizedStrategy):
         cloud = self.matrix.combine(xi)  # U_S = Xi_S W: one (s x n) @ (n x d) product
         self.cloud = {pid: cloud[k] for k, pid in enumerate(sampled)}
         self.last_xi = (rows, xi)  # for subclasses that log per-client details
-        off = xi.copy()
-        off[np.arange(len(rows)), rows] = 0.0
-        nonzero = off[off > 0]
+        excluded = np.flatnonzero(self.matrix.seen & ~self.peers())
+        if excluded.size:
+            log(WARNING, "[flower-pfl] round %d: stored model(s) of partition-id(s) %s are "
+                "more than %g x the median distance from the initial model (diverged); not "
+                "used as peers", server_round, excluded.tolist(), self.outlier_factor)
         self.log_server(attention_s=round(time.perf_counter() - started, 4),
-                        peers=int(self.matrix.seen.sum()),
+                        peers=int(self.matrix.seen.sum()), excluded_peers=int(excluded.size),
                         self_weight_mean=float(xi[np.arange(len(rows)), rows].mean()),
                         # ~1 means uniform attention over peers: the mechanism does nothing
-                        peak_over_mean=float(nonzero.max() / nonzero.mean()) if nonzero.size
-                        else 0.0)
+                        peak_over_mean=peak_over_mean(xi, rows))
 
     def fit_payload(self, pid, server_round):
         return self.spec.unflatten(self.cloud[pid]), self.fit_config(pid, server_round)

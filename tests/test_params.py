@@ -80,3 +80,13 @@ def test_unseen_rows_are_the_reference_model():
     assert m.sq_distances()[0, 2] == 0.0 and m.sq_distances()[0, 1] == pytest.approx(
         float(((ref - 1) ** 2).sum()))
     assert m.seen.tolist() == [False, True, False]
+
+
+def test_drift_is_the_distance_from_the_reference():
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal(40).astype(np.float32)
+    w = ref + rng.standard_normal((4, 40)).astype(np.float32)
+    m = ModelMatrix(5, ref)
+    m.update([0, 1, 2, 3], w)
+    np.testing.assert_allclose(m.drift()[:4], np.linalg.norm(w - ref, axis=1), rtol=1e-5)
+    assert m.drift()[4] == 0.0  # never uploaded: the reference itself

@@ -11,10 +11,12 @@ ENTRIES = [
         "xi_ij = alpha_k A'(||w_i-w_j||^2), A(x)=1-exp(-x/sigma); client solves eq. 6.",
         {
             "alpha-k": auto_or_positive(
-                "step size alpha_k of eq. 3/5; 'auto' = alpha-scale * sigma/(n_seen-1), the "
-                "largest value that keeps every xi_ii >= 0"),
-            "alpha-scale": Hyper(1.0, NUM, lambda v: 0 < v <= 1, "a number in (0, 1]",
-                                 "fraction of the non-negativity bound used when alpha-k is auto"),
+                "step size alpha_k of eq. 3/5; 'auto' = the largest alpha_k that keeps every "
+                "xi_ii >= min-self-weight for this round's distances"),
+            "min-self-weight": Hyper(0.5, NUM, lambda v: 0 <= v < 1, "a number in [0, 1)",
+                                     "smallest self weight xi_ii alpha-k: auto allows (the "
+                                     "closest client puts 1 - this on its peers); 0.5 = "
+                                     "HeurFedAMP's xi_ii, docs/algorithms/fedamp.md"),
             "alpha-schedule": Hyper("constant", (str,),
                                     lambda v: v in ("constant", "inverse-sqrt", "inverse"),
                                     "one of ['constant', 'inverse-sqrt', 'inverse']",
@@ -22,11 +24,19 @@ ENTRIES = [
             "lambda": auto_or_positive(
                 "lambda of eq. 1/6; the client's prox weight is lambda/alpha_k. 'auto' = "
                 "prox-weight * alpha_k, i.e. a fixed prox weight"),
-            "prox-weight": Hyper(1.0, NUM, POS, "a number > 0",
-                                 "lambda/alpha_k when lambda is auto (SGD needs lr * weight < 1)"),
+            "prox-weight": Hyper(0.1, NUM, POS, "a number > 0",
+                                 "lambda/alpha_k when lambda is auto (SGD needs lr * weight < 1). "
+                                 "1 held every client within ~1/(lr*1) = 20 SGD steps of u_i "
+                                 "(round 1: of the random init) and lost to Local; 0.1 measured "
+                                 "in docs/algorithms/fedamp.md"),
             "sigma": auto_or_positive(
-                "sigma of A(x)=1-exp(-x/sigma); 'auto' = median squared distance between the "
-                "stored client models, recomputed each round"),
+                "sigma of A(x)=1-exp(-x/sigma); 'auto' = sigma-scale * the median squared "
+                "distance between the stored client models, recomputed each round"),
+            "sigma-scale": Hyper(0.2, NUM, POS, "a number > 0",
+                                 "sigma = sigma-scale * median squared distance when sigma is "
+                                 "auto; 1 gave nearly flat attention (pathological split: 0.41 "
+                                 "of the peer weight on class-sharing peers, 0.92 at 0.2; "
+                                 "docs/algorithms/fedamp.md)"),
         },
     ),
     Entry(
@@ -36,7 +46,10 @@ ENTRIES = [
         {
             "alpha-k": Hyper(1.0, NUM, POS, "a number > 0",
                              "alpha_k of eq. 6: the client's prox weight is lambda/alpha_k"),
-            "lambda": Hyper(1.0, NUM, POS, "a number > 0", "lambda of eq. 6"),
+            "lambda": Hyper(0.1, NUM, POS, "a number > 0",
+                            "lambda of eq. 6 (prox weight lambda/alpha_k = 0.1). 1 held each "
+                            "client within ~20 SGD steps of u_i and lost to Local on the "
+                            "practical partition; docs/algorithms/fedamp.md"),
             "sigma": Hyper(1000.0, NUM, POS, "a number > 0",
                            "softmax scale of eq. 8. Cosines of models that share an init are all "
                            "close to 1 (FMNIST CNN: spread ~1e-3), so sigma must be large to "
