@@ -101,8 +101,11 @@ ENTRIES = [
         {"variant": Hyper("fo", (str,), lambda v: v in ("fo", "hf"), "one of ['fo', 'hf']",
                           "first-order (FO) or Hessian-free (HF) meta-gradient; FO is the one "
                           "Self-FL and the pFedMe comparisons run"),
-         "alpha": Hyper(0.01, NUM, POS, "a number > 0 (alpha = 0 is FedAvg)",
-                        "inner (personalization) step size alpha; beta is train.lr"),
+         "alpha": Hyper(0.05, NUM, POS, "a number > 0 (alpha = 0 is FedAvg)",
+                        "inner (personalization) step size alpha; beta is train.lr. Not a "
+                        "paper value (Fallah et al. tune alpha, beta per task): 0.05 = the "
+                        "default train.lr, so the personalization step is one ordinary SGD "
+                        "step"),
          "delta": Hyper(0.001, NUM, POS, "a number > 0",
                         "finite-difference step of the HF Hessian-vector product"),
          "personal-steps": Hyper(1, (int,), POS, "an integer >= 1",
