@@ -92,10 +92,10 @@ class ClientState:
         del self.records[src]
         if self.disk is not None:
             for suffix in (".npz", ".json"):
+                # (no file: already committed on disk by a message whose in-memory state
+                # Flower then discarded because the message failed)
                 if (self.disk / f"{src}{suffix}").is_file():
                     os.replace(self.disk / f"{src}{suffix}", self.disk / f"{dst}{suffix}")
-                else:
-                    (self.disk / f"{dst}{suffix}").unlink(missing_ok=True)
 
     def _key(self, key: str, writing: bool) -> str:
         """The record a read/write goes to: the staged copy inside a transaction."""

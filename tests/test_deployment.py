@@ -87,3 +87,37 @@ def test_restarted_supernode_keeps_identity_and_personal_state(tmp_path, certs):
     assert int(last[1]["fit-rounds"]) >= rounds - 1, last[1]
     state = tmp_path / "work" / "client-state" / "b"
     assert [p.name for p in state.glob("run-*/partition-*")] == ["partition-1"]
+
+
+def test_node_killed_for_good_is_a_failure_not_the_end_of_the_run(tmp_path, certs):
+    # 4 SuperNodes; partition 3's machine dies in round 2 and never comes back. Before
+    # issue 15 the ServerApp waited 2 minutes and failed the run (node count != clients).
+    rounds = 5
+    dep = Deployment(tmp_path / "work", 4, certs)
+    with dep:
+        dep.start_superlink()
+        for pid, name in enumerate(["a", "b", "c", "d"]):
+            key, pub = make_node_key(tmp_path / "keys", name)
+            dep.register(pub, name)
+            dep.start_node(dep.add_node(pid, name, key))
+        killed = threading.Event()
+
+        def kill_once(line: str) -> None:
+            if "[ROUND 2]" in line and not killed.is_set():
+                killed.set()
+                dep.stop_node(dep.nodes["d"])  # for good
+
+        out = dep.run(_config(tmp_path, clients=4, rounds=rounds, **{"round-timeout": 30}), [],
+                      tmp_path / "res", timeout_s=1500, on_line=kill_once)
+    assert killed.is_set() and out.status == "finished:completed"
+    with open(tmp_path / "res" / "failures.csv") as fh:
+        failures = list(csv.DictReader(fh))
+    assert failures and {int(f["partition-id"]) for f in failures} == {3}
+    assert all(int(f["round"]) >= 2 for f in failures)
+    for r in range(3, rounds + 1):  # the other three clients' metrics are all there
+        assert sorted(int(row["partition-id"]) for row in _rows(tmp_path / "res", r)) == [0, 1, 2]
+    last = {int(row["partition-id"]): row for row in _rows(tmp_path / "res", rounds)}
+    assert all(int(last[p]["fit-rounds"]) == rounds for p in (0, 1, 2))
+    with open(tmp_path / "res" / "server.csv") as fh:
+        server = {int(r["round"]): r for r in csv.DictReader(fh)}
+    assert int(server[1]["fit_ok"]) == 4 and int(server[rounds]["fit_ok"]) == 3

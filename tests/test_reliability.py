@@ -386,3 +386,35 @@ def test_cli_refuses_bad_input_before_starting(tmp_path):
     out = subprocess.run([str(Path(sys.executable).parent / "flower-pfl"), "run", "--resume",
                           str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 2 and "no checkpoint there" in out.stderr
+
+
+def test_flower_processes_get_one_blas_thread_and_the_watchdog_fires(tmp_path):
+    from flower_pfl.procs import LaunchError, ProcessSet, _stream, flwr_env
+
+    env = flwr_env(tmp_path / "home", 1)
+    assert env["OPENBLAS_NUM_THREADS"] == "1"  # no OpenBLAS thread pool: no exec_blas spin
+    # a "run" that prints one progress line and then hangs: stopped with a clear message
+    cmd = [sys.executable, "-c", "import time; print('[flower-pfl] started', flush=True); "
+           "time.sleep(600)"]
+    procs = ProcessSet()
+    started = time.time()
+    with pytest.raises(LaunchError, match=r"watchdog: no progress for 3s .* the last progress "
+                                          r"line was: '\[flower-pfl\] started'"):
+        _stream(cmd, env, tmp_path / "log", False, None, procs, stall_s=3)
+    procs.stop()
+    assert time.time() - started < 120
+    assert all(p.poll() is not None for p in procs.procs)
+
+
+def test_real_repeated_starts_of_a_model_matrix_run_do_not_hang(tmp_path):
+    # issue 15: 1 of 6 identical FedACS starts sat in [INIT] for 10 minutes (BLAS spin).
+    from flower_pfl import config
+    from flower_pfl.launch import run_simulation
+
+    path = _tiny_yaml(tmp_path, "fedacs", clients=40, rounds=1, **{"fraction-fit": 0.1,
+                                                                 "stall-timeout": 240,
+                                                                 "checkpoint-every": 0})
+    cfg = config.load(path)
+    for attempt in range(3):
+        out = run_simulation(cfg, path, [], tmp_path / f"r{attempt}", echo=False, timeout_s=600)
+        assert out.status == "finished:completed"
