@@ -1,22 +1,42 @@
 """Self-FL client -- Chen et al., Algorithm 1 (client side).
 
 Keeps in context.state its personal parameters theta_m^{t-1} and the Welford moments of
-its personal parameters across rounds (eq. 13).  Each round: theta_m^INIT by eq. 10 from
-the global model, its previous personal model and the server's sigma_0^2 and S_{-m};
-l_m local steps by eq. 8 (clipped to [1, l_max]) of SGD with step eta; the result is its
-new personal model.  Returns theta_m^t and sigma_m^2.
+eq. 13.  Each round:
+
+  sigma_m^2 by eq. 13 (empirical variance of the samples so far);
+  theta_m^INIT by eq. 10 from the global model theta^{t-1}, its previous personal model
+  and the server's sigma_0^2 and S_{-m};
+  (l_m, eta_m) by eq. 8 (flower_pfl/selffl_math.local_schedule), l_m SGD steps of size
+  eta_m from theta_m^INIT -> the new personal model theta_m^t;
+  variance-estimator 'bootstrap' (default, section 3.2): a copy, also started from
+  theta_m^INIT, trains on a bootstrap resample of the local train set until the
+  ConvergenceRule fires or ``bootstrap-max-steps`` -> the local optimum theta_{m,t}; its
+  moments feed eq. 13, and the fit metrics carry d_m = theta_{m,t} - theta^{t-1} (float32
+  bytes, the size of the model: the base class accepts only model-shaped arrays) and
+  ||d_m||^2, so the server can form eq. 14 over local optima.
+  'surrogate': eq. 13 over the personal models theta_m^t, nothing extra uploaded.
+
+Returns theta_m^t (and d_m), sigma_m^2, and every rule it used: ``steps_rule`` (one of
+selffl_math.RULES), ``init_coef`` (0 = eq. 10 undefined, started from the global model),
+``eta_m``, and for the bootstrap its steps, whether the rule fired and its seconds.
+The bootstrap copy starts where the round's training starts (theta_m^INIT): "treat each
+round of local training as the optimization from a bootstrapped sample" (section 3.2).
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
+import torch
 
 from clients.base import PersonalStateClient
 from flower_pfl import selffl_math as sm
 from flower_pfl.models import get_arrays
 from flower_pfl.params import ParamSpec
+from flower_pfl.training import gaussian_nll, train
+from torch.nn import functional as F
 
 
 def _known(value) -> float:
@@ -37,6 +57,34 @@ class SelfFLClient(PersonalStateClient):
         self.state.set_values("selffl", {"count": moments.count})
         self.state.set_arrays("selffl-moments", [moments.mean, moments.m2])
 
+    def bootstrap_optimum(self, init, spec: ParamSpec, config) -> tuple[np.ndarray, dict]:
+        """theta_{m,t}: train a copy from ``init`` on a bootstrap resample of the local train
+        set until the ConvergenceRule fires (or the step cap); returns it flattened."""
+        n = self.data.num_train
+        rng = np.random.default_rng([self.cfg["seed"], self.pid, self.round, 0xB007])
+        idx = torch.from_numpy(rng.integers(0, n, size=n))
+        x, y = self.data.x_train[idx], self.data.y_train[idx]
+        model = self.new_model(spec.unflatten(init.astype(np.float32)))
+        rule = sm.ConvergenceRule(float(config["bootstrap-tol"]),
+                                  window=-(-n // self.spec.batch_size))
+
+        def stop(m) -> bool:
+            norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in m.parameters()
+                                  if p.grad is not None))
+            return rule.update(float(norm))
+
+        loss_fn = F.cross_entropy if self.data.task == "classification" else \
+            gaussian_nll(self.data.noise_sq)
+        lr = float(config["bootstrap-lr"]) if float(config["bootstrap-lr"]) > 0 else \
+            float(config["eta"])
+        started = time.perf_counter()
+        out = train(model, x, y, self.spec, self.generator(salt=1), self.device,
+                    num_steps=int(config["bootstrap-max-steps"]), lr=lr,
+                    loss_fn=loss_fn, stop=stop)
+        info = {"bootstrap_steps": out["local_steps"], "bootstrap_converged": rule.converged,
+                "bootstrap_s": time.perf_counter() - started}
+        return spec.flatten(get_arrays(model)).astype(np.float64), info
+
     def fit_round(self, parameters, config):
         spec = ParamSpec.of(parameters)
         theta_global = spec.flatten(parameters).astype(np.float64)
@@ -46,22 +94,31 @@ class SelfFLClient(PersonalStateClient):
         default_steps = self.spec.num_steps(self.data.num_train)
         oracle = _known(config["oracle-sigma-sq"])
         sigma_m_sq = oracle if math.isfinite(oracle) else moments.variance  # eq. 13
+        eta = float(config["eta"])
         if config["warmup"]:
-            coef, steps, why, eta = 0.0, default_steps, "warm-up (FedAvg)", None
+            coef, steps, eta_m, why = 0.0, default_steps, None, sm.RULE_WARMUP
         else:
             sigma0_sq, s_minus = _known(config["sigma0-sq"]), _known(config["s-minus"])
             coef = sm.init_coefficient(sigma0_sq, sigma_m_sq, s_minus)
-            eta = float(config["eta"])
-            steps, why = sm.local_steps(eta, sigma_m_sq, s_minus, int(config["l-max"]),
-                                        default_steps)
+            steps, eta_m, why = sm.local_schedule(eta, sigma_m_sq, s_minus,
+                                                  int(config["l-max"]), default_steps)
         init = sm.init_params(theta_global, theta_prev, coef)  # eq. 10 (coef 0: global model)
         model = self.new_model(spec.unflatten(init.astype(np.float32)))
-        metrics = self.local_train(model, num_steps=steps, lr=eta)
+        metrics = self.local_train(model, num_steps=steps, lr=eta_m)
         theta_new = get_arrays(model)
-        moments.add(spec.flatten(theta_new))
+        extra = {}
+        if config["variance-estimator"] == "bootstrap":
+            optimum, extra = self.bootstrap_optimum(init, spec, config)
+            moments.add(optimum)  # eq. 13 over local optima theta_{m,t}
+            offset = optimum - theta_global  # d_m: what eq. 14 needs (with ||d_m||^2)
+            extra["optimum_offset"] = offset.astype("<f4").tobytes()
+            extra["optimum_sq_norm"] = float(offset @ offset)
+        else:
+            moments.add(spec.flatten(theta_new))  # surrogate: eq. 13 over theta_m^t
         self.save_moments(moments)
         self.save_personal(model)
         reported = oracle if math.isfinite(oracle) else moments.variance
-        return theta_new, {**metrics, "sigma_sq": reported if math.isfinite(reported) else -1.0,
-                           "local_steps": float(steps), "init_coef": float(coef),
-                           "steps_rule": why}
+        return theta_new, {**metrics, **extra,
+                        "sigma_sq": reported if math.isfinite(reported) else -1.0,
+                        "local_steps": float(steps), "init_coef": float(coef),
+                        "eta_m": float(self.spec.lr if eta_m is None else eta_m), "steps_rule": why}

@@ -2,10 +2,36 @@
 
 Pure numpy, no Flower.  Notation: sigma0_sq = inter-client uncertainty sigma_0^2,
 sigma_sq[m] = intra-client uncertainty sigma_m^2, w_m = (sigma_0^2 + sigma_m^2)^-1,
-S_{-m} = sum_{k != m} w_k.
+S_{-m} = sum_{k != m} w_k, q_m = S_{-m} / (sigma_m^-2 + S_{-m}).
 
-Every division and logarithm is guarded; the fallbacks are documented per function and
-never produce NaN.
+Paper equations used here:
+  eq. 3   theta_m^(FL) = (sigma_m^-2 z_m + sum_{k!=m} w_k z_k) / (sigma_m^-2 + S_{-m})
+  eq. 8   (1 - eta_m / sigma_m^2)^l_m = q_m          (local steps l_m and step size eta_m)
+  eq. 10  theta_m^{t,INIT} = theta^{t-1} - (w_m / S_{-m}) (theta_m^{t-1} - theta^{t-1})
+  eq. 11  theta^t = sum_m w_m theta_m^t / sum_m w_m
+  eq. 13  sigma_m^2 = empirical variance of client m's local optima theta_{m,1..t}
+  eq. 14  sigma_0^2 = empirical variance of the clients' local optima theta_{1..M,t}
+  (vectors: "empirical variance" = trace of the sample covariance, section 3.2)
+
+Choices the paper leaves open, and ours:
+* What eq. 13/14 are taken over (section 3.2): the BOOTSTRAP estimator (default) takes
+  them over local optima theta_{m,t}, each the result of training a copy on a bootstrap
+  resample of the client's data "until it approximately converges" -- the stopping rule
+  is :class:`ConvergenceRule` (mean gradient norm over the last pass fell below ``tol``
+  times that of the first pass) with a step cap.  The paper's cheaper SURROGATE takes
+  them over the personal models theta_m^t; it collapses (Self-FL pulls theta_m^t to the
+  global model, so their spread shrinks, so sigma_0^2 shrinks, ...) -- see
+  :func:`orders_of_magnitude_drop`, the mechanism-off measure.
+* Eq. 14 from sums (:func:`variance_from_sums`): each client sends its optimum's offset
+  d_m = theta_{m,t} - theta^{t-1} and the scalar ||d_m||^2 (float64), the server forms
+  (sum ||d_m||^2 - ||sum d_m||^2 / n) / (n - 1).  Offsets to the shared theta^{t-1}
+  keep the float32 transport exact enough (raw parameters would cancel catastrophically).
+* Eq. 8 when one step at eta already passes the target (eta >= sigma_m^2, or eq. 8's
+  l < 1): the paper lets eta_m follow sigma_m^2, so we keep the configured number of
+  local steps l (clipped to l_max) and solve eq. 8 for the step size,
+  eta_m = sigma_m^2 (1 - q^(1/l)) -- exact, instead of clipping to one step of eta.
+* Every other division and logarithm is guarded; each fallback has a name (returned
+  with the value) so that the strategy can count it, and none produces NaN.
 """
 
 from __future__ import annotations
@@ -16,23 +42,34 @@ from typing import Sequence
 import numpy as np
 
 
-def precision_weights(sigma0_sq: float, sigma_sq: Sequence[float]) -> np.ndarray:
-    """w_m = (sigma_0^2 + sigma_m^2)^-1, with documented fallbacks.
+# names of the fallbacks of eq. 11 (counted per round by the strategy)
+WEIGHTS_EQ11 = "eq. 11"
+WEIGHTS_UNWEIGHTED = "unweighted mean"
+
+
+def precision_weights_explained(sigma0_sq: float, sigma_sq: Sequence[float]
+                                ) -> tuple[np.ndarray, str]:
+    """w_m = (sigma_0^2 + sigma_m^2)^-1 and the rule used, with documented fallbacks.
 
     * unknown sigma_m^2 (NaN: fewer than two observations yet) -> the mean of the known
-      ones (no information to rank that client);
+      ones (no information to rank that client; the strategy counts these);
     * no usable variance at all, or sigma_0^2 + sigma_m^2 = 0 for some client (infinite
-      precision) -> equal weights (the plain mean).
+      precision) -> equal weights (``WEIGHTS_UNWEIGHTED``, the plain mean).
     """
     s = np.asarray(sigma_sq, dtype=np.float64)
     known = np.isfinite(s)
     if not known.any():
-        return np.ones_like(s)
+        return np.ones_like(s), WEIGHTS_UNWEIGHTED
     s = np.where(known, s, s[known].mean())
     denom = float(sigma0_sq) + s
     if not np.isfinite(denom).all() or (denom <= 0).any():
-        return np.ones_like(s)
-    return 1.0 / denom
+        return np.ones_like(s), WEIGHTS_UNWEIGHTED
+    return 1.0 / denom, WEIGHTS_EQ11
+
+
+def precision_weights(sigma0_sq: float, sigma_sq: Sequence[float]) -> np.ndarray:
+    """w_m of eq. 11 (see :func:`precision_weights_explained` for the fallbacks)."""
+    return precision_weights_explained(sigma0_sq, sigma_sq)[0]
 
 
 def theta_fl(z: Sequence[float], sigma0_sq: float, sigma_sq: Sequence[float]) -> np.ndarray:
@@ -83,27 +120,54 @@ def init_params(theta_global_prev: np.ndarray, theta_m_prev: np.ndarray, coef: f
     return theta_global_prev - coef * (theta_m_prev - theta_global_prev)
 
 
-def local_steps(eta: float, sigma_m_sq: float, s_minus_m: float, l_max: int,
-                default: int) -> tuple[int, str]:
-    """Eq. 8: (1 - eta/sigma_m^2)^l = S_{-m} / (sigma_m^-2 + S_{-m}) solved for l, clipped
-    to [1, l_max] (section 4.2).  Returns (steps, reason).
+# names of the rules of eq. 8 (the client reports one as ``steps_rule``)
+RULE_EQ8 = "eq. 8"
+RULE_L_MAX = "eq. 8 clipped to l-max"
+RULE_ETA_GE_SIGMA = "eta_m by eq. 8 (eta >= sigma_m^2)"
+RULE_BELOW_ONE = "eta_m by eq. 8 (l < 1 at eta)"
+RULE_UNKNOWN = "variance unknown"
+RULE_Q0 = "q = 0"
+RULE_Q1 = "q = 1"
+RULE_WARMUP = "warm-up (FedAvg)"
+RULES = (RULE_EQ8, RULE_L_MAX, RULE_ETA_GE_SIGMA, RULE_BELOW_ONE, RULE_UNKNOWN, RULE_Q0,
+         RULE_Q1, RULE_WARMUP)
 
-    Fallbacks: sigma_m^2 or S_{-m} unknown (NaN) -> ``default`` (the configured local
-    steps); sigma_m^2 = 0
-    or S_{-m} = 0 (q = 0: trust the local data fully) -> l_max; eta >= sigma_m^2 (one step
-    already reaches or passes the local optimum) -> 1; S_{-m} infinite (q = 1) -> 1.
+
+def eta_for_steps(sigma_m_sq: float, q: float, steps: int) -> float:
+    """Eq. 8 solved for the step size: eta_m = sigma_m^2 (1 - q^(1/l)), in (0, sigma_m^2)."""
+    return sigma_m_sq * (1.0 - q ** (1.0 / steps))
+
+
+def local_schedule(eta: float, sigma_m_sq: float, s_minus_m: float, l_max: int,
+                   default: int) -> tuple[int, float, str]:
+    """Eq. 8: (1 - eta_m/sigma_m^2)^l = q = S_{-m} / (sigma_m^-2 + S_{-m}).
+
+    Returns (l_m, eta_m, rule).  Normally eta_m = eta and l_m = round(log q / log(1 -
+    eta/sigma_m^2)), clipped to l_max (section 4.2; rule ``RULE_L_MAX``).  When one step
+    of eta already passes the target -- eta >= sigma_m^2 (the log is undefined) or eq. 8
+    gives l < 1 -- l_m = min(default, l_max) and eta_m = :func:`eta_for_steps`, which
+    meets eq. 8 exactly (rules ``RULE_ETA_GE_SIGMA``, ``RULE_BELOW_ONE``).
+
+    Fallbacks: sigma_m^2 or S_{-m} unknown (NaN) -> ``default`` steps at eta
+    (``RULE_UNKNOWN``); sigma_m^2 = 0 or S_{-m} = 0 (q = 0: trust the local data fully)
+    -> l_max; S_{-m} infinite (q = 1: no local step wanted) -> 1 step.
     """
     if not math.isfinite(sigma_m_sq) or math.isnan(s_minus_m):
-        return max(1, min(default, l_max)), "variance unknown"
+        return max(1, min(default, l_max)), eta, RULE_UNKNOWN
     if sigma_m_sq <= 0 or s_minus_m <= 0:
-        return l_max, "q = 0"
-    if eta >= sigma_m_sq:
-        return 1, "eta >= sigma_m^2"
+        return l_max, eta, RULE_Q0
     if not math.isfinite(s_minus_m):
-        return 1, "q = 1"
+        return 1, eta, RULE_Q1
     q = s_minus_m / (1.0 / sigma_m_sq + s_minus_m)
+    fixed = max(1, min(default, l_max))
+    if eta >= sigma_m_sq:
+        return fixed, eta_for_steps(sigma_m_sq, q, fixed), RULE_ETA_GE_SIGMA
     steps = math.log(q) / math.log(1.0 - eta / sigma_m_sq)
-    return int(min(max(round(steps), 1), l_max)), "eq. 8"
+    if steps < 0.5:
+        return fixed, eta_for_steps(sigma_m_sq, q, fixed), RULE_BELOW_ONE
+    if steps > l_max:
+        return l_max, eta, RULE_L_MAX
+    return int(round(steps)), eta, RULE_EQ8
 
 
 def aggregate(models: np.ndarray, sigma0_sq: float, sigma_sq: Sequence[float]) -> np.ndarray:
@@ -125,6 +189,56 @@ def variance_across(models: np.ndarray) -> float:
     if models.shape[0] < 2:
         return float("nan")
     return float(models.var(axis=0, ddof=1).sum())
+
+
+def variance_from_sums(offset_sum: np.ndarray, sq_norm_sum: float, n: int) -> float:
+    """Eq. 14 from what the clients send: with offsets d_m = x_m - r to any common r,
+    trace of the sample covariance = (sum ||d_m||^2 - ||sum d_m||^2 / n) / (n - 1).
+    NaN for n < 2; tiny negative rounding is clipped to 0."""
+    if n < 2:
+        return float("nan")
+    offset_sum = np.asarray(offset_sum, dtype=np.float64)
+    return max(0.0, (float(sq_norm_sum) - float(offset_sum @ offset_sum) / n) / (n - 1))
+
+
+def orders_of_magnitude_drop(peak: float, current: float) -> float:
+    """log10(peak / current): how far sigma_0^2 fell below its largest value so far (the
+    mechanism-off measure: at ~2+ orders the personal models have collapsed onto the
+    global model and Self-FL runs as FedAvg).  0 when undefined; inf when current = 0."""
+    if not (math.isfinite(peak) and math.isfinite(current)) or peak <= 0:
+        return 0.0
+    if current <= 0:
+        return math.inf
+    return max(0.0, math.log10(peak / current))
+
+
+class ConvergenceRule:
+    """The bootstrap fit's stopping rule ("until it approximately converges", section 3.2).
+
+    Fed one gradient norm per SGD step; stops when the mean norm over the last ``window``
+    steps (one pass over the resample) has fallen to ``tol`` times the mean over the first
+    ``window`` steps.  With full-batch GD on a quadratic (the synthetic task) the distance
+    to the optimum shrinks like the gradient, so ``tol`` = 0.01 leaves 1% of the initial
+    distance.  With mini-batch SGD the norm plateaus at the gradient noise and the step cap
+    (the caller's) ends the fit instead; the caller reports which one did.
+    """
+
+    def __init__(self, tol: float, window: int) -> None:
+        self.tol = float(tol)
+        self.window = max(1, int(window))
+        self.norms: list[float] = []
+        self.converged = False
+
+    def update(self, grad_norm: float) -> bool:
+        """Record one step's gradient norm; True = stop now."""
+        self.norms.append(float(grad_norm))
+        w = self.window
+        if len(self.norms) < w:
+            return False
+        first = float(np.mean(self.norms[:w]))
+        last = float(np.mean(self.norms[-w:]))
+        self.converged = first <= 0 or last <= self.tol * first
+        return self.converged
 
 
 class Welford:

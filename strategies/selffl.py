@@ -2,34 +2,63 @@
 
 Per round t (clients: clients/selffl.py):
   server -> client m: theta^{t-1}, sigma_0^2 and S_{-m} = sum_{k != m} (sigma_0^2 + sigma_k^2)^-1
-  client m: sigma_m^2 by eq. 13 (online, trace of the variance of its personal parameters
-            across rounds); theta_m^INIT by eq. 10; l_m local steps by eq. 8 clipped to
-            [1, l_max]; trains; returns theta_m^t and sigma_m^2
-  server:   sigma_0^2 by eq. 14 (trace of the variance of the received models);
+  client m: sigma_m^2 by eq. 13; theta_m^INIT by eq. 10; (l_m, eta_m) by eq. 8 (clipped
+            to l_max; eta_m solved from eq. 8 when one step of eta would overshoot);
+            trains; returns theta_m^t, sigma_m^2 and -- 'bootstrap' estimator -- the
+            offset d_m = theta_{m,t} - theta^{t-1} of its bootstrap local optimum and
+            ||d_m||^2
+  server:   sigma_0^2 by eq. 14: 'bootstrap' = empirical variance of the clients' LOCAL
+            OPTIMA theta_{m,t} from the sums of d_m and ||d_m||^2 (section 3.2's
+            definition); 'surrogate' = of the received personal models theta_m^t;
             theta_hat^t by eq. 11 over the active clients (weights (sigma_0^2+sigma_m^2)^-1);
             theta^t = (1 - C) theta^{t-1} + C theta_hat^t with C = fraction-fit (section 4.1).
 Optional FedAvg warm-start rounds (section 3.2).  ``oracle: true`` (synthetic task only)
 replaces the estimates by the true sigma_0^2 and sigma_m^2 = noise^2 / N_m.
+
+Visibility (nothing falls back silently): every round server.csv gets the count of each
+fallback (clients per eq. 8 rule, eq. 10 undefined, unknown sigma_m^2 in eq. 11, the
+unweighted mean, the FedAvg round) and ``selffl_clients.csv`` each client's rule,
+init_coef, l_m and eta_m; one INFO line per round sums them up.  Mechanism off: when
+sigma_0^2 falls SIGMA0_DROP_ORDERS orders of magnitude below its peak the personal
+models have collapsed onto the global model (Self-FL = FedAvg); the measure
+``sigma0_sq_drop_orders`` is in server.csv and a WARNING names the hyper-parameter.
 Guards and fallbacks for every division/log: flower_pfl/selffl_math.py.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from logging import INFO, WARNING
 
 import numpy as np
+from flwr.common.logger import log
 
 from flower_pfl import selffl_math as sm
 from strategies.base import ClientUpdate, PersonalizedStrategy
 from strategies.fedavg import weighted_average
 
 UNKNOWN = -1.0  # config values cannot be None: negative variance = not known yet
+SIGMA0_DROP_ORDERS = 2.0  # warn when sigma_0^2 fell this many orders below its peak
+
+#: server.csv column -> the client's eq. 8 rule it counts
+RULE_COLUMNS = {
+    "fallback_variance_unknown": sm.RULE_UNKNOWN,
+    "fallback_eta_ge_sigma_sq": sm.RULE_ETA_GE_SIGMA,
+    "fallback_steps_below_one": sm.RULE_BELOW_ONE,
+    "fallback_l_max_clip": sm.RULE_L_MAX,
+    "fallback_q0": sm.RULE_Q0,
+    "fallback_q1": sm.RULE_Q1,
+}
 
 
 class SelfFL(PersonalizedStrategy):
     def setup(self, initial_arrays):
         self.sigma0_sq = math.nan
+        self.sigma0_peak = math.nan
+        self.warned_off = False
         self.oracle_sigma_sq = None
+        self.estimator = "oracle" if self.hyper["oracle"] else self.hyper["variance-estimator"]
         if self.hyper["oracle"]:
             from flower_pfl.data import gaussian_truth
 
@@ -56,35 +85,123 @@ class SelfFL(PersonalizedStrategy):
             "s-minus": s if math.isfinite(s) else UNKNOWN,
             "eta": float(self.cfg["train.lr"] if self.hyper["eta"] == "auto" else self.hyper["eta"]),
             "l-max": int(self.hyper["l-max"]),
+            "variance-estimator": self.estimator,
+            "bootstrap-max-steps": int(self.hyper["bootstrap-max-steps"]),
+            "bootstrap-tol": float(self.hyper["bootstrap-tol"]),
+            "bootstrap-lr": float(self.hyper["bootstrap-lr"]) if self.hyper["bootstrap-lr"] != "auto"
+            else -1.0,
             "oracle-sigma-sq": float(self.oracle_sigma_sq[pid]) if self.oracle_sigma_sq is not None
             else UNKNOWN,
         }
 
+    def optimum_offset(self, u: ClientUpdate) -> np.ndarray | None:
+        """d_m = theta_{m,t} - theta^{t-1} from the fit metrics, or None when missing or
+        malformed (wrong size, NaN/Inf): that client is then left out of eq. 14."""
+        raw, sq = u.metrics.get("optimum_offset"), u.metrics.get("optimum_sq_norm")
+        if not isinstance(raw, bytes) or len(raw) != 4 * self.spec.dim or sq is None \
+                or not math.isfinite(float(sq)):
+            return None
+        offset = np.frombuffer(raw, dtype="<f4").astype(np.float64)
+        return offset if np.isfinite(offset).all() else None
+
+    def estimate_sigma0_sq(self, models: np.ndarray, updates: list[ClientUpdate]) -> float:
+        """Eq. 14 over this round's clients: local optima (bootstrap) or personal models."""
+        if self.estimator != "bootstrap":
+            return sm.variance_across(models)
+        total, sq, n = np.zeros(self.spec.dim), 0.0, 0
+        for u in updates:
+            offset = self.optimum_offset(u)
+            if offset is not None:
+                total += offset
+                sq += float(u.metrics["optimum_sq_norm"])
+                n += 1
+        self.optima_missing = len(updates) - n
+        return sm.variance_from_sums(total, sq, n)
+
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
-        models = np.stack([self.spec.flatten(u.arrays) for u in updates]).astype(np.float64)
+        self.optima_missing = 0
+        personal = [u.arrays for u in updates]
+        models = np.stack([self.spec.flatten(a) for a in personal]).astype(np.float64)
         sigma_sq = np.array([float(u.metrics["sigma_sq"]) for u in updates])
         sigma_sq[sigma_sq < 0] = np.nan
         for u, value in zip(updates, sigma_sq):
             if np.isfinite(value):
                 self.store.put("sigma_sq", u.pid, float(value))
+        if self.estimator != "oracle":
+            estimate = self.estimate_sigma0_sq(models, updates)  # eq. 14
+            if np.isfinite(estimate):
+                self.sigma0_sq = estimate
         previous = self.spec.flatten(self.global_arrays).astype(np.float64)
-        if self.warmup(server_round):
-            theta = self.spec.flatten(weighted_average([u.arrays for u in updates],
-                                                       [u.num_examples for u in updates]))
+        warmup = self.warmup(server_round)
+        weights_rule = "FedAvg (warm-up)"
+        if warmup:
+            theta = self.spec.flatten(weighted_average(personal, [u.num_examples for u in updates]))
         else:
-            if not self.hyper["oracle"]:
-                estimate = sm.variance_across(models)  # eq. 14
-                if np.isfinite(estimate):
-                    self.sigma0_sq = estimate
-            theta_hat = sm.aggregate(models, self.sigma0_sq if math.isfinite(self.sigma0_sq)
-                                     else 0.0, sigma_sq)  # eq. 11
+            s0 = self.sigma0_sq if math.isfinite(self.sigma0_sq) else 0.0
+            _, weights_rule = sm.precision_weights_explained(s0, sigma_sq)
+            theta_hat = sm.aggregate(models, s0, sigma_sq)  # eq. 11
             theta = sm.smooth(previous, theta_hat, float(self.cfg["fraction-fit"]))
         self.global_arrays = self.spec.unflatten(np.asarray(theta, dtype=np.float32))
+        self.report(server_round, updates, sigma_sq, warmup, weights_rule)
+
+    # ------------------------------------------------------------------ visibility
+    def report(self, server_round, updates, sigma_sq, warmup, weights_rule) -> None:
+        """Counts of every fallback, the mechanism-off measure, per-client rules."""
+        rules = Counter(str(u.metrics.get("steps_rule", "")) for u in updates)
+        coefs = np.array([float(u.metrics.get("init_coef", 0.0)) for u in updates])
         steps = [float(u.metrics.get("local_steps", 0)) for u in updates]
+        etas = np.array([float(u.metrics.get("eta_m", math.nan)) for u in updates])
+        if not np.isfinite(etas).any():
+            etas = np.zeros(1)
         known = sigma_sq[np.isfinite(sigma_sq)]
-        self.log_server(sigma0_sq=self.sigma0_sq,
+        counts = {col: rules.get(rule, 0) for col, rule in RULE_COLUMNS.items()}
+        counts.update(
+            fallback_init_global=0 if warmup else int((coefs == 0).sum()),
+            fallback_sigma_unknown_eq11=0 if warmup else int((~np.isfinite(sigma_sq)).sum()),
+            fallback_unweighted_mean=int(weights_rule == sm.WEIGHTS_UNWEIGHTED),
+            fallback_optimum_missing=self.optima_missing,
+            fedavg_round=int(warmup))
+        if math.isfinite(self.sigma0_sq):
+            self.sigma0_peak = self.sigma0_sq if not math.isfinite(self.sigma0_peak) \
+                else max(self.sigma0_peak, self.sigma0_sq)
+        drop = sm.orders_of_magnitude_drop(self.sigma0_peak, self.sigma0_sq)
+        boot = [u for u in updates if "bootstrap_steps" in u.metrics]
+        extra = {}
+        if boot:
+            extra = dict(
+                bootstrap_steps_mean=float(np.mean([u.metrics["bootstrap_steps"] for u in boot])),
+                bootstrap_converged=int(sum(bool(u.metrics["bootstrap_converged"]) for u in boot)),
+                bootstrap_s_mean=float(np.mean([u.metrics["bootstrap_s"] for u in boot])),
+                upload_extra_bytes=len(boot[0].metrics.get("optimum_offset", b"")) + 8)
+        self.log_server(sigma0_sq=self.sigma0_sq, sigma0_sq_drop_orders=drop,
+                        variance_estimator=self.estimator,
                         sigma_m_sq_min=float(known.min()) if known.size else math.nan,
                         sigma_m_sq_median=float(np.median(known)) if known.size else math.nan,
                         sigma_m_sq_max=float(known.max()) if known.size else math.nan,
                         local_steps_min=min(steps), local_steps_mean=float(np.mean(steps)),
-                        local_steps_max=max(steps), warmup=self.warmup(server_round))
+                        local_steps_max=max(steps), eta_m_min=float(np.nanmin(etas)),
+                        eta_m_max=float(np.nanmax(etas)), init_coef_mean=float(coefs.mean()),
+                        warmup=warmup, **counts, **extra)
+        self.results.log_table("selffl_clients", [
+            {"round": server_round, "partition-id": u.pid, "steps_rule": u.metrics.get("steps_rule"),
+             "local_steps": u.metrics.get("local_steps"), "eta_m": u.metrics.get("eta_m"),
+             "init_coef": u.metrics.get("init_coef"), "sigma_sq": float(s)}
+            for u, s in zip(updates, sigma_sq)])
+        fallbacks = ", ".join(f"{col.removeprefix('fallback_')} {n}" for col, n in counts.items()
+                              if n) or "none"
+        log(INFO, "[flower-pfl] selffl round %d: sigma_0^2 %.4g (%s, %.1f orders below peak) | "
+            "sigma_m^2 median %.4g | l_m %d-%d | eta_m %.3g-%.3g | init_coef mean %.3g | "
+            "fallbacks: %s", server_round, self.sigma0_sq, self.estimator, drop,
+            float(np.median(known)) if known.size else math.nan, min(steps), max(steps),
+            float(np.nanmin(etas)), float(np.nanmax(etas)), float(coefs.mean()), fallbacks)
+        if drop >= SIGMA0_DROP_ORDERS and not self.warned_off:
+            self.warned_off = True
+            fix = ("set hyper.selffl.variance-estimator=bootstrap (the surrogate measures the "
+                   "spread of the personal models, which Self-FL itself shrinks)"
+                   if self.estimator == "surrogate" else
+                   "raise hyper.selffl.bootstrap-max-steps (or lower hyper.selffl.bootstrap-tol) "
+                   "so the bootstrap fits reach their local optima")
+            log(WARNING, "[flower-pfl] selffl round %d: sigma_0^2 fell %.1f orders of magnitude "
+                "(%.3g -> %.3g): the personal models are collapsing onto the global model and "
+                "Self-FL is running as FedAvg; %s", server_round, drop, self.sigma0_peak,
+                self.sigma0_sq, fix)

@@ -16,17 +16,30 @@ from strategies.base import ClientUpdate
 SYNTH = str(Path(__file__).resolve().parent.parent / "configs" / "selffl-synthetic.yaml")
 
 
-def test_eq8_local_steps_by_hand_and_guards():
+def test_eq8_local_schedule_by_hand_and_guards():
     # q = S / (sigma_m^-2 + S) = 10 / (20 + 10); l = log q / log(1 - eta/sigma_m^2)
-    steps, why = sm.local_steps(0.01, 0.05, 10.0, l_max=100, default=7)
-    assert why == "eq. 8" and steps == round(math.log(1 / 3) / math.log(1 - 0.01 / 0.05)) == 5
-    assert sm.local_steps(0.01, math.nan, 10.0, 100, 7) == (7, "variance unknown")
-    assert sm.local_steps(0.01, 0.05, math.nan, 100, 7) == (7, "variance unknown")
-    assert sm.local_steps(0.01, 0.0, 10.0, 100, 7)[0] == 100  # sigma_m = 0: trust local
-    assert sm.local_steps(0.01, 0.05, 0.0, 100, 7)[0] == 100  # no peers: q = 0
-    assert sm.local_steps(0.05, 0.05, 10.0, 100, 7) == (1, "eta >= sigma_m^2")
-    assert sm.local_steps(0.01, 0.05, math.inf, 100, 7) == (1, "q = 1")
-    assert sm.local_steps(1e-6, 0.05, 10.0, 100, 7)[0] == 100  # clipped to l_max
+    steps, eta_m, why = sm.local_schedule(0.01, 0.05, 10.0, l_max=100, default=7)
+    assert why == sm.RULE_EQ8 and eta_m == 0.01
+    assert steps == round(math.log(1 / 3) / math.log(1 - 0.01 / 0.05)) == 5
+    assert sm.local_schedule(0.01, math.nan, 10.0, 100, 7) == (7, 0.01, sm.RULE_UNKNOWN)
+    assert sm.local_schedule(0.01, 0.05, math.nan, 100, 7) == (7, 0.01, sm.RULE_UNKNOWN)
+    assert sm.local_schedule(0.01, 0.0, 10.0, 100, 7)[::2] == (100, sm.RULE_Q0)  # trust local
+    assert sm.local_schedule(0.01, 0.05, 0.0, 100, 7)[::2] == (100, sm.RULE_Q0)  # no peers
+    assert sm.local_schedule(0.01, 0.05, math.inf, 100, 7)[::2] == (1, sm.RULE_Q1)
+    assert sm.local_schedule(1e-6, 0.05, 10.0, 100, 7) == (100, 1e-6, sm.RULE_L_MAX)
+
+
+def test_eq8_solves_for_eta_m_when_one_step_of_eta_overshoots():
+    # eta >= sigma_m^2: keep the configured 7 steps, eta_m = sigma^2 (1 - q^(1/7)), q = 1/3
+    steps, eta_m, why = sm.local_schedule(0.05, 0.05, 10.0, l_max=100, default=7)
+    assert (steps, why) == (7, sm.RULE_ETA_GE_SIGMA)
+    assert eta_m == pytest.approx(0.05 * (1 - (1 / 3) ** (1 / 7)))
+    assert (1 - eta_m / 0.05) ** steps == pytest.approx(1 / 3)  # eq. 8 holds exactly
+    # eta < sigma_m^2 but eq. 8 wants < 1 step (q = 0.99): solved the same way
+    q = 990.0 / (1 / 0.05 + 990.0)
+    steps, eta_m, why = sm.local_schedule(0.04, 0.05, 990.0, l_max=3, default=7)
+    assert (steps, why) == (3, sm.RULE_BELOW_ONE)  # default clipped to l_max
+    assert (1 - eta_m / 0.05) ** 3 == pytest.approx(q) and 0 < eta_m < 0.04
 
 
 def test_eq10_initialisation_by_hand_and_guards():
@@ -85,16 +98,16 @@ def _closeness(m, tmp_path, *extra):
 
 
 def test_synthetic_oracle_reaches_the_closed_form_and_improves_with_m(tmp_path):
-    ratio20, s = _closeness(20, tmp_path)
+    ratio20, s = _closeness(20, tmp_path, "hyper.selffl.oracle=true")
     assert ratio20 < 0.1, ratio20  # within 10% of the local estimate's distance to theta^FL
-    ratio200, _ = _closeness(200, tmp_path)
+    ratio200, _ = _closeness(200, tmp_path, "hyper.selffl.oracle=true")
     assert ratio200 < ratio20  # Proposition 3.1: the error shrinks as M grows
     rows = s.results.server_rows
     assert all(r["local_steps_min"] >= 1 for r in rows)
 
 
 def test_estimated_variances_never_produce_nan(tmp_path):
-    _, s = _closeness(20, tmp_path, "hyper.selffl.oracle=false", "rounds=6", "train.steps=5")
+    _, s = _closeness(20, tmp_path, "rounds=6", "train.steps=5")
     for row in s.results.server_rows[1:]:
         assert math.isfinite(row["sigma0_sq"]) and row["sigma0_sq"] >= 0
     assert np.isfinite(_personal_thetas(s, 20)).all()
@@ -104,7 +117,7 @@ def test_estimated_variances_never_produce_nan(tmp_path):
 def test_server_uses_variance_weights_not_a_plain_mean(tmp_path):
     from strategies.selffl import SelfFL
 
-    cfg = config.load(SYNTH, ["clients=3", "hyper.selffl.oracle=false"])
+    cfg = config.load(SYNTH, ["clients=3", "hyper.selffl.variance-estimator=surrogate"])
     strategy = SelfFL(cfg, results_dir=tmp_path)
     strategy.initialize_parameters(None)
     updates = [ClientUpdate(0, [np.array([0.0], np.float32)], 10, {"sigma_sq": 0.01}),
@@ -131,7 +144,7 @@ def test_client_starts_from_eq10_not_from_the_global_model(tmp_path):
     cfg_json = cfg.to_json()
     arrays, _, metrics = client.fit([np.array([1.0], np.float32)], {
         "cfg": cfg_json, "round": 2, "warmup": False, "sigma0-sq": 1.0, "s-minus": 2.0,
-        "eta": 1e-9, "l-max": 1, "oracle-sigma-sq": 1.0})
+        "eta": 1e-9, "l-max": 1, "oracle-sigma-sq": 1.0, "variance-estimator": "surrogate"})
     # c = (1 + 1)^-1 / 2 = 0.25: init = 1 - 0.25 (3 - 1) = 0.5; eta ~ 0 keeps it there
     assert float(arrays[0][0]) == pytest.approx(0.5, abs=1e-4)
     assert metrics["init_coef"] == pytest.approx(0.25)
@@ -142,3 +155,159 @@ def test_oracle_needs_the_synthetic_task():
         config.validate({"strategy": "selffl", "hyper": {"selffl": {"oracle": True}}})
     with pytest.raises(config.ConfigError, match="scalar model"):
         config.validate({"strategy": "selffl", "data": {"dataset": "synthetic-gaussian"}})
+
+
+# ------------------------------------------------------------ bootstrap estimator (sec. 3.2)
+def test_eq14_from_sums_equals_the_variance_of_the_vectors_by_hand():
+    x = np.array([[1.0, 2.0], [3.0, 6.0], [2.0, 1.0]])
+    r = np.array([10.0, -4.0])  # any common reference (the server's theta^{t-1})
+    d = x - r
+    got = sm.variance_from_sums(d.sum(axis=0), float((d ** 2).sum()), 3)
+    assert got == pytest.approx(8.0)  # var([1,3,2]) + var([2,6,1]) = 1 + 7
+    assert math.isnan(sm.variance_from_sums(d[0], float(d[0] @ d[0]), 1))
+
+
+def test_convergence_rule_by_hand():
+    rule = sm.ConvergenceRule(tol=0.1, window=2)
+    assert not rule.update(10.0) and not rule.update(10.0)  # first window: mean 10
+    assert not rule.update(2.0)  # last window (10, 2): 6 > 1
+    assert not rule.update(1.5)  # (2, 1.5): 1.75 > 1
+    assert rule.update(0.5) and rule.converged  # (1.5, 0.5): 1.0 <= 0.1 * 10
+
+
+def test_orders_of_magnitude_drop_by_hand():
+    assert sm.orders_of_magnitude_drop(1.0, 1e-3) == pytest.approx(3.0)
+    assert sm.orders_of_magnitude_drop(1.0, 2.0) == 0.0
+    assert sm.orders_of_magnitude_drop(math.nan, 1.0) == 0.0
+    assert sm.orders_of_magnitude_drop(1.0, 0.0) == math.inf
+
+
+def _selffl_client(cfg, pid=0):
+    from clients.selffl import SelfFLClient
+    from flwr.common import Context, RecordDict
+
+    ctx = Context(run_id=0, node_id=1, node_config={"partition-id": pid}, state=RecordDict(),
+                  run_config={})
+    return SelfFLClient(ctx)
+
+
+def test_bootstrap_fit_converges_to_the_resample_optimum(tmp_path):
+    """theta_{m,t} is the optimum of the resampled data (its mean), not a few steps towards it."""
+    cfg = config.load(SYNTH, ["clients=4"])
+    client = _selffl_client(cfg, pid=2)
+    fit_cfg = {"cfg": cfg.to_json(), "round": 1, "warmup": False, "sigma0-sq": -1.0,
+               "s-minus": -1.0, "eta": 0.001, "l-max": 1000, "oracle-sigma-sq": -1.0,
+               "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
+               "bootstrap-tol": 0.01, "bootstrap-lr": 0.01}
+    _, _, metrics = client.fit([np.array([0.0], np.float32)], fit_cfg)
+    offset = np.frombuffer(metrics["optimum_offset"], dtype="<f4")
+    z = data.gaussian_truth(cfg.values).z[2]
+    rng = np.random.default_rng([cfg["seed"], 2, 1, 0xB007])  # the client's resample
+    resample_mean = z[rng.integers(0, len(z), size=len(z))].mean()
+    assert metrics["bootstrap_converged"] and metrics["bootstrap_steps"] < 1000
+    assert offset[0] == pytest.approx(resample_mean, abs=0.01 * abs(resample_mean) + 1e-4)
+    assert metrics["optimum_sq_norm"] == pytest.approx(float(offset[0]) ** 2, rel=1e-5)
+    assert offset[0] != pytest.approx(z.mean(), abs=1e-6)  # a resample, not the data itself
+
+
+def test_server_eq14_uses_the_local_optima_not_the_personal_models(tmp_path):
+    from strategies.selffl import SelfFL
+
+    cfg = config.load(SYNTH, ["clients=3"])  # default estimator: bootstrap
+    strategy = SelfFL(cfg, results_dir=tmp_path)
+    strategy.initialize_parameters(None)
+    optima = [0.0, 4.0, 8.0]  # offsets to theta^{t-1}: var = 16
+    updates = [ClientUpdate(i, [np.array([1.0 + 0.01 * i], np.float32)], 10,
+                            {"sigma_sq": 0.5, "optimum_sq_norm": o * o,
+                             "optimum_offset": np.array([o], "<f4").tobytes()})
+               for i, o in enumerate(optima)]
+    strategy.aggregate_updates(1, updates)
+    assert strategy.sigma0_sq == pytest.approx(16.0)  # not the personal models' 1e-4
+    updates[1].metrics["optimum_offset"] = b"\x00"  # malformed: left out of eq. 14
+    strategy.aggregate_updates(2, updates)
+    assert strategy.sigma0_sq == pytest.approx(32.0)  # var([0, 8])
+    assert strategy._round_server_log["fallback_optimum_missing"] == 1  # what log_server got
+
+
+def _server_csv(strategy) -> list[dict]:
+    import csv
+
+    with open(strategy.results.dir / "server.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_synthetic_estimated_variances_reach_the_bayesian_optimum_m20(tmp_path, caplog):
+    """Acceptance (issue 9), M = 20, 40 rounds, variances estimated by the bootstrap:
+    ratio to theta^FL <= 0.15 and at most half the global-only ratio, sigma_0^2 within a
+    factor 2 of the truth, sigma_m^2 within 30% of noise^2/N_m.  Fails with the
+    surrogate estimator (sigma_0^2 collapses, ratio ~1) or a bootstrap fit that stops early."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        ratio, s = _closeness(20, tmp_path)
+    truth = data.gaussian_truth(s.cfg.values)
+    target = sm.theta_fl(truth.z_mean, truth.sigma0_sq, truth.sigma_sq)
+    g = sm.theta_global(truth.z_mean, truth.sigma0_sq, truth.sigma_sq)
+    global_only = np.mean(np.abs(g - target)) / np.mean(np.abs(truth.z_mean - target))
+    assert ratio <= 0.15 and ratio <= 0.5 * global_only, (ratio, global_only)
+    assert 0.5 <= s.sigma0_sq / truth.sigma0_sq <= 2.0, s.sigma0_sq
+    sigma_sq = np.array([s.store.get("sigma_sq", p) for p in range(20)])
+    assert abs(sigma_sq.mean() / truth.sigma_sq.mean() - 1) <= 0.3, sigma_sq.mean()
+    rows = _server_csv(s)
+    assert all(r["variance_estimator"] == "bootstrap" for r in rows)
+    assert all(int(r["bootstrap_converged"]) == 20 for r in rows)
+    assert not [r for r in caplog.records if "orders of magnitude" in r.getMessage()]
+
+
+def test_surrogate_collapse_is_measured_and_warned(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        _, s = _closeness(20, tmp_path, "rounds=5", "hyper.selffl.variance-estimator=surrogate")
+    rows = _server_csv(s)
+    assert float(rows[-1]["sigma0_sq_drop_orders"]) >= 2
+    warnings = [r.getMessage() for r in caplog.records if "orders of magnitude" in r.getMessage()]
+    assert len(warnings) == 1 and "hyper.selffl.variance-estimator=bootstrap" in warnings[0]
+
+
+def test_every_fallback_is_counted_in_server_csv(tmp_path):
+    # estimated variances, 2 FedAvg warm-up rounds, l-max 3 (eq. 8 wants ~30 steps)
+    _, s = _closeness(20, tmp_path, "rounds=5", "hyper.selffl.warmup-rounds=2",
+                      "hyper.selffl.l-max=3")
+    rows = _server_csv(s)
+    col = lambda r, k: int(float(r[k]))  # noqa: E731
+    assert [col(r, "fedavg_round") for r in rows] == [1, 1, 0, 0, 0]
+    clients = list(__import__("csv").DictReader(open(s.results.dir / "selffl_clients.csv")))
+    clipped = sum(r["steps_rule"] == sm.RULE_L_MAX for r in clients if r["round"] == "3")
+    assert col(rows[2], "fallback_l_max_clip") == clipped >= 10  # sigma_m^2 from 2 bootstraps
+    assert col(rows[2], "fallback_variance_unknown") == 0
+    # round 1 of a run without warm-up: no variance known anywhere
+    _, s = _closeness(20, tmp_path / "b", "rounds=1")
+    first = _server_csv(s)[0]
+    assert col(first, "fallback_variance_unknown") == 20
+    assert col(first, "fallback_sigma_unknown_eq11") == 20
+    assert col(first, "fallback_unweighted_mean") == 1
+    assert col(first, "fallback_init_global") == 20
+    # the surrogate: eta >= sigma_m^2 from round 3 on, eta_m solved from eq. 8
+    _, s = _closeness(20, tmp_path / "c", "rounds=3", "hyper.selffl.variance-estimator=surrogate")
+    last = _server_csv(s)[-1]
+    assert col(last, "fallback_eta_ge_sigma_sq") == 20
+    assert float(last["eta_m_max"]) < 0.001  # eta_m < eta
+    clients = list(__import__("csv").DictReader(open(s.results.dir / "selffl_clients.csv")))
+    assert {r["steps_rule"] for r in clients if r["round"] == "3"} == {sm.RULE_ETA_GE_SIGMA}
+
+
+def test_fallback_counts_follow_the_client_rules(tmp_path):
+    from strategies.selffl import RULE_COLUMNS, SelfFL
+
+    cfg = config.load(SYNTH, ["clients=6", "hyper.selffl.variance-estimator=surrogate"])
+    strategy = SelfFL(cfg, results_dir=tmp_path)
+    strategy.initialize_parameters(None)
+    rules = list(RULE_COLUMNS.values())
+    updates = [ClientUpdate(i, [np.array([float(i)], np.float32)], 10,
+                            {"sigma_sq": 0.5, "steps_rule": rule, "init_coef": 0.1,
+                             "local_steps": 1.0, "eta_m": 0.001})
+               for i, rule in enumerate(rules)]
+    strategy.aggregate_updates(3, updates)
+    row = strategy._round_server_log  # what log_server got (server.csv in a real round)
+    assert all(row[c] == 1 for c in RULE_COLUMNS)
