@@ -8,7 +8,9 @@ For each M prints the ratio
 for the oracle variances (true sigma_0^2, sigma_m^2), the bootstrap estimator (default,
 eqs. 13-14 over bootstrapped local optima), the surrogate estimator (eqs. 13-14 over the
 personal models) and "global only" (every client uses the global optimum theta^(G) of
-eq. 2 with the true variances -- the best any non-personalized model can do), plus the
+eq. 2 with the true variances -- the best any non-personalized model can do) and
+"plug-in" (eq. 3 with sigma_m^2 = s_m^2/N_m and sigma_0^2 = var(z_m): what exact
+estimates from the clients' own data give, a floor for any estimator), plus the
 sigma_0^2 each estimator ends at (the true value is data.synthetic-sigma0-sq) and the
 median over clients of sigma_m^2 / (noise^2 / N_m), and CPU seconds per round.
 
@@ -53,11 +55,18 @@ def run_variant(cfg, out: Path) -> dict:
             "sigma_m": float(np.median(sigma_sq / truth.sigma_sq))}
 
 
-def global_only_ratio(cfg) -> float:
+def reference_ratios(cfg) -> tuple[float, float]:
+    """(global only, plug-in): the ratio of theta^(G) (true variances) for every client,
+    and of eq. 3 evaluated with the best estimates a client's data allow -- sigma_m^2 =
+    s_m^2 / N_m (sample variance) and sigma_0^2 = var(z_m) -- a floor for any estimator."""
     truth = data.gaussian_truth(cfg.values)
     target = sm.theta_fl(truth.z_mean, truth.sigma0_sq, truth.sigma_sq)
+    gap = np.mean(np.abs(truth.z_mean - target))
     g = sm.theta_global(truth.z_mean, truth.sigma0_sq, truth.sigma_sq)
-    return float(np.mean(np.abs(g - target)) / np.mean(np.abs(truth.z_mean - target)))
+    s_sq = np.array([z.var(ddof=1) / len(z) for z in truth.z])
+    plug = sm.theta_fl(truth.z_mean, float(truth.z_mean.var(ddof=1)), s_sq)
+    return (float(np.mean(np.abs(g - target)) / gap),
+            float(np.mean(np.abs(plug - target)) / gap))
 
 
 def main() -> None:
@@ -68,13 +77,14 @@ def main() -> None:
     args = p.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
     out = Path(tempfile.mkdtemp(prefix="selffl-"))
-    print(f"{'M':>5} {'variances':>10} {'ratio':>8} {'global-only':>11} {'sigma0^2 end':>12} "
-          f"{'sigma_m^2/true':>14} {'cpu s/round':>11}")
+    print(f"{'M':>5} {'variances':>10} {'ratio':>8} {'global-only':>11} {'plug-in':>8} "
+          f"{'sigma0^2 end':>12} {'sigma_m^2/true':>14} {'cpu s/round':>11}")
     for m in args.clients:
         for name in args.variants:
             cfg = config.load(CONFIG, [f"clients={m}", *VARIANTS[name], *args.set])
             r = run_variant(cfg, out / f"{m}-{name}")
-            print(f"{m:>5} {name:>10} {r['ratio']:8.4f} {global_only_ratio(cfg):11.4f} "
+            glob, plug = reference_ratios(cfg)
+            print(f"{m:>5} {name:>10} {r['ratio']:8.4f} {glob:11.4f} {plug:8.4f} "
                   f"{r['sigma0_sq']:12.5f} {r['sigma_m']:14.3f} {r['cpu_s']:11.3f}", flush=True)
 
 
