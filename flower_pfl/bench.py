@@ -26,7 +26,9 @@ run: ``flower-pfl run --config <that file>`` reproduces the cell alone. A cell w
 so an interrupted bench resumes where it stopped; a changed cell configuration reruns.
 
 All cells of one bench share ONE SuperLink (``--superlink per-cell`` starts one per run, as
-``flower-pfl run`` does); see docs/BENCHMARKS.md (a) for what that saves.
+``flower-pfl run`` does); ``--ray shared`` also starts ONE Ray instance that every cell's
+simulation attaches to (``RAY_ADDRESS``) instead of a Ray start and stop per run. See
+docs/BENCHMARKS.md (a) for what each saves.
 
 Output (``<out>``): ``table.md`` and ``table.csv`` (per setting and strategy: mean +- std
 over the finished seeds of the final-round mean, weighted mean, worst-10%, top-10%, BMTA,
@@ -43,14 +45,17 @@ import copy
 import csv
 import json
 import math
+import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import yaml
 
@@ -208,7 +213,8 @@ def cell_state(cell: Cell) -> str:
     summary, yml = cell.dir / "summary.json", cell.dir / "cell.yaml"
     if summary.is_file() and yml.is_file() and yml.read_text() == _cell_yaml(cell):
         try:
-            if json.loads(summary.read_text()).get("status") == "completed":
+            if json.loads(summary.read_text()).get("status") == "completed" \
+                    and client_failures(cell.dir) is None:
                 return "done"
         except json.JSONDecodeError:
             pass
@@ -246,6 +252,64 @@ def _run_shared(cfg: config_mod.RunConfig, path: Path, cell: Cell, env: dict, pr
     return status
 
 
+@contextmanager
+def shared_ray(workdir: Path, log_path: Path) -> Iterator[str]:
+    """One Ray instance (``ray start --head``) for every cell of the bench; yields its address.
+
+    Each cell's simulation attaches to it through ``RAY_ADDRESS`` (Flower's Ray backend calls
+    ``ray.init()`` without an address, which honours the variable) instead of starting and
+    stopping a Ray instance per run. Stopped by PID on exit: every process of this instance
+    names ``workdir`` on its command line (never ``ray stop``, which ends every Ray process
+    on the machine)."""
+    from flower_pfl.procs import _alive, free_port, stop_tree
+
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    tmp = workdir / "ray"
+    port = free_port()
+    import ray._private.services as services  # the address Ray itself would bind
+
+    ip = services.get_node_ip_address()
+    cmd = [ray_bin, "start", "--head", f"--node-ip-address={ip}", f"--port={port}",
+           f"--num-cpus={os.cpu_count() or 1}", "--num-gpus=0", "--include-dashboard=false",
+           f"--temp-dir={tmp}", "--disable-usage-stats"]
+    env = dict(os.environ, RAY_DISABLE_USAGE_STATS="1")
+    try:
+        with open(log_path, "ab") as log:
+            subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=True,
+                           timeout=300)
+        yield f"{ip}:{port}"
+    finally:
+        ours = {p for p in _pids_naming(str(tmp)) if p != os.getpid()}
+        stop_tree(ours)
+        current = Path("/tmp/ray/ray_current_cluster")
+        try:
+            if f":{port}" in current.read_text():
+                current.unlink()  # do not leave a stale pointer to a cluster that is gone
+        except OSError:
+            pass
+        assert not any(_alive(p) for p in ours)
+
+
+def _restore_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
+def _pids_naming(text: str) -> set[int]:
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if text.encode() in fh.read():
+                        pids.add(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
 def _fmt_s(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "unknown"
@@ -257,7 +321,7 @@ def _fmt_s(seconds: float | None) -> str:
 
 def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool = False,
               timeout_s: float | None = None, only: Mapping[str, Sequence] | None = None,
-              log=print) -> list[dict[str, Any]]:
+              log=print, ray: str = "per-run") -> list[dict[str, Any]]:
     """Run every cell not done yet (optionally only some strategies/settings/seeds), then
     write the table and plots. Returns one record per cell of the matrix."""
     out.mkdir(parents=True, exist_ok=True)
@@ -295,6 +359,11 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
                     if shared is None:
                         wd = Path(tempfile.mkdtemp(prefix="flower-pfl-bench-"))
                         stack.callback(shutil.rmtree, wd, True)
+                        if ray == "shared":  # before the SuperLink: it inherits RAY_ADDRESS
+                            address = stack.enter_context(shared_ray(wd, out / "ray.log"))
+                            stack.callback(_restore_env, "RAY_ADDRESS",
+                                           os.environ.get("RAY_ADDRESS"))
+                            os.environ["RAY_ADDRESS"] = address
                         shared = stack.enter_context(simulation_superlink(wd, out / "superlink.log"))
                     _run_shared(cfg, path, cell, *shared, echo=echo, timeout_s=timeout_s)
                 else:
@@ -308,7 +377,8 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
                     shared = None
             wall = time.time() - t0
             (cell.dir / "bench-cell.json").write_text(json.dumps(
-                {"status": status, "wall_s": round(wall, 2), "superlink": superlink}, indent=2))
+                {"status": status, "wall_s": round(wall, 2), "superlink": superlink,
+                 "ray": ray}, indent=2))
             if status == "completed":
                 durations.setdefault(cell.setting, []).append(wall)
             states[cell.key] = "done" if status == "completed" else "failed"
@@ -330,13 +400,38 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
 
 
 # ----------------------------------------------------------------------------- results
+def client_failures(cell_dir: Path) -> str | None:
+    """Why a completed run's numbers are not the configuration's, or None.
+
+    A run can reach ``completed`` while clients failed (e.g. Ray killed workers for memory):
+    the strategy then trains with fewer clients than configured and evaluates fewer than all.
+    Such a cell is not the matrix's setting, so it gets no number (and reruns on resume)."""
+    cfg_path = cell_dir / "config.json"
+    if not cfg_path.is_file():
+        return None
+    n = int(json.loads(cfg_path.read_text()).get("values", {}).get("clients", 0))
+    fit_failed = sum(int(float(r.get("fit_failed") or 0))
+                     for r in _read_csv(cell_dir / "server.csv"))
+    per_round: dict[str, int] = {}
+    for r in _read_csv(cell_dir / "clients.csv"):
+        per_round[r["round"]] = per_round.get(r["round"], 0) + 1
+    short = {k: v for k, v in per_round.items() if v < n}
+    if not fit_failed and not short:
+        return None
+    return (f"{fit_failed} failed client fit(s); {len(short)} evaluation round(s) with fewer "
+            f"than all {n} clients")
+
+
 def cell_numbers(cell_dir: Path) -> dict[str, float] | None:
-    """The table's numbers for one finished run, read from its summary.json (percent)."""
+    """The table's numbers for one finished run, read from its summary.json (percent); None
+    for a run that did not complete or in which clients failed (see client_failures)."""
     path = cell_dir / "summary.json"
     if not path.is_file():
         return None
     summary = json.loads(path.read_text())
     if summary.get("status") != "completed" or not summary.get("rounds"):
+        return None
+    if client_failures(cell_dir) is not None:
         return None
     rounds = summary["rounds"]
     final = summary["final"]
@@ -388,7 +483,9 @@ def collect(matrix: Matrix, cells: Sequence[Cell]) -> list[dict[str, Any]]:
                 rec["status"] = "not run (not registered)"
             elif not done:
                 failed = any((c.dir / "bench-error.txt").is_file() for c in mine)
-                rec["status"] = "failed" if failed else "not run"
+                broken = [why for c in mine if (why := client_failures(c.dir))]
+                rec["status"] = "failed" if failed else (
+                    f"invalid: {broken[0]}" if broken else "not run")
             else:
                 rec["status"] = "done" if len(done) == len(mine) else "partial"
                 for col, _ in COLUMNS:
@@ -467,7 +564,7 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
         lines += ["", "| strategy | paper name | seeds | " + " | ".join(h for _, h in COLUMNS)
                   + " | paper | gap |", "|---" * (len(COLUMNS) + 5) + "|"]
         for rec in (r for r in records if r["setting"] == setting):
-            if rec["status"].startswith("not run") or rec["status"] == "failed":
+            if rec["status"].startswith(("not run", "failed", "invalid")):
                 cells_ = [rec["status"]] + [""] * (len(COLUMNS) - 1)  # never a number
             else:
                 cells_ = []
@@ -548,6 +645,10 @@ def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> li
 
 
 # --------------------------------------------------------------------------------- CLI
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="flower-pfl bench", description=__doc__.split("\n")[0])
     p.add_argument("matrix", help="the matrix YAML file (see benchmarks/*.yaml)")
@@ -559,6 +660,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--table-only", action="store_true", help="run nothing; rewrite table/plots")
     p.add_argument("--superlink", choices=("shared", "per-cell"), default="shared",
                    help="one SuperLink for all cells (default) or one per run")
+    p.add_argument("--ray", choices=("per-run", "shared"), default="per-run",
+                   help="each run starts its own Ray instance (default, as flower-pfl run) or "
+                   "all runs attach to one started for the bench (needs --superlink shared)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one key in every cell (repeatable), e.g. --set rounds=20; "
                    "recorded in each cell.yaml and in table.md")
@@ -580,8 +684,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[bench] table: {out / 'table.md'}")
         return 0
     only = {"strategy": args.strategies, "setting": args.settings, "seed": args.seeds}
+    # Ctrl-C, SIGTERM and SIGHUP all unwind through the SuperLink/Ray contexts (every process
+    # stopped by PID); SIGINT is re-enabled because a shell's background job inherits it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     try:
-        records = run_bench(matrix, out, args.superlink, args.echo, args.timeout, only)
+        records = run_bench(matrix, out, args.superlink, args.echo, args.timeout, only,
+                            ray=args.ray)
     except KeyboardInterrupt:
         print("flower-pfl bench: interrupted; processes stopped (rerun to resume)",
               file=sys.stderr)

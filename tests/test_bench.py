@@ -124,6 +124,20 @@ def test_cell_state_detects_unfinished_and_changed_cells(tiny, tmp_path):
     (copy.dir / "cell.yaml").write_text((copy.dir / "cell.yaml").read_text()
                                         .replace(str(cell.dir.parent), str(copy.dir.parent)))
     assert bench.cell_state(copy) == "done"
+    # a run that "completed" while clients failed (e.g. Ray killed workers for memory) is not
+    # the matrix's setting: no number, and it reruns
+    clients_csv = copy.dir / "clients.csv"
+    good = clients_csv.read_text()
+    with open(clients_csv) as fh:
+        rows = list(csv.DictReader(fh))
+    with open(clients_csv, "w", newline="") as fh:  # one client missing from round 1
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(r for r in rows if not (r["round"] == "1" and r["partition-id"] == "0"))
+    assert bench.client_failures(copy.dir) is not None
+    assert bench.cell_state(copy) == "todo" and bench.cell_numbers(copy.dir) is None
+    clients_csv.write_text(good)
+    assert bench.cell_state(copy) == "done"
     summary = json.loads((copy.dir / "summary.json").read_text())
     summary["status"] = "running"  # an interrupted run
     (copy.dir / "summary.json").write_text(json.dumps(summary))
