@@ -186,7 +186,7 @@ class Deployment:
     # -- runs
     def run(self, config_path: Path, overrides: Sequence[str], results_dir: Path,
             app_dir: Path = APP_DIR, timeout_s: float | None = None, echo: bool = False,
-            on_line=None) -> RunOutcome:
+            on_line=None, stall_s: float | None = None) -> RunOutcome:
         results_dir.mkdir(parents=True, exist_ok=True)
         run_config = self.workdir / "run-config.toml"
         run_config.write_text(
@@ -196,7 +196,7 @@ class Deployment:
         cmd = [_bin("flwr"), "run", str(app_dir), "deploy", "--stream",
                "--run-config", str(run_config)]
         run_id = _stream(cmd, self.env, results_dir / "flwr-run.log", echo, timeout_s,
-                         self.procs, on_line=on_line)
+                         self.procs, on_line=on_line, stall_s=stall_s)
         status = run_status(run_id, self.env) if run_id else "unknown"
         if status != "finished:completed":
             raise LaunchError(f"run {run_id or '?'} ended with status '{status}'; see "
@@ -242,4 +242,8 @@ def deploy(config_path: Path, overrides: Sequence[str], results_dir: Path, num_n
             node = dep.add_node(pid, key=key, gpu=gpus[pid % len(gpus)] if gpus else None)
             dep.start_node(node)
         time.sleep(1)
-        return dep.run(config_path, overrides, results_dir, timeout_s=timeout_s, echo=echo)
+        from flower_pfl.config import load  # the watchdog's stall-timeout
+
+        stall = load(config_path, list(overrides) or None)["stall-timeout"]
+        return dep.run(config_path, overrides, results_dir, timeout_s=timeout_s, echo=echo,
+                       stall_s=stall)

@@ -85,7 +85,7 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
             cmd = [_bin("flwr"), "run", str(app_dir), "local", "--stream",
                    "--federation-config", federation, "--run-config", str(run_config)]
             run_id = _stream(cmd, env, log_path, echo, timeout_s, procs, on_line=on_line,
-                             stall_s=cfg["stall-timeout"])
+                             stall_s=cfg["stall-timeout"], append=resume)
             status = run_status(run_id, env) if run_id else "unknown"
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

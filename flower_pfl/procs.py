@@ -208,7 +208,8 @@ PROGRESS = re.compile(r"\[flower-pfl\]|aggregate_fit|aggregate_evaluate|configur
 
 
 def _stream(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s: float | None,
-            procs: ProcessSet, on_line=None, stall_s: float | None = None) -> str | None:
+            procs: ProcessSet, on_line=None, stall_s: float | None = None,
+            append: bool = False) -> str | None:
     """Run ``flwr run --stream``, tee its output, return the run id; ``on_line(line)`` is
     called for every line (tests use it to act at a given round).
 
@@ -223,7 +224,7 @@ def _stream(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s: fl
     deadline = None if timeout_s is None else started + timeout_s
     last_progress, last_line = started, "(nothing yet)"
     lines: queue.Queue = queue.Queue()
-    with open(log_path, "w") as log:
+    with open(log_path, "a" if append else "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
         procs.procs.append(proc)
