@@ -254,9 +254,10 @@ GUARD = {"clients": 12, "rounds": 8, "data.partition": "practical", "data.groups
          "data.subsample": 6000}
 
 
-def _late(strategy):
-    """Mean and worst-10% accuracy averaged over the last 3 rounds (one round is noisy)."""
-    late = strategy.eval_history[-3:]
+def _late(history):
+    """Mean and worst-10% accuracy averaged over the last 2 rounds (one round is noisy:
+    lr 0.05 on a few hundred images moves every method's mean by +-3 points per round)."""
+    late = history[-2:]
     return (float(np.mean([h["mean"] for h in late])),
             float(np.mean([h["worst10_mean"] for h in late])))
 
@@ -264,7 +265,7 @@ def _late(strategy):
 @pytest.fixture(scope="module")
 def local_on_practical(tmp_path_factory):
     cfg = small_config(strategy="local", **GUARD)
-    return _late(inprocess.run(cfg, tmp_path_factory.mktemp("local")))
+    return inprocess.run(cfg, tmp_path_factory.mktemp("local")).eval_history
 
 
 @pytest.mark.parametrize("strategy", ["heurfedamp", "fedamp"])
@@ -275,6 +276,9 @@ def test_attention_beats_local_on_the_practical_partition(strategy, local_on_pra
     first defaults (prox weight lambda/alpha_k = 1, sigma = median distance) they did not:
     docs/algorithms/fedamp.md has the numbers."""
     s = inprocess.run(small_config(strategy=strategy, **GUARD), tmp_path)
-    mean, worst = _late(s)
-    local_mean, local_worst = local_on_practical
-    assert mean > local_mean and worst > local_worst, (mean, worst, local_on_practical)
+    mean, worst = _late(s.eval_history)
+    local_mean, local_worst = _late(local_on_practical)
+    assert mean > local_mean and worst > local_worst, (mean, worst, local_mean, local_worst)
+    # round 1 has no peer yet (u_i = the initial model): the prox term must not hold the
+    # client back from learning what Local learns (prox weight 1 cost 2.3 points here)
+    assert s.eval_history[0]["mean"] >= local_on_practical[0]["mean"] - 0.01
