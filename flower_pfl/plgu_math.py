@@ -44,7 +44,6 @@ import numpy as np
 import torch
 from torch import nn
 
-ArrayLike = "np.ndarray | torch.Tensor"
 
 
 def _flat(arrays) -> np.ndarray:
