@@ -275,8 +275,11 @@ def shared_ray(workdir: Path, log_path: Path) -> Iterator[str]:
     env = dict(os.environ, RAY_DISABLE_USAGE_STATS="1")
     try:
         with open(log_path, "ab") as log:
-            subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=True,
-                           timeout=300)
+            try:
+                subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=True,
+                               timeout=300)
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+                raise LaunchError(f"`ray start --head` failed ({exc}); see {log_path}") from exc
         yield f"{ip}:{port}"
     finally:
         ours = {p for p in _pids_naming(str(tmp)) if p != os.getpid()}
