@@ -418,3 +418,53 @@ def test_real_repeated_starts_of_a_model_matrix_run_do_not_hang(tmp_path):
     for attempt in range(3):
         out = run_simulation(cfg, path, [], tmp_path / f"r{attempt}", echo=False, timeout_s=600)
         assert out.status == "finished:completed"
+
+
+# ------------------------------------------------------------------ federation changes
+def _with_pids(pids: list[int]):
+    from flwr.common import Context, RecordDict
+    from flwr.server.client_manager import SimpleClientManager
+
+    manager = SimpleClientManager()
+    for k, pid in enumerate(pids):
+        ctx = Context(run_id=0, node_id=500 + k, node_config={"partition-id": pid,
+                                                               "num-partitions": len(pids)},
+                      state=RecordDict(), run_config={})
+        manager.register(inprocess.InProcessProxy(str(500 + k), ctx))
+    return manager
+
+
+@pytest.mark.parametrize("pids, needle", [
+    ([0, 1, 2, 7], r"reports partition-id 7, outside \[0, 4\) of the configuration"),
+    ([0, 1, 1, 3], r"two nodes report partition-id 1"),
+])
+def test_handshake_refuses_bad_partition_ids(tmp_path, pids, needle):
+    from strategies.base import FederationError
+
+    cfg = small_config(strategy="fedavg", clients=4, rounds=1, model="mclr",
+                       **{"data.subsample": 2000})
+    with pytest.raises(FederationError, match=needle):
+        inprocess.run(cfg, tmp_path, manager=_with_pids(pids))
+
+
+def test_node_that_leaves_is_not_fatal_and_rejoins_under_its_partition_id(tmp_path):
+    cfg = small_config(strategy="fedavg", clients=4, rounds=4, model="mclr",
+                       **{"fraction-fit": 1.0, "data.subsample": 2000})
+    manager = inprocess.make_federation(4)
+    node = next(p for p in manager.all().values() if p.context.node_config["partition-id"] == 2)
+
+    def churn(strategy_obj, r):
+        if r == 1:
+            manager.unregister(node)  # the node goes away after round 1
+        if r == 2:  # ... and comes back with a new node id, its disk/state intact
+            manager.register(inprocess.InProcessProxy("9999", node.context))
+    strategy_obj = inprocess.run(cfg, tmp_path, manager=manager, on_round=churn)
+    rows = _read(tmp_path / "clients.csv")
+    by_round = {r: sorted(int(x["partition-id"]) for x in rows if x["round"] == str(r))
+                for r in range(1, 5)}
+    assert by_round == {1: [0, 1, 2, 3], 2: [0, 1, 3], 3: [0, 1, 2, 3], 4: [0, 1, 2, 3]}
+    assert strategy_obj.proxies[2].cid == "9999"
+    last = {int(x["partition-id"]): x for x in rows if x["round"] == "4"}
+    assert int(last[2]["fit-rounds"]) == 3 and int(last[0]["fit-rounds"]) == 4
+    server = {int(r["round"]): r for r in _read(tmp_path / "server.csv")}
+    assert int(server[2]["sampled"]) == 3 and int(server[3]["sampled"]) == 4
