@@ -324,9 +324,12 @@ def _fmt_s(seconds: float | None) -> str:
 
 def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool = False,
               timeout_s: float | None = None, only: Mapping[str, Sequence] | None = None,
-              log=print, ray: str = "per-run") -> list[dict[str, Any]]:
+              log=print, ray: str = "per-run", retries: int = 1) -> list[dict[str, Any]]:
     """Run every cell not done yet (optionally only some strategies/settings/seeds), then
-    write the table and plots. Returns one record per cell of the matrix."""
+    write the table and plots. Returns one record per cell of the matrix.
+
+    A cell whose run failed (e.g. Ray's start timed out) or in which clients failed is run
+    again up to ``retries`` times; a configuration error is not retried."""
     out.mkdir(parents=True, exist_ok=True)
     cells = matrix.cells(out)
     only = only or {}
@@ -356,28 +359,44 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
             t0 = time.time()
             log(f"[bench] cell {k}/{n} {cell.key}: running (elapsed "
                 f"{_fmt_s(t0 - started)})", flush=True)
-            try:
-                cfg, path = _prepare(cell)
-                if superlink == "shared":
-                    if shared is None:
-                        wd = Path(tempfile.mkdtemp(prefix="flower-pfl-bench-"))
-                        stack.callback(shutil.rmtree, wd, True)
-                        if ray == "shared":  # before the SuperLink: it inherits RAY_ADDRESS
-                            address = stack.enter_context(shared_ray(wd, out / "ray.log"))
-                            stack.callback(_restore_env, "RAY_ADDRESS",
-                                           os.environ.get("RAY_ADDRESS"))
-                            os.environ["RAY_ADDRESS"] = address
-                        shared = stack.enter_context(simulation_superlink(wd, out / "superlink.log"))
-                    _run_shared(cfg, path, cell, *shared, echo=echo, timeout_s=timeout_s)
-                else:
-                    run_simulation(cfg, path, [], cell.dir, timeout_s=timeout_s, echo=echo)
-                status = "completed"
-            except (LaunchError, config_mod.ConfigError, OSError) as exc:
-                status = "failed"
-                (cell.dir / "bench-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
-                if shared is not None:  # a failed run may leave a simulation behind: restart
-                    stack.close()
-                    shared = None
+            for attempt in range(retries + 1):
+                retry = False
+                try:
+                    cfg, path = _prepare(cell)
+                    if superlink == "shared":
+                        if shared is None:
+                            wd = Path(tempfile.mkdtemp(prefix="flower-pfl-bench-"))
+                            stack.callback(shutil.rmtree, wd, True)
+                            if ray == "shared":  # before the SuperLink: it inherits RAY_ADDRESS
+                                address = stack.enter_context(shared_ray(wd, out / "ray.log"))
+                                stack.callback(_restore_env, "RAY_ADDRESS",
+                                               os.environ.get("RAY_ADDRESS"))
+                                os.environ["RAY_ADDRESS"] = address
+                            shared = stack.enter_context(
+                                simulation_superlink(wd, out / "superlink.log"))
+                        _run_shared(cfg, path, cell, *shared, echo=echo, timeout_s=timeout_s)
+                    else:
+                        run_simulation(cfg, path, [], cell.dir, timeout_s=timeout_s, echo=echo)
+                    why = client_failures(cell.dir)
+                    status = "completed" if why is None else "invalid"
+                    if why is not None:
+                        (cell.dir / "bench-error.txt").write_text(f"clients failed: {why}\n")
+                        retry = True
+                except config_mod.ConfigError as exc:  # deterministic: retrying cannot help
+                    status = "failed"
+                    (cell.dir / "bench-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+                except (LaunchError, OSError) as exc:  # e.g. Ray's start timed out under load
+                    status = "failed"
+                    (cell.dir / "bench-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+                    retry = True
+                    if shared is not None:  # a failed run may leave a simulation behind
+                        stack.close()
+                        shared = None
+                if not retry or attempt == retries:
+                    break
+                log(f"[bench] cell {k}/{n} {cell.key}: attempt {attempt + 1} {status} "
+                    f"({(cell.dir / 'bench-error.txt').read_text().strip()[:300]}); retrying",
+                    flush=True)
             wall = time.time() - t0
             (cell.dir / "bench-cell.json").write_text(json.dumps(
                 {"status": status, "wall_s": round(wall, 2), "superlink": superlink,
@@ -392,7 +411,7 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
             log(f"[bench] cell {k}/{n} {cell.key}: {status} in {_fmt_s(wall)} | elapsed "
                 f"{_fmt_s(time.time() - started)} | est. left {_fmt_s(eta if left else 0)} "
                 f"({len(left)} cells to run)", flush=True)
-            if status == "failed":
+            if status != "completed":
                 log(f"[bench]   {(cell.dir / 'bench-error.txt').read_text().strip()[:500]}",
                     flush=True)
     records = collect(matrix, cells)
@@ -487,8 +506,8 @@ def collect(matrix: Matrix, cells: Sequence[Cell]) -> list[dict[str, Any]]:
             elif not done:
                 failed = any((c.dir / "bench-error.txt").is_file() for c in mine)
                 broken = [why for c in mine if (why := client_failures(c.dir))]
-                rec["status"] = "failed" if failed else (
-                    f"invalid: {broken[0]}" if broken else "not run")
+                rec["status"] = f"invalid: {broken[0]}" if broken else (
+                    "failed" if failed else "not run")
             else:
                 rec["status"] = "done" if len(done) == len(mine) else "partial"
                 for col, _ in COLUMNS:
@@ -670,6 +689,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="override one key in every cell (repeatable), e.g. --set rounds=20; "
                    "recorded in each cell.yaml and in table.md")
     p.add_argument("--timeout", type=float, default=None, help="seconds per cell before failing")
+    p.add_argument("--retries", type=int, default=1,
+                   help="run a failed or invalid (clients failed) cell again up to N times")
     p.add_argument("--echo", action="store_true", help="echo Flower's log of every run")
     args = p.parse_args(argv)
     try:
@@ -694,7 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, _interrupt)
     try:
         records = run_bench(matrix, out, args.superlink, args.echo, args.timeout, only,
-                            ray=args.ray)
+                            ray=args.ray, retries=args.retries)
     except KeyboardInterrupt:
         print("flower-pfl bench: interrupted; processes stopped (rerun to resume)",
               file=sys.stderr)
