@@ -107,7 +107,7 @@ def test_node_killed_for_good_is_a_failure_not_the_end_of_the_run(tmp_path, cert
                 killed.set()
                 dep.stop_node(dep.nodes["d"])  # for good
 
-        out = dep.run(_config(tmp_path, clients=4, rounds=rounds, **{"round-timeout": 30}), [],
+        out = dep.run(_config(tmp_path, clients=4, rounds=rounds, **{"round-timeout": 120}), [],
                       tmp_path / "res", timeout_s=1500, on_line=kill_once)
     assert killed.is_set() and out.status == "finished:completed"
     with open(tmp_path / "res" / "failures.csv") as fh:
