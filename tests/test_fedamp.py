@@ -188,7 +188,7 @@ def test_fedamp_default_attention_does_not_warn(tmp_path, caplog):
         inprocess.run(cfg, tmp_path)
     assert not [r for r in caplog.records if "Local training" in r.getMessage()]
     # alpha-k auto: the closest client puts 1 - min-self-weight = 0.5 on peers
-    assert _server_column(tmp_path, "peer_mass")[-1] >= 0.5 / 4
+    assert _server_column(tmp_path, "peer_mass")[-1] > 0.12  # >= 0.5 / 4 clients
 
 
 def test_heurfedamp_uniform_attention_warns(tmp_path, caplog):
