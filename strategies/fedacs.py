@@ -18,17 +18,55 @@ consensus start, like FedAvg's global model -- until their first upload.
 Saved per round: delta and the number of peers each sampled client aggregated
 (``server.csv``, ``peers.csv``); at the end the n x n weights (``attention``) and the
 selection mask (``selection.npy/.png``).
+
+Mechanism off: when every (non-newcomer) sampled client selects only itself, FedACS is
+Local training; when every one selects all its available peers, it is a
+similarity-weighted FedAvg.  ``selection_share`` (selected / available peers, averaged
+over those clients; :func:`selection_share`) goes to server.csv every round and either
+extreme logs one WARNING naming ``hyper.fedacs.pick-ratio``.
+
+Eq. 4 weights by s_ij; we drop non-positive similarities (``attention.fedacs_weights``)
+even when delta < 0 (possible for a low pick-ratio with opposed models): a negative
+weight would make u_i a non-convex combination -- pushed AWAY from a dissimilar model
+and, when the weights sum to ~0, unbounded.  See docs/algorithms/fedacs.md.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from logging import WARNING
+
+from flwr.common.logger import log
+
 from flower_pfl.attention import consensus_weights, fedacs_weights, quantile_threshold
 from strategies.message_passing import MessagePassingStrategy
 
 
+def selection_share(xi: np.ndarray, rows: np.ndarray, peers: np.ndarray,
+                    newcomers: np.ndarray) -> tuple[float, str | None]:
+    """Mean over the sampled non-newcomers with >= 1 available peer of (selected peers /
+    available peers), and the mechanism-off case: "only itself" (share 0), "everyone"
+    (every such client selected every available peer), or None.  NaN when no client
+    qualifies (round 1: nothing stored yet)."""
+    rows = np.asarray(rows)
+    available = np.asarray(peers, dtype=bool)[None, :].repeat(len(rows), axis=0)
+    available[np.arange(len(rows)), rows] = False
+    counts = available.sum(axis=1)
+    keep = (~np.asarray(newcomers, dtype=bool)) & (counts > 0)
+    if not keep.any():
+        return float("nan"), None
+    selected = ((np.asarray(xi) > 0) & available).sum(axis=1)
+    shares = selected[keep] / counts[keep]
+    off = "only itself" if (shares == 0).all() else "everyone" if (shares == 1).all() else None
+    return float(shares.mean()), off
+
+
 class FedACS(MessagePassingStrategy):
+    def setup(self, initial_arrays):
+        super().setup(initial_arrays)
+        self.warned_off: set[str] = set()
+
     def threshold(self) -> float:
         """delta^k over the similarity matrix of the stored models."""
         seen = np.flatnonzero(self.matrix.seen)
@@ -50,8 +88,19 @@ class FedACS(MessagePassingStrategy):
         super().prepare_round(server_round, sampled)
         rows, xi = self.last_xi
         peers = (xi > 0).sum(axis=1) - (xi[np.arange(len(rows)), rows] > 0)
+        share, off = selection_share(xi, rows, self.peers(), ~self.matrix.seen[rows])
         self.log_server(delta=self.delta, peers_mean=float(peers.mean()),
-                        peers_min=int(peers.min()), peers_max=int(peers.max()))
+                        peers_min=int(peers.min()), peers_max=int(peers.max()),
+                        selection_share=share)
+        if off and off not in self.warned_off:
+            self.warned_off.add(off)
+            p = float(self.hyper["pick-ratio"])
+            fix = ("lower hyper.fedacs.pick-ratio: delta is above every peer's similarity, so "
+                   "FedACS is running as Local training" if off == "only itself" else
+                   "raise hyper.fedacs.pick-ratio: delta is below every peer's similarity, so "
+                   "FedACS is running as a similarity-weighted FedAvg")
+            log(WARNING, "[flower-pfl] fedacs round %d: every sampled client selected %s "
+                "(pick-ratio %g, delta %.4g); %s", server_round, off, p, self.delta, fix)
         self.results.log_table("peers", [
             {"round": server_round, "partition-id": int(pid), "peers": int(k),
              "newcomer": bool(not self.matrix.seen[pid])} for pid, k in zip(rows, peers)])

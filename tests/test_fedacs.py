@@ -80,3 +80,46 @@ def test_selected_peers_are_mostly_in_the_own_group(tmp_path):
     assert share > 3 / 11 + 0.3, share  # chance: 3 same-group peers among 11
     assert all(np.isfinite(r["delta"]) for r in s.results.server_rows[1:])
     assert s.eval_history[-1]["mean"] > 0.5
+
+
+def test_selection_share_and_mechanism_off_cases_by_hand():
+    from strategies.fedacs import selection_share
+
+    peers = np.array([True, True, True, False])  # client 3 never uploaded
+    rows = np.array([0, 1])
+    xi = np.array([[0.5, 0.5, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    share, off = selection_share(xi, rows, peers, np.array([False, False]))
+    assert share == pytest.approx((1 / 2 + 0 / 2) / 2) and off is None
+    only_self = np.eye(4)[rows]
+    assert selection_share(only_self, rows, peers, np.array([False, False])) == (0.0, "only itself")
+    everyone = np.array([[0.4, 0.3, 0.3, 0.0], [0.3, 0.4, 0.3, 0.0]])
+    assert selection_share(everyone, rows, peers, np.array([False, False])) == (1.0, "everyone")
+    # a newcomer's consensus row (all peers) does not count; no qualifying client -> NaN
+    assert selection_share(everyone, rows, peers, np.array([True, False]))[1] == "everyone"
+    assert np.isnan(selection_share(everyone, rows, peers, np.array([True, True]))[0])
+
+
+def test_p1_selects_only_itself_warns_and_logs_the_share(tmp_path, caplog):
+    import logging
+
+    cfg = small_config(strategy="fedacs", clients=6, rounds=3, model="mclr",
+                       **{"hyper.fedacs.pick-ratio": 1.0})
+    with caplog.at_level(logging.WARNING):
+        s = inprocess.run(cfg, tmp_path)
+    assert [r["selection_share"] for r in s.results.server_rows[1:]] == [0.0, 0.0]
+    text = [r.getMessage() for r in caplog.records if "selected only itself" in r.getMessage()]
+    assert len(text) == 1 and "hyper.fedacs.pick-ratio" in text[0]
+
+
+def test_mid_pick_ratio_selects_some_peers_and_does_not_warn(tmp_path, caplog):
+    import logging
+
+    # (the default 0.8 with only 6 clients selects nobody: the 6 diagonal 1s are 17% of S,
+    # so delta sits above every peer -- the warning above fires for it)
+    cfg = small_config(strategy="fedacs", clients=6, rounds=3, model="mclr",
+                       **{"hyper.fedacs.pick-ratio": 0.5})
+    with caplog.at_level(logging.WARNING):
+        s = inprocess.run(cfg, tmp_path)
+    shares = [r["selection_share"] for r in s.results.server_rows[1:]]
+    assert all(0 < v < 1 for v in shares), shares
+    assert not [r for r in caplog.records if "fedacs round" in r.getMessage()]
