@@ -30,10 +30,11 @@ Reliability (docs/reliability.md), also written once here:
 * the node count must equal ``clients`` when the run starts; later a node that is gone
   is not an error (the run goes on with the nodes it has) and a node that comes back is
   mapped to its partition-id again;
-* every ``checkpoint-every`` rounds an atomic checkpoint of round, global model, the
-  whole :class:`ClientStore`, every other picklable strategy attribute
-  (``checkpoint_state``/``restore_state`` to customise), metric history, results state
-  and the sampling RNG; ``resume()`` continues from it.
+* every ``checkpoint-every`` rounds an atomic checkpoint; ``resume()`` continues from it
+  (the :class:`~strategies.checkpointing.Checkpointing` mixin).
+
+The federation's vocabulary -- ``ClientUpdate``, ``ClientStore``, the failure proxy and
+the errors -- lives in :mod:`strategies.federation` (re-exported here).
 """
 
 from __future__ import annotations
@@ -42,13 +43,12 @@ import concurrent.futures
 import resource
 import time
 import uuid
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from flwr.common import (Code, EvaluateIns, EvaluateRes, FitIns, FitRes, GetPropertiesIns,
+from flwr.common import (EvaluateIns, EvaluateRes, FitIns, FitRes, GetPropertiesIns,
                          Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays)
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
@@ -60,105 +60,14 @@ from flower_pfl.config import RunConfig
 from flower_pfl.metrics import summarize
 from flower_pfl.params import ParamSpec
 from flower_pfl.results import ResultsWriter
+from strategies.checkpointing import Checkpointing
+from strategies.federation import (ClientFailure, ClientStore, ClientUpdate,  # noqa: F401
+                                   FederationError, ResumeError, RoundError, TaggedProxy)
 
 WAIT_FOR_NODES_S = 120.0
 
 
-class FederationError(RuntimeError):
-    """The federation does not match the configuration (node count, partition ids)."""
-
-
-class RoundError(RuntimeError):
-    """Too few clients answered a round (``min-fit-answers`` / ``min-eval-answers``)."""
-
-
-class ResumeError(RuntimeError):
-    """The results folder cannot be resumed (no checkpoint, another configuration)."""
-
-
-class ClientFailure(Exception):
-    """A client's message failed: it raised, timed out or its node disconnected."""
-
-    def __init__(self, pid: int, reason: str) -> None:
-        super().__init__(f"partition-id {pid}: {reason}")
-        self.pid = pid
-        self.reason = reason
-
-
-def _failure_reason(exc: BaseException) -> str:
-    text = str(exc)
-    if "Expected one Message but got: 0" in text:
-        return "no reply (timed out or node disconnected)"
-    if "Message contains an Error" in text:
-        return "client raised: " + text.split("reason:", 1)[-1].strip()[:400]
-    return f"{type(exc).__name__}: {text[:400]}"
-
-
-class TaggedProxy(ClientProxy):
-    """Wraps a node's ClientProxy so that a failure carries the partition-id and a reason
-    (Flower's legacy loop hands bare exceptions to ``aggregate_*``)."""
-
-    def __init__(self, proxy: ClientProxy, pid: int) -> None:
-        super().__init__(proxy.cid)
-        self.proxy, self.pid = proxy, pid
-
-    def _call(self, name: str, ins, timeout, group_id):
-        try:
-            res = getattr(self.proxy, name)(ins, timeout, group_id)
-        except BaseException as exc:  # noqa: BLE001 - Flower collects these as failures
-            raise ClientFailure(self.pid, _failure_reason(exc)) from exc
-        if res.status.code != Code.OK:
-            raise ClientFailure(self.pid, f"status {res.status.code.name}: "
-                                f"{res.status.message[:400]}")
-        return res
-
-    def get_properties(self, ins, timeout, group_id):
-        return self.proxy.get_properties(ins, timeout, group_id)
-
-    def get_parameters(self, ins, timeout, group_id):
-        return self.proxy.get_parameters(ins, timeout, group_id)
-
-    def fit(self, ins, timeout, group_id):
-        return self._call("fit", ins, timeout, group_id)
-
-    def evaluate(self, ins, timeout, group_id):
-        return self._call("evaluate", ins, timeout, group_id)
-
-    def reconnect(self, ins, timeout, group_id):
-        return self.proxy.reconnect(ins, timeout, group_id)
-
-
-@dataclass
-class ClientUpdate:
-    """One client's upload of one round."""
-
-    pid: int
-    arrays: list[np.ndarray]
-    num_examples: int
-    metrics: dict[str, Scalar] = field(default_factory=dict)
-
-
-class ClientStore:
-    """All server-side per-client state, keyed by partition-id, in one checkpointable place.
-
-    ``values[name][pid]`` holds scalars/arrays a strategy keeps per client (e.g. Self-FL's
-    sigma_m^2); strategies with a model per client keep a ``ModelMatrix`` in ``matrix``.
-    """
-
-    def __init__(self, num_clients: int) -> None:
-        self.num_clients = num_clients
-        self.values: dict[str, dict[int, Any]] = {}
-        self.matrix: Any = None
-        self.last_round: dict[int, int] = {}  # pid -> last round it uploaded
-
-    def put(self, name: str, pid: int, value: Any) -> None:
-        self.values.setdefault(name, {})[pid] = value
-
-    def get(self, name: str, pid: int, default: Any = None) -> Any:
-        return self.values.get(name, {}).get(pid, default)
-
-
-class PersonalizedStrategy(Strategy):
+class PersonalizedStrategy(Checkpointing, Strategy):
     """Base Strategy: identity, sampling, per-client payloads, evaluation of all clients."""
 
     #: whether the strategy maintains a global model that clients also evaluate
@@ -219,38 +128,6 @@ class PersonalizedStrategy(Strategy):
         self._round_server_log.update(values)
 
     #: attributes a checkpoint never holds (connections, files, the configuration itself)
-    NOT_CHECKPOINTED = frozenset({"cfg", "cfg_json", "hyper", "num_clients", "results",
-                                  "proxies", "pid_of_cid", "client_state_dir", "start_round",
-                                  "_federation_checked", "_restored", "_round_server_log",
-                                  "_sent", "metric"})
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """Everything needed to continue after the last finished round.
-
-        Default: every attribute of the strategy that pickles, except plumbing
-        (``NOT_CHECKPOINTED``) -- the ``ClientStore`` (model matrix, per-client values),
-        global model, RNG, metric history and any attribute a subclass adds.  Override
-        (call super) to drop something big that can be rebuilt, or to add state kept
-        outside ``self``.
-        """
-        state, skipped = {}, []
-        for name, value in vars(self).items():
-            if name in self.NOT_CHECKPOINTED:
-                continue
-            if reliability.picklable(value):
-                state[name] = value
-            else:
-                skipped.append(name)
-        if skipped:
-            log(WARNING, "[flower-pfl] checkpoint: attribute(s) %s cannot be pickled and are "
-                "not saved; override checkpoint_state/restore_state if they matter", skipped)
-        return state
-
-    def restore_state(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`checkpoint_state` (default: set the attributes back)."""
-        for name, value in state.items():
-            setattr(self, name, value)
-
     # ---------------------------------------------------------------- Strategy methods
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         if self._initial is None:
@@ -428,64 +305,6 @@ class PersonalizedStrategy(Strategy):
     def evaluate(self, server_round: int, parameters: Parameters
                  ) -> tuple[float, dict[str, Scalar]] | None:
         return None  # no centralised test set: pFL is evaluated on each client's own split
-
-    # -------------------------------------------------------------- checkpoint/resume
-    def save_checkpoint(self, server_round: int) -> Path:
-        """Atomic checkpoint of the state after ``server_round`` (see flower_pfl.reliability)."""
-        started = time.perf_counter()
-        state = {"version": 1, "round": server_round, "config": self._config_identity(),
-                 "strategy": self.checkpoint_state(),
-                 "results": {"rounds": self.results.rounds, "server": self.results.server_rows,
-                             "elapsed_s": time.time() - self.results.started,
-                             "lower_is_better": self.results.lower_is_better}}
-        folder = reliability.write_checkpoint(self.results.dir, server_round, state,
-                                              self.client_state_dir)
-        log(INFO, "[flower-pfl] checkpoint after round %d written: %s (%.2f s)", server_round,
-            folder, time.perf_counter() - started)
-        return folder
-
-    def _config_identity(self) -> dict[str, Any]:
-        return {"values": dict(self.cfg.values), "hyper": dict(self.hyper)}
-
-    def resume(self, results_dir: str | Path | None = None) -> int:
-        """Load the newest checkpoint of the results folder; returns its round.
-
-        Must be called before ``initialize_parameters``.  The results files are rewound to
-        that round (no round is written twice) and, in simulation, the clients' state folder
-        is replaced by the checkpoint's snapshot.
-        """
-        folder = reliability.latest_checkpoint(results_dir or self.results.dir)
-        if folder is None:
-            raise ResumeError(f"no checkpoint in {results_dir or self.results.dir} (a run writes "
-                              f"one every 'checkpoint-every' rounds; 0 disables them)")
-        state = reliability.read_checkpoint(folder)
-        mine, theirs = self._config_identity(), state["config"]
-        if mine != theirs:
-            diff = sorted(k for k in set(mine["values"]) | set(theirs["values"])
-                          if mine["values"].get(k) != theirs["values"].get(k))
-            if mine["hyper"] != theirs["hyper"]:
-                diff.append("hyper")
-            raise ResumeError(f"{folder.parent.parent} was written by a different configuration "
-                              f"(differs in: {', '.join(diff)}); resume it with its own "
-                              f"configuration or start a new run")
-        r = int(state["round"])
-        self.restore_state(state["strategy"])
-        res = state["results"]
-        self.results.rounds = list(res["rounds"])
-        self.results.server_rows = list(res["server"])
-        self.results.lower_is_better = bool(res["lower_is_better"])
-        self.results.started = time.time() - float(res["elapsed_s"])
-        for csv_path in sorted(self.results.dir.glob("*.csv")):
-            reliability.rewind_csv(csv_path, r)
-        self.results.status = "running"
-        self.results._write_summary()
-        if self.client_state_dir is not None:
-            reliability.restore_client_state(folder, self.client_state_dir)
-        self.start_round = r + 1
-        self._restored = True
-        log(INFO, "[flower-pfl] resuming %s from the checkpoint after round %d (%s)",
-            self.cfg.strategy, r, folder)
-        return r
 
     # ------------------------------------------------------------------------ helpers
     def sample(self, server_round: int) -> list[int]:
