@@ -6,15 +6,16 @@ eq. 13.  Each round:
   sigma_m^2 by eq. 13 (empirical variance of the samples so far);
   theta_m^INIT by eq. 10 from the global model theta^{t-1}, its previous personal model
   and the server's sigma_0^2 and S_{-m};
-  (l_m, eta_m) by eq. 8 (flower_pfl/selffl_math.local_schedule), l_m SGD steps of size
-  eta_m from theta_m^INIT -> the new personal model theta_m^t;
-  variance-estimator 'bootstrap' (default, section 3.2): a copy, also started from
+  variance-estimator 'bootstrap' (default, section 3.2): a copy, started from
   theta_m^INIT, trains on a bootstrap resample of the local train set until the
-  ConvergenceRule fires or ``bootstrap-max-steps`` -> the local optimum theta_{m,t}; its
+  ConvergenceRule fires or ``bootstrap-max-steps`` -> the local optimum theta_{m,t} and
+  the per-step contraction it achieved (the curvature h_m of eq. 8, 'measured'); its
   moments feed eq. 13, and the fit metrics carry d_m = theta_{m,t} - theta^{t-1} (float32
   bytes, the size of the model: the base class accepts only model-shaped arrays) and
   ||d_m||^2, so the server can form eq. 14 over local optima.
-  'surrogate': eq. 13 over the personal models theta_m^t, nothing extra uploaded.
+  'surrogate': eq. 13 over the personal models theta_m^t, nothing extra uploaded;
+  (l_m, eta_m) by eq. 8 (flower_pfl/selffl_math.local_schedule), l_m SGD steps of size
+  eta_m from theta_m^INIT -> the new personal model theta_m^t.
 
 Returns theta_m^t (and d_m), sigma_m^2, and every rule it used: ``steps_rule`` (one of
 selffl_math.RULES), ``init_coef`` (0 = eq. 10 undefined, started from the global model),
@@ -65,8 +66,11 @@ class SelfFLClient(PersonalStateClient):
         idx = torch.from_numpy(rng.integers(0, n, size=n))
         x, y = self.data.x_train[idx], self.data.y_train[idx]
         model = self.new_model(spec.unflatten(init.astype(np.float32)))
+        cap = int(config["bootstrap-max-steps"])
+        # window: one pass over the resample, but at most a third of the cap so that the
+        # contraction is always measured over at least cap/3 steps
         rule = sm.ConvergenceRule(float(config["bootstrap-tol"]),
-                                  window=-(-n // self.spec.batch_size))
+                                  window=min(-(-n // self.spec.batch_size), max(1, cap // 3)))
 
         def stop(m) -> bool:
             norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in m.parameters()
@@ -79,10 +83,12 @@ class SelfFLClient(PersonalStateClient):
             float(config["eta"])
         started = time.perf_counter()
         out = train(model, x, y, self.spec, self.generator(salt=1), self.device,
-                    num_steps=int(config["bootstrap-max-steps"]), lr=lr,
+                    num_steps=cap, lr=lr,
                     loss_fn=loss_fn, stop=stop)
+        rho = rule.contraction()
         info = {"bootstrap_steps": out["local_steps"], "bootstrap_converged": rule.converged,
-                "bootstrap_s": time.perf_counter() - started}
+                "bootstrap_s": time.perf_counter() - started,
+                "curvature": sm.measured_curvature(rho, lr)}
         return spec.flatten(get_arrays(model)).astype(np.float64), info
 
     def fit_round(self, parameters, config):
@@ -95,20 +101,23 @@ class SelfFLClient(PersonalStateClient):
         oracle = _known(config["oracle-sigma-sq"])
         sigma_m_sq = oracle if math.isfinite(oracle) else moments.variance  # eq. 13
         eta = float(config["eta"])
-        if config["warmup"]:
-            coef, steps, eta_m, why = 0.0, default_steps, None, sm.RULE_WARMUP
-        else:
-            sigma0_sq, s_minus = _known(config["sigma0-sq"]), _known(config["s-minus"])
-            coef = sm.init_coefficient(sigma0_sq, sigma_m_sq, s_minus)
-            steps, eta_m, why = sm.local_schedule(eta, sigma_m_sq, s_minus,
-                                                  int(config["l-max"]), default_steps)
+        sigma0_sq, s_minus = _known(config["sigma0-sq"]), _known(config["s-minus"])
+        coef = 0.0 if config["warmup"] else sm.init_coefficient(sigma0_sq, sigma_m_sq, s_minus)
         init = sm.init_params(theta_global, theta_prev, coef)  # eq. 10 (coef 0: global model)
+        extra = {}
+        if config["variance-estimator"] == "bootstrap":
+            # the fit runs first: its contraction sets this round's eq. 8 ('measured')
+            optimum, extra = self.bootstrap_optimum(init, spec, config)
+        curvature = extra.get("curvature") if config["contraction"] == "measured" else None
+        if config["warmup"]:
+            steps, eta_m, why = default_steps, None, sm.RULE_WARMUP
+        else:
+            steps, eta_m, why = sm.local_schedule(eta, sigma_m_sq, s_minus, int(config["l-max"]),
+                                                  default_steps, curvature=curvature)
         model = self.new_model(spec.unflatten(init.astype(np.float32)))
         metrics = self.local_train(model, num_steps=steps, lr=eta_m)
         theta_new = get_arrays(model)
-        extra = {}
         if config["variance-estimator"] == "bootstrap":
-            optimum, extra = self.bootstrap_optimum(init, spec, config)
             moments.add(optimum)  # eq. 13 over local optima theta_{m,t}
             offset = optimum - theta_global  # d_m: what eq. 14 needs (with ||d_m||^2)
             extra["optimum_offset"] = offset.astype("<f4").tobytes()
@@ -118,6 +127,8 @@ class SelfFLClient(PersonalStateClient):
         self.save_moments(moments)
         self.save_personal(model)
         reported = oracle if math.isfinite(oracle) else moments.variance
+        if "curvature" in extra and not math.isfinite(extra["curvature"]):
+            extra["curvature"] = -1.0  # unknown
         return theta_new, {**metrics, **extra,
                         "sigma_sq": reported if math.isfinite(reported) else -1.0,
                         "local_steps": float(steps), "init_coef": float(coef),

@@ -30,6 +30,22 @@ Choices the paper leaves open, and ours:
   l < 1): the paper lets eta_m follow sigma_m^2, so we keep the configured number of
   local steps l (clipped to l_max) and solve eq. 8 for the step size,
   eta_m = sigma_m^2 (1 - q^(1/l)) -- exact, instead of clipping to one step of eta.
+* Eq. 8's per-step contraction in deep learning (``contraction: measured``, the default
+  with the bootstrap estimator): eq. 8 is (1 - eta h_m)^l = q_m with h_m = sigma_m^-2,
+  the curvature of client m's negative log-likelihood in the Gaussian model (eq. 5).
+  For a network trained on a mean cross-entropy, sigma_m^2 is a TRACE over d parameters
+  (section 3.2) and is not that curvature: taken literally, eta / sigma_m^2 compares a
+  per-parameter step with a d-dimensional variance and eq. 8 returns one step
+  (docs/algorithms/selffl.md, FMNIST practical).  q_m itself is a ratio of variances and
+  is unchanged by the trace (scale-free).  So we keep q_m from eqs. 13-14 and measure
+  the contraction per step where the paper assumes it: the bootstrap fit starts at the
+  same theta_m^INIT and descends toward the local optimum, and its gradient norm
+  shrinks by rho per step (:meth:`ConvergenceRule.contraction`); h_m = (1 - rho) /
+  eta_b (:func:`measured_curvature`).  On the Gaussian model with full-batch GD this
+  IS sigma_m^-2 (the norm shrinks by exactly 1 - eta_b / sigma_m^2 per step), so the
+  synthetic task keeps the paper's eq. 8; ``contraction: variance`` is eq. 8 literally.
+  When the fit shows no contraction (rho >= 1: mini-batch noise) the client runs
+  l-max steps, the "too large, clip to l_max" case of section 4.2.
 * Every other division and logarithm is guarded; each fallback has a name (returned
   with the value) so that the strategy can count it, and none produces NaN.
 """
@@ -129,30 +145,45 @@ RULE_UNKNOWN = "variance unknown"
 RULE_Q0 = "q = 0"
 RULE_Q1 = "q = 1"
 RULE_WARMUP = "warm-up (FedAvg)"
+RULE_NO_CONTRACTION = "no measured contraction (l-max)"
 RULES = (RULE_EQ8, RULE_L_MAX, RULE_ETA_GE_SIGMA, RULE_BELOW_ONE, RULE_UNKNOWN, RULE_Q0,
-         RULE_Q1, RULE_WARMUP)
+         RULE_Q1, RULE_WARMUP, RULE_NO_CONTRACTION)
 
 
-def eta_for_steps(sigma_m_sq: float, q: float, steps: int) -> float:
-    """Eq. 8 solved for the step size: eta_m = sigma_m^2 (1 - q^(1/l)), in (0, sigma_m^2)."""
-    return sigma_m_sq * (1.0 - q ** (1.0 / steps))
+def eta_for_steps(inv_curvature: float, q: float, steps: int) -> float:
+    """Eq. 8 solved for the step size: eta_m = h^-1 (1 - q^(1/l)), in (0, h^-1); the paper's
+    h^-1 is sigma_m^2."""
+    return inv_curvature * (1.0 - q ** (1.0 / steps))
+
+
+def measured_curvature(rho: float, lr: float) -> float:
+    """h = (1 - rho) / lr: the curvature a GD step of size ``lr`` needs to shrink the distance
+    to the optimum by ``rho`` per step (exact on a quadratic).  NaN when rho is unknown,
+    0 when there was no contraction (rho >= 1)."""
+    if not math.isfinite(rho) or lr <= 0:
+        return math.nan
+    return max(0.0, (1.0 - rho) / lr)
 
 
 def local_schedule(eta: float, sigma_m_sq: float, s_minus_m: float, l_max: int,
-                   default: int) -> tuple[int, float, str]:
-    """Eq. 8: (1 - eta_m/sigma_m^2)^l = q = S_{-m} / (sigma_m^-2 + S_{-m}).
+                   default: int, curvature: float | None = None) -> tuple[int, float, str]:
+    """Eq. 8: (1 - eta_m h_m)^l = q = S_{-m} / (sigma_m^-2 + S_{-m}), h_m = sigma_m^-2 in
+    the paper, or the measured ``curvature`` when given (see the module notes).
 
     Returns (l_m, eta_m, rule).  Normally eta_m = eta and l_m = round(log q / log(1 -
-    eta/sigma_m^2)), clipped to l_max (section 4.2; rule ``RULE_L_MAX``).  When one step
-    of eta already passes the target -- eta >= sigma_m^2 (the log is undefined) or eq. 8
-    gives l < 1 -- l_m = min(default, l_max) and eta_m = :func:`eta_for_steps`, which
-    meets eq. 8 exactly (rules ``RULE_ETA_GE_SIGMA``, ``RULE_BELOW_ONE``).
+    eta h_m)), clipped to l_max (section 4.2; rule ``RULE_L_MAX``).  When one step of eta
+    already passes the target -- eta h_m >= 1 (the log is undefined) or eq. 8 gives
+    l < 1 -- l_m = min(default, l_max) and eta_m = :func:`eta_for_steps`, which meets
+    eq. 8 exactly (rules ``RULE_ETA_GE_SIGMA``, ``RULE_BELOW_ONE``).
 
     Fallbacks: sigma_m^2 or S_{-m} unknown (NaN) -> ``default`` steps at eta
-    (``RULE_UNKNOWN``); sigma_m^2 = 0 or S_{-m} = 0 (q = 0: trust the local data fully)
-    -> l_max; S_{-m} infinite (q = 1: no local step wanted) -> 1 step.
+    (``RULE_UNKNOWN``, also when a measured curvature is NaN); sigma_m^2 = 0 or S_{-m} = 0
+    (q = 0: trust the local data fully) -> l_max; S_{-m} infinite (q = 1: no local step
+    wanted) -> 1 step; a measured curvature of 0 (no contraction) -> l_max
+    (``RULE_NO_CONTRACTION``).
     """
-    if not math.isfinite(sigma_m_sq) or math.isnan(s_minus_m):
+    if not math.isfinite(sigma_m_sq) or math.isnan(s_minus_m) or \
+            (curvature is not None and math.isnan(curvature)):
         return max(1, min(default, l_max)), eta, RULE_UNKNOWN
     if sigma_m_sq <= 0 or s_minus_m <= 0:
         return l_max, eta, RULE_Q0
@@ -160,11 +191,14 @@ def local_schedule(eta: float, sigma_m_sq: float, s_minus_m: float, l_max: int,
         return 1, eta, RULE_Q1
     q = s_minus_m / (1.0 / sigma_m_sq + s_minus_m)
     fixed = max(1, min(default, l_max))
-    if eta >= sigma_m_sq:
-        return fixed, eta_for_steps(sigma_m_sq, q, fixed), RULE_ETA_GE_SIGMA
-    steps = math.log(q) / math.log(1.0 - eta / sigma_m_sq)
+    h = 1.0 / sigma_m_sq if curvature is None else float(curvature)
+    if h <= 0:
+        return l_max, eta, RULE_NO_CONTRACTION
+    if eta * h >= 1.0:
+        return fixed, eta_for_steps(1.0 / h, q, fixed), RULE_ETA_GE_SIGMA
+    steps = math.log(q) / math.log(1.0 - eta * h)
     if steps < 0.5:
-        return fixed, eta_for_steps(sigma_m_sq, q, fixed), RULE_BELOW_ONE
+        return fixed, eta_for_steps(1.0 / h, q, fixed), RULE_BELOW_ONE
     if steps > l_max:
         return l_max, eta, RULE_L_MAX
     return int(round(steps)), eta, RULE_EQ8
@@ -239,6 +273,20 @@ class ConvergenceRule:
         last = float(np.mean(self.norms[-w:]))
         self.converged = first <= 0 or last <= self.tol * first
         return self.converged
+
+    def contraction(self) -> float:
+        """rho: the per-step factor by which the gradient norm shrank, (mean over the last
+        window / mean over the first) ^ (1 / steps between them); NaN with fewer than
+        window + 1 steps.  On a quadratic under full-batch GD, exactly 1 - lr h."""
+        w = self.window
+        gap = len(self.norms) - w
+        if gap < 1:
+            return math.nan
+        first = float(np.mean(self.norms[:w]))
+        last = float(np.mean(self.norms[-w:]))
+        if first <= 0:
+            return 0.0
+        return (last / first) ** (1.0 / gap)
 
 
 class Welford:

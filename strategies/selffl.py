@@ -49,7 +49,14 @@ RULE_COLUMNS = {
     "fallback_l_max_clip": sm.RULE_L_MAX,
     "fallback_q0": sm.RULE_Q0,
     "fallback_q1": sm.RULE_Q1,
+    "fallback_no_contraction": sm.RULE_NO_CONTRACTION,
 }
+
+
+def _median_known(values) -> float:
+    """Median of the known (>= 0) values; NaN when none is known."""
+    known = [float(v) for v in values if float(v) >= 0]
+    return float(np.median(known)) if known else math.nan
 
 
 class SelfFL(PersonalizedStrategy):
@@ -59,6 +66,10 @@ class SelfFL(PersonalizedStrategy):
         self.warned_off = False
         self.oracle_sigma_sq = None
         self.estimator = "oracle" if self.hyper["oracle"] else self.hyper["variance-estimator"]
+        contraction = self.hyper["contraction"]
+        if contraction == "auto":
+            contraction = "measured" if self.estimator == "bootstrap" else "variance"
+        self.contraction = contraction
         if self.hyper["oracle"]:
             from flower_pfl.data import gaussian_truth
 
@@ -86,6 +97,7 @@ class SelfFL(PersonalizedStrategy):
             "eta": float(self.cfg["train.lr"] if self.hyper["eta"] == "auto" else self.hyper["eta"]),
             "l-max": int(self.hyper["l-max"]),
             "variance-estimator": self.estimator,
+            "contraction": self.contraction,
             "bootstrap-max-steps": int(self.hyper["bootstrap-max-steps"]),
             "bootstrap-tol": float(self.hyper["bootstrap-tol"]),
             "bootstrap-lr": float(self.hyper["bootstrap-lr"]) if self.hyper["bootstrap-lr"] != "auto"
@@ -172,9 +184,10 @@ class SelfFL(PersonalizedStrategy):
                 bootstrap_steps_mean=float(np.mean([u.metrics["bootstrap_steps"] for u in boot])),
                 bootstrap_converged=int(sum(bool(u.metrics["bootstrap_converged"]) for u in boot)),
                 bootstrap_s_mean=float(np.mean([u.metrics["bootstrap_s"] for u in boot])),
+                curvature_median=_median_known([u.metrics.get("curvature", -1.0) for u in boot]),
                 upload_extra_bytes=len(boot[0].metrics.get("optimum_offset", b"")) + 8)
         self.log_server(sigma0_sq=self.sigma0_sq, sigma0_sq_drop_orders=drop,
-                        variance_estimator=self.estimator,
+                        variance_estimator=self.estimator, contraction=self.contraction,
                         sigma_m_sq_min=float(known.min()) if known.size else math.nan,
                         sigma_m_sq_median=float(np.median(known)) if known.size else math.nan,
                         sigma_m_sq_max=float(known.max()) if known.size else math.nan,
@@ -185,7 +198,8 @@ class SelfFL(PersonalizedStrategy):
         self.results.log_table("selffl_clients", [
             {"round": server_round, "partition-id": u.pid, "steps_rule": u.metrics.get("steps_rule"),
              "local_steps": u.metrics.get("local_steps"), "eta_m": u.metrics.get("eta_m"),
-             "init_coef": u.metrics.get("init_coef"), "sigma_sq": float(s)}
+             "init_coef": u.metrics.get("init_coef"), "sigma_sq": float(s),
+             "curvature": u.metrics.get("curvature")}
             for u, s in zip(updates, sigma_sq)])
         fallbacks = ", ".join(f"{col.removeprefix('fallback_')} {n}" for col, n in counts.items()
                               if n) or "none"

@@ -42,6 +42,32 @@ def test_eq8_solves_for_eta_m_when_one_step_of_eta_overshoots():
     assert (1 - eta_m / 0.05) ** 3 == pytest.approx(q) and 0 < eta_m < 0.04
 
 
+def test_measured_contraction_by_hand_and_eq8_with_it():
+    rule = sm.ConvergenceRule(tol=1e-9, window=2)
+    for k in range(6):
+        rule.update(3.0 * 0.5 ** k)  # geometric: rho = 0.5 per step
+    assert rule.contraction() == pytest.approx(0.5)
+    assert math.isnan(sm.ConvergenceRule(0.1, window=3).contraction())
+    assert sm.measured_curvature(0.5, lr=0.1) == pytest.approx(5.0)
+    assert sm.measured_curvature(1.2, lr=0.1) == 0.0  # no contraction
+    assert math.isnan(sm.measured_curvature(math.nan, lr=0.1))
+    # curvature = sigma_m^-2 is the paper's eq. 8 exactly
+    assert sm.local_schedule(0.1, 0.5, 2.0, 100, 5, curvature=2.0) == \
+        sm.local_schedule(0.1, 0.5, 2.0, 100, 5)
+    # a trace variance (sigma_m^2 = 0.1 over many parameters) at eta 0.05: one step
+    # literally; with the measured curvature (rho 0.98 per step at lr 0.05) eq. 8 asks
+    # log(q) / log(0.98) steps
+    steps, _, rule_name = sm.local_schedule(0.05, 0.1, 18.0, 50, 24)
+    assert (steps, rule_name) == (1, sm.RULE_EQ8)
+    q = 18.0 / (10.0 + 18.0)
+    steps, eta_m, rule_name = sm.local_schedule(0.05, 0.1, 18.0, 50, 24,
+                                                curvature=sm.measured_curvature(0.98, 0.05))
+    assert (steps, eta_m, rule_name) == (round(math.log(q) / math.log(0.98)), 0.05, sm.RULE_EQ8)
+    assert sm.local_schedule(0.05, 0.1, 18.0, 50, 24, curvature=0.0) == \
+        (50, 0.05, sm.RULE_NO_CONTRACTION)
+    assert sm.local_schedule(0.05, 0.1, 18.0, 50, 24, curvature=math.nan)[2] == sm.RULE_UNKNOWN
+
+
 def test_eq10_initialisation_by_hand_and_guards():
     # c_m = (sigma0^2 + sigma_m^2)^-1 / S_-m = 0.5 / 2 ; init = g - c (p - g)
     c = sm.init_coefficient(1.0, 1.0, 2.0)
@@ -144,7 +170,8 @@ def test_client_starts_from_eq10_not_from_the_global_model(tmp_path):
     cfg_json = cfg.to_json()
     arrays, _, metrics = client.fit([np.array([1.0], np.float32)], {
         "cfg": cfg_json, "round": 2, "warmup": False, "sigma0-sq": 1.0, "s-minus": 2.0,
-        "eta": 1e-9, "l-max": 1, "oracle-sigma-sq": 1.0, "variance-estimator": "surrogate"})
+        "eta": 1e-9, "l-max": 1, "oracle-sigma-sq": 1.0, "variance-estimator": "surrogate",
+        "contraction": "variance"})
     # c = (1 + 1)^-1 / 2 = 0.25: init = 1 - 0.25 (3 - 1) = 0.5; eta ~ 0 keeps it there
     assert float(arrays[0][0]) == pytest.approx(0.5, abs=1e-4)
     assert metrics["init_coef"] == pytest.approx(0.25)
@@ -198,7 +225,7 @@ def test_bootstrap_fit_converges_to_the_resample_optimum(tmp_path):
     fit_cfg = {"cfg": cfg.to_json(), "round": 1, "warmup": False, "sigma0-sq": -1.0,
                "s-minus": -1.0, "eta": 0.001, "l-max": 1000, "oracle-sigma-sq": -1.0,
                "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
-               "bootstrap-tol": 0.01, "bootstrap-lr": 0.01}
+               "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "contraction": "measured"}
     _, _, metrics = client.fit([np.array([0.0], np.float32)], fit_cfg)
     offset = np.frombuffer(metrics["optimum_offset"], dtype="<f4")
     z = data.gaussian_truth(cfg.values).z[2]
@@ -208,6 +235,9 @@ def test_bootstrap_fit_converges_to_the_resample_optimum(tmp_path):
     assert offset[0] == pytest.approx(resample_mean, abs=0.01 * abs(resample_mean) + 1e-4)
     assert metrics["optimum_sq_norm"] == pytest.approx(float(offset[0]) ** 2, rel=1e-5)
     assert offset[0] != pytest.approx(z.mean(), abs=1e-6)  # a resample, not the data itself
+    # full-batch GD on the Gaussian NLL: the measured curvature is the paper's sigma_m^-2
+    truth = data.gaussian_truth(cfg.values)
+    assert metrics["curvature"] == pytest.approx(1.0 / truth.sigma_sq[2], rel=1e-3)
 
 
 def test_server_eq14_uses_the_local_optima_not_the_personal_models(tmp_path):

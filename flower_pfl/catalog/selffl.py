@@ -5,6 +5,7 @@ from __future__ import annotations
 from flower_pfl.hyper import NUM, POS, Entry, Hyper, auto_or_positive
 
 ESTIMATORS = ("bootstrap", "surrogate")
+CONTRACTIONS = ("auto", "measured", "variance")
 
 ENTRIES = [
     Entry(
@@ -42,6 +43,14 @@ ENTRIES = [
                 "the bootstrap fit stops when its mean gradient norm over one pass has fallen "
                 "to this fraction of the first pass's (ours; 0.01 leaves 1% of the initial "
                 "distance on a quadratic)"),
+            "contraction": Hyper(
+                "auto", (str,), lambda v: v in CONTRACTIONS, f"one of {list(CONTRACTIONS)}",
+                "the per-step contraction 1 - eta h_m of eq. 8: 'variance' = the paper's "
+                "h_m = sigma_m^-2 (exact for the Gaussian model); 'measured' = h_m from how "
+                "fast the round's bootstrap fit contracted (needs the bootstrap estimator; "
+                "with a trace variance over a network's parameters eq. 8 literally gives one "
+                "step, see flower_pfl/selffl_math.py); 'auto' = measured with the bootstrap "
+                "estimator, variance with the surrogate or the oracle"),
             "oracle": Hyper(False, (bool,), None, "true or false",
                             "synthetic task only: use the true sigma_0^2 and sigma_m^2 = "
                             "noise^2/N_m instead of the estimates of eqs. 13-14"),
@@ -49,6 +58,10 @@ ENTRIES = [
         cross_check=lambda values, hyper: (
             ["'hyper.selffl.oracle' = true needs data.dataset 'synthetic-gaussian' (only there "
              "are the true variances known)"]
-            if hyper.get("oracle") and values["data.dataset"] != "synthetic-gaussian" else []),
+            if hyper.get("oracle") and values["data.dataset"] != "synthetic-gaussian" else []) + (
+            ["'hyper.selffl.contraction' = 'measured' needs variance-estimator 'bootstrap' (the "
+             "contraction is measured on the bootstrap fit)"]
+            if hyper.get("contraction") == "measured"
+            and hyper.get("variance-estimator", "bootstrap") != "bootstrap" else []),
     ),
 ]
