@@ -119,6 +119,12 @@ class PersonalizedStrategy(Checkpointing, Strategy):
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         """Consume this round's uploads (default: nothing)."""
 
+    def upload_template(self) -> list[np.ndarray]:
+        """Arrays shaped like one client's upload (called after ``setup``/a resume): the
+        upload check holds every upload to these shapes and dtypes.  Default: the whole
+        model; a strategy whose clients upload a part (FedRep: the body) returns that."""
+        return self._initial
+
     def eval_payload(self, pid: int, server_round: int) -> tuple[list[np.ndarray], dict[str, Scalar]]:
         """Arrays and extra config for evaluation (default: the global model)."""
         return self.global_arrays or [], {}
@@ -127,7 +133,6 @@ class PersonalizedStrategy(Checkpointing, Strategy):
         """Record server-side per-round quantities (written to server.csv and the log)."""
         self._round_server_log.update(values)
 
-    #: attributes a checkpoint never holds (connections, files, the configuration itself)
     # ---------------------------------------------------------------- Strategy methods
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         if self._initial is None:
@@ -135,11 +140,13 @@ class PersonalizedStrategy(Checkpointing, Strategy):
 
             self._initial = initial_arrays(self.cfg)
         self.spec = ParamSpec.of(self._initial)
-        self._dtypes = [np.asarray(a).dtype for a in self._initial]
         if not self._restored:
             self.global_arrays = [a.copy() for a in self._initial] if self.has_global_model \
                 else None
             self.setup([a.copy() for a in self._initial])
+        template = self.upload_template()
+        self.upload_spec = ParamSpec.of(template)
+        self._dtypes = [np.asarray(a).dtype for a in template]
         log(INFO, "[flower-pfl] strategy=%s clients=%d rounds=%d model=%s (%d parameters); "
             "results -> %s%s", self.cfg.strategy, self.num_clients, self.cfg["rounds"],
             self.cfg["model"], self.spec.dim, self.results.dir,
@@ -209,7 +216,7 @@ class PersonalizedStrategy(Checkpointing, Strategy):
             if int(claimed) != pid:
                 reason = f"the upload claims partition-id {claimed}"
             if reason is None and (self.uploads_model or arrays):
-                reason = reliability.check_update(arrays, res.num_examples, self.spec.shapes,
+                reason = reliability.check_update(arrays, res.num_examples, self.upload_spec.shapes,
                                                   self._dtypes, res.metrics,
                                                   self._sent.get(pid), max_norm)
             if reason is not None:

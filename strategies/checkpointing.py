@@ -25,6 +25,7 @@ from strategies.federation import ResumeError
 class Checkpointing:
     """save_checkpoint / resume and the state they carry (see the module docstring)."""
 
+    #: attributes a checkpoint never holds (connections, files, the configuration itself)
     NOT_CHECKPOINTED = frozenset({"cfg", "cfg_json", "hyper", "num_clients", "results",
                                   "proxies", "pid_of_cid", "client_state_dir", "start_round",
                                   "_federation_checked", "_restored", "_round_server_log",

@@ -6,8 +6,8 @@ phi^t to the sampled clients and sets phi^{t+1} = (1/C) sum_i phi_i (Algorithm 3
 an unweighted mean of the uploaded bodies). There is no global model to evaluate: the
 personalized model of client i is (h_i, phi^t), evaluated by every client.
 
-Uploads are bodies, so ``initialize_parameters`` points the base's upload check (array count, shapes,
-dtypes) at the body's arrays instead of the whole model's.
+Uploads are bodies, so ``upload_template`` points the base's upload check (array count,
+shapes, dtypes) at the body's arrays instead of the whole model's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import numpy as np
 from flwr.common.logger import log
 
 from flower_pfl.models import layer_groups, model_for
-from flower_pfl.params import ParamSpec
 from strategies.base import ClientUpdate, PersonalizedStrategy
 
 
@@ -35,11 +34,8 @@ class FedRep(PersonalizedStrategy):
                 "is empty and every client trains only its own head (= Local training)",
                 self.cfg.strategy, self.cfg["model"])
 
-    def initialize_parameters(self, client_manager):
-        params = super().initialize_parameters(client_manager)  # runs setup (or a resume)
-        self.spec = ParamSpec.of(self.body)  # what a client uploads (checked by the base)
-        self._dtypes = [a.dtype for a in self.body]
-        return params
+    def upload_template(self):
+        return self.body  # clients upload the body (checked by the base)
 
     def rho(self) -> float:
         return 0.0
