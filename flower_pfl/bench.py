@@ -647,16 +647,20 @@ def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> li
                     metric = "mse" if "mse" in rows[0] else "accuracy"
                     last = max(int(r["round"]) for r in rows)
                     dist[strategy] += [float(r[metric]) for r in rows if int(r["round"]) == last]
-            values = json.loads((done[0].dir / "config.json").read_text()).get("values", {})
             for name in ("attention", "selection"):
                 npy = done[0].dir / f"{name}.npy"
                 if npy.is_file():
                     import numpy as np
 
+                    # a cell copied without its config.json (e.g. committed by hand) still
+                    # gets its heatmap, without the group order
+                    conf = done[0].dir / "config.json"
+                    values = json.loads(conf.read_text()).get("values", {}) \
+                        if conf.is_file() else {}
                     written.append(plots.heatmap(
                         np.load(npy), out / f"heatmap-{setting}-{strategy}-{name}.png",
                         title=f"{strategy} {name}, {setting}, seed {done[0].seed}",
-                        groups=true_groups(values)))
+                        groups=true_groups(values) if values else None))
         if curves:
             written.append(plots.curves(curves, out / f"curves-{setting}.png",
                                         title=f"{matrix.name} / {setting}", metric=metric))

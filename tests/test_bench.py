@@ -103,6 +103,23 @@ def test_plots_exist(tiny):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, name
 
 
+def test_plots_survive_a_cell_without_its_config_json(tiny, tmp_path):
+    """A finished cell committed without config.json (seen: the bench crashed in write_plots
+    after all its cells had run) still gets its table row and heatmap."""
+    m, out, records, lines = tiny
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    for seed in SEEDS:
+        (copy / "runs" / "prac" / "fedacs" / f"seed-{seed}" / "config.json").unlink()
+    (copy / "heatmap-prac-fedacs-attention.png").unlink()
+    cells = m.cells(copy)
+    recs = bench.collect(m, cells)
+    bench.write_table(m, recs, copy)
+    bench.write_plots(m, cells, recs, copy)
+    assert (copy / "heatmap-prac-fedacs-attention.png").read_bytes()[:4] == b"\x89PNG"
+    assert _table(copy)["fedacs"]["seeds_done"] == "2"
+
+
 def test_rerun_skips_finished_cells(tiny):
     m, out, records, lines = tiny
     summaries = sorted((out / "runs").rglob("summary.json"))
