@@ -43,7 +43,10 @@ Choices the paper leaves open, and ours:
   shrinks by rho per step (:meth:`ConvergenceRule.contraction`); h_m = (1 - rho) /
   eta_b (:func:`measured_curvature`).  On the Gaussian model with full-batch GD this
   IS sigma_m^-2 (the norm shrinks by exactly 1 - eta_b / sigma_m^2 per step), so the
-  synthetic task keeps the paper's eq. 8; ``contraction: variance`` is eq. 8 literally.
+  synthetic task could use either; ``contraction: variance`` is eq. 8 literally, and
+  ``auto`` keeps it for a one-parameter model (sigma_m^2 is then a variance, not a trace;
+  on the synthetic task the literal form also measured better: its estimated sigma_m^2
+  enters q_m and the contraction alike, and the errors partly cancel).
   When the fit shows no contraction (rho >= 1: mini-batch noise) the client runs
   l-max steps, the "too large, clip to l_max" case of section 4.2.
 * Every other division and logarithm is guarded; each fallback has a name (returned

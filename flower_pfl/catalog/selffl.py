@@ -50,7 +50,9 @@ ENTRIES = [
                 "fast the round's bootstrap fit contracted (needs the bootstrap estimator; "
                 "with a trace variance over a network's parameters eq. 8 literally gives one "
                 "step, see flower_pfl/selffl_math.py); 'auto' = measured with the bootstrap "
-                "estimator, variance with the surrogate or the oracle"),
+                "estimator on a model of more than one parameter (where sigma_m^2 is a "
+                "trace), variance otherwise (the scalar synthetic task, the surrogate, the "
+                "oracle)"),
             "oracle": Hyper(False, (bool,), None, "true or false",
                             "synthetic task only: use the true sigma_0^2 and sigma_m^2 = "
                             "noise^2/N_m instead of the estimates of eqs. 13-14"),
