@@ -269,24 +269,25 @@ class ConvergenceRule:
     def update(self, grad_norm: float) -> bool:
         """Record one step's gradient norm; True = stop now."""
         self.norms.append(float(grad_norm))
-        w = self.window
-        if len(self.norms) < w:
+        if len(self.norms) < self.window:
             return False
-        first = float(np.mean(self.norms[:w]))
-        last = float(np.mean(self.norms[-w:]))
+        first, last = self._window_means()
         self.converged = first <= 0 or last <= self.tol * first
         return self.converged
+
+    def _window_means(self) -> tuple[float, float]:
+        """Mean gradient norm over the first and over the last ``window`` steps."""
+        w = self.window
+        return float(np.mean(self.norms[:w])), float(np.mean(self.norms[-w:]))
 
     def contraction(self) -> float:
         """rho: the per-step factor by which the gradient norm shrank, (mean over the last
         window / mean over the first) ^ (1 / steps between them); NaN with fewer than
         window + 1 steps.  On a quadratic under full-batch GD, exactly 1 - lr h."""
-        w = self.window
-        gap = len(self.norms) - w
+        gap = len(self.norms) - self.window
         if gap < 1:
             return math.nan
-        first = float(np.mean(self.norms[:w]))
-        last = float(np.mean(self.norms[-w:]))
+        first, last = self._window_means()
         if first <= 0:
             return 0.0
         return (last / first) ** (1.0 / gap)

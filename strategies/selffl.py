@@ -68,8 +68,8 @@ class SelfFL(PersonalizedStrategy):
         self.estimator = "oracle" if self.hyper["oracle"] else self.hyper["variance-estimator"]
         contraction = self.hyper["contraction"]
         if contraction == "auto":  # eq. 8 as written for one parameter; measured for a trace
-            dim = sum(int(np.asarray(a).size) for a in initial_arrays)
-            contraction = "measured" if self.estimator == "bootstrap" and dim > 1 else "variance"
+            contraction = "measured" if self.estimator == "bootstrap" and self.spec.dim > 1 \
+                else "variance"
         self.contraction = contraction
         if self.hyper["oracle"]:
             from flower_pfl.data import gaussian_truth
