@@ -118,8 +118,10 @@ class SelfFLClient(PersonalStateClient):
         metrics = self.local_train(model, num_steps=steps, lr=eta_m)
         theta_new = get_arrays(model)
         if config["variance-estimator"] == "bootstrap":
-            moments.add(optimum)  # eq. 13 over local optima theta_{m,t}
             offset = optimum - theta_global  # d_m: what eq. 14 needs (with ||d_m||^2)
+            # eq. 13 over the local optima theta_{m,t}, or over their offsets d_m to the
+            # round's global model (the global model's drift is not client noise)
+            moments.add(offset if config["eq13-samples"] == "offset" else optimum)
             extra["optimum_offset"] = offset.astype("<f4").tobytes()
             extra["optimum_sq_norm"] = float(offset @ offset)
         else:

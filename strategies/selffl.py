@@ -71,6 +71,11 @@ class SelfFL(PersonalizedStrategy):
             contraction = "measured" if self.estimator == "bootstrap" and self.spec.dim > 1 \
                 else "variance"
         self.contraction = contraction
+        samples = self.hyper["eq13-samples"]
+        if samples == "auto":  # a network's fit depends on its start; the scalar one does not
+            samples = "offset" if self.estimator == "bootstrap" and self.spec.dim > 1 \
+                else "optimum"
+        self.eq13_samples = samples
         if self.hyper["oracle"]:
             from flower_pfl.data import gaussian_truth
 
@@ -99,6 +104,7 @@ class SelfFL(PersonalizedStrategy):
             "l-max": int(self.hyper["l-max"]),
             "variance-estimator": self.estimator,
             "contraction": self.contraction,
+            "eq13-samples": self.eq13_samples,
             "bootstrap-max-steps": int(self.hyper["bootstrap-max-steps"]),
             "bootstrap-tol": float(self.hyper["bootstrap-tol"]),
             "bootstrap-lr": float(self.hyper["bootstrap-lr"]) if self.hyper["bootstrap-lr"] != "auto"
@@ -189,6 +195,7 @@ class SelfFL(PersonalizedStrategy):
                 upload_extra_bytes=len(boot[0].metrics.get("optimum_offset", b"")) + 8)
         self.log_server(sigma0_sq=self.sigma0_sq, sigma0_sq_drop_orders=drop,
                         variance_estimator=self.estimator, contraction=self.contraction,
+                        eq13_samples=self.eq13_samples,
                         sigma_m_sq_min=float(known.min()) if known.size else math.nan,
                         sigma_m_sq_median=float(np.median(known)) if known.size else math.nan,
                         sigma_m_sq_max=float(known.max()) if known.size else math.nan,

@@ -225,7 +225,8 @@ def test_bootstrap_fit_converges_to_the_resample_optimum(tmp_path):
     fit_cfg = {"cfg": cfg.to_json(), "round": 1, "warmup": False, "sigma0-sq": -1.0,
                "s-minus": -1.0, "eta": 0.001, "l-max": 1000, "oracle-sigma-sq": -1.0,
                "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
-               "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "contraction": "measured"}
+               "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "contraction": "measured",
+               "eq13-samples": "optimum"}
     _, _, metrics = client.fit([np.array([0.0], np.float32)], fit_cfg)
     offset = np.frombuffer(metrics["optimum_offset"], dtype="<f4")
     z = data.gaussian_truth(cfg.values).z[2]
@@ -238,6 +239,25 @@ def test_bootstrap_fit_converges_to_the_resample_optimum(tmp_path):
     # full-batch GD on the Gaussian NLL: the measured curvature is the paper's sigma_m^-2
     truth = data.gaussian_truth(cfg.values)
     assert metrics["curvature"] == pytest.approx(1.0 / truth.sigma_sq[2], rel=1e-3)
+
+
+@pytest.mark.parametrize("samples", ["optimum", "offset"])
+def test_eq13_samples_are_the_optima_or_their_offsets_to_the_global_model(samples):
+    """'offset': eq. 13's moments hold d_m = theta_{m,t} - theta^{t-1}, so a global model
+    that moved between rounds adds nothing to sigma_m^2; 'optimum' keeps theta_{m,t}."""
+    cfg = config.load(SYNTH, ["clients=4"])
+    client = _selffl_client(cfg, pid=1)
+    fit_cfg = {"cfg": cfg.to_json(), "round": 1, "warmup": False, "sigma0-sq": -1.0,
+               "s-minus": -1.0, "eta": 0.001, "l-max": 10, "oracle-sigma-sq": -1.0,
+               "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
+               "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "contraction": "measured",
+               "eq13-samples": samples}
+    _, _, metrics = client.fit([np.array([3.0], np.float32)], fit_cfg)
+    offset = float(np.frombuffer(metrics["optimum_offset"], dtype="<f4")[0])
+    client.state.resolve(accepted_round=1)  # the server accepted the fit: its writes stay
+    mean = float(client.load_moments().mean[0])
+    expected = offset if samples == "offset" else offset + 3.0
+    assert mean == pytest.approx(expected, abs=1e-5)
 
 
 def test_server_eq14_uses_the_local_optima_not_the_personal_models(tmp_path):

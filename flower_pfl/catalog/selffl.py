@@ -6,6 +6,7 @@ from flower_pfl.hyper import NUM, POS, Entry, Hyper, auto_or_positive
 
 ESTIMATORS = ("bootstrap", "surrogate")
 CONTRACTIONS = ("auto", "measured", "variance")
+EQ13_SAMPLES = ("auto", "optimum", "offset")
 
 ENTRIES = [
     Entry(
@@ -53,6 +54,16 @@ ENTRIES = [
                 "estimator on a model of more than one parameter (where sigma_m^2 is a "
                 "trace), variance otherwise (the scalar synthetic task, the surrogate, the "
                 "oracle)"),
+            "eq13-samples": Hyper(
+                "auto", (str,), lambda v: v in EQ13_SAMPLES, f"one of {list(EQ13_SAMPLES)}",
+                "what eq. 13's running variance is taken over with the bootstrap estimator: "
+                "'optimum' = the local optima theta_{m,t} themselves (literal); 'offset' = "
+                "their offsets theta_{m,t} - theta^{t-1} to the round's global model (the "
+                "samples eq. 14 already uses), so the global model's drift over the rounds "
+                "does not count as client noise; 'auto' = offset on a model of more than one "
+                "parameter (a network's 50-step fit depends on where it starts), optimum on "
+                "the scalar synthetic task (its fit converges to the same optimum from "
+                "anywhere). See docs/algorithms/selffl.md"),
             "oracle": Hyper(False, (bool,), None, "true or false",
                             "synthetic task only: use the true sigma_0^2 and sigma_m^2 = "
                             "noise^2/N_m instead of the estimates of eqs. 13-14"),
