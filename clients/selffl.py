@@ -14,6 +14,8 @@ eq. 13.  Each round:
   bytes, the size of the model: the base class accepts only model-shaped arrays) and
   ||d_m||^2, so the server can form eq. 14 over local optima.
   'surrogate': eq. 13 over the personal models theta_m^t, nothing extra uploaded;
+  neither takes a sample in the early warm-up rounds (``sample-variance`` false: the
+  server's warm start, strategies/selffl.py);
   (l_m, eta_m) by eq. 8 (flower_pfl/selffl_math.local_schedule), l_m SGD steps of size
   eta_m from theta_m^INIT -> the new personal model theta_m^t.
 
@@ -105,7 +107,8 @@ class SelfFLClient(PersonalStateClient):
         coef = 0.0 if config["warmup"] else sm.init_coefficient(sigma0_sq, sigma_m_sq, s_minus)
         init = sm.init_params(theta_global, theta_prev, coef)  # eq. 10 (coef 0: global model)
         extra = {}
-        if config["variance-estimator"] == "bootstrap":
+        sample = bool(config["sample-variance"])  # False in the early warm-up rounds
+        if config["variance-estimator"] == "bootstrap" and sample:
             # the fit runs first: its contraction sets this round's eq. 8 ('measured')
             optimum, extra = self.bootstrap_optimum(init, spec, config)
         curvature = extra.get("curvature") if config["contraction"] == "measured" else None
@@ -117,16 +120,17 @@ class SelfFLClient(PersonalStateClient):
         model = self.new_model(spec.unflatten(init.astype(np.float32)))
         metrics = self.local_train(model, num_steps=steps, lr=eta_m)
         theta_new = get_arrays(model)
-        if config["variance-estimator"] == "bootstrap":
+        if config["variance-estimator"] == "bootstrap" and sample:
             offset = optimum - theta_global  # d_m: what eq. 14 needs (with ||d_m||^2)
             # eq. 13 over the local optima theta_{m,t}, or over their offsets d_m to the
             # round's global model (the global model's drift is not client noise)
             moments.add(offset if config["eq13-samples"] == "offset" else optimum)
             extra["optimum_offset"] = offset.astype("<f4").tobytes()
             extra["optimum_sq_norm"] = float(offset @ offset)
-        else:
+        elif sample:
             moments.add(spec.flatten(theta_new))  # surrogate: eq. 13 over theta_m^t
-        self.save_moments(moments)
+        if moments.count:
+            self.save_moments(moments)
         self.save_personal(model)
         reported = oracle if math.isfinite(oracle) else moments.variance
         if "curvature" in extra and not math.isfinite(extra["curvature"]):

@@ -12,7 +12,13 @@ Per round t (clients: clients/selffl.py):
             definition); 'surrogate' = of the received personal models theta_m^t;
             theta_hat^t by eq. 11 over the active clients (weights (sigma_0^2+sigma_m^2)^-1);
             theta^t = (1 - C) theta^{t-1} + C theta_hat^t with C = fraction-fit (section 4.1).
-Optional FedAvg warm-start rounds (section 3.2).  ``oracle: true`` (synthetic task only)
+Optional FedAvg warm-start rounds (section 3.2: "for large neural network models, we
+suggest deploying Self-FL after the baseline FL training runs for certain rounds ... so
+that the fluctuation of local models does not hinder variance approximation"): in the
+first ``warmup-rounds`` rounds clients train one epoch from theta^{t-1} and the server
+averages by sample size; eqs. 13-14 take samples only from the last PRIME_ROUNDS of them
+on (eq. 13 needs two), so Self-FL starts with both variances known and none of the
+warm-up's early fluctuation in them.  ``oracle: true`` (synthetic task only)
 replaces the estimates by the true sigma_0^2 and sigma_m^2 = noise^2 / N_m.
 
 Visibility (nothing falls back silently): every round server.csv gets the count of each
@@ -38,6 +44,7 @@ from flower_pfl import selffl_math as sm
 from strategies.base import ClientUpdate, PersonalizedStrategy
 from strategies.fedavg import weighted_average
 
+PRIME_ROUNDS = 2  # warm-up rounds at the end of the warm-up that already sample eqs. 13-14
 UNKNOWN = -1.0  # config values cannot be None: negative variance = not known yet
 SIGMA0_DROP_ORDERS = 2.0  # warn when sigma_0^2 fell this many orders below its peak
 
@@ -88,6 +95,10 @@ class SelfFL(PersonalizedStrategy):
     def warmup(self, server_round: int) -> bool:
         return server_round <= self.hyper["warmup-rounds"]
 
+    def samples_variance(self, server_round: int) -> bool:
+        """Whether this round's clients add a sample to eqs. 13-14 (not the early warm-up)."""
+        return server_round > self.hyper["warmup-rounds"] - PRIME_ROUNDS
+
     def s_minus(self, pid: int) -> float:
         others = [v for k, v in self.store.values.get("sigma_sq", {}).items() if k != pid]
         if not math.isfinite(self.sigma0_sq) or not others:
@@ -98,6 +109,7 @@ class SelfFL(PersonalizedStrategy):
         s = self.s_minus(pid)
         return self.global_arrays, {
             "warmup": self.warmup(server_round),
+            "sample-variance": self.samples_variance(server_round),
             "sigma0-sq": self.sigma0_sq if math.isfinite(self.sigma0_sq) else UNKNOWN,
             "s-minus": s if math.isfinite(s) else UNKNOWN,
             "eta": float(self.cfg["train.lr"] if self.hyper["eta"] == "auto" else self.hyper["eta"]),
@@ -146,7 +158,7 @@ class SelfFL(PersonalizedStrategy):
         for u, value in zip(updates, sigma_sq):
             if np.isfinite(value):
                 self.store.put("sigma_sq", u.pid, float(value))
-        if self.estimator != "oracle":
+        if self.estimator != "oracle" and self.samples_variance(server_round):
             estimate = self.estimate_sigma0_sq(models, updates)  # eq. 14
             if np.isfinite(estimate):
                 self.sigma0_sq = estimate

@@ -226,7 +226,7 @@ def test_bootstrap_fit_converges_to_the_resample_optimum(tmp_path):
                "s-minus": -1.0, "eta": 0.001, "l-max": 1000, "oracle-sigma-sq": -1.0,
                "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
                "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "contraction": "measured",
-               "eq13-samples": "optimum"}
+               "eq13-samples": "optimum", "sample-variance": True}
     _, _, metrics = client.fit([np.array([0.0], np.float32)], fit_cfg)
     offset = np.frombuffer(metrics["optimum_offset"], dtype="<f4")
     z = data.gaussian_truth(cfg.values).z[2]
@@ -251,13 +251,39 @@ def test_eq13_samples_are_the_optima_or_their_offsets_to_the_global_model(sample
                "s-minus": -1.0, "eta": 0.001, "l-max": 10, "oracle-sigma-sq": -1.0,
                "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
                "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "contraction": "measured",
-               "eq13-samples": samples}
+               "eq13-samples": samples, "sample-variance": True}
     _, _, metrics = client.fit([np.array([3.0], np.float32)], fit_cfg)
     offset = float(np.frombuffer(metrics["optimum_offset"], dtype="<f4")[0])
     client.state.resolve(accepted_round=1)  # the server accepted the fit: its writes stay
     mean = float(client.load_moments().mean[0])
     expected = offset if samples == "offset" else offset + 3.0
     assert mean == pytest.approx(expected, abs=1e-5)
+
+
+def test_early_warmup_rounds_take_no_variance_sample(tmp_path):
+    """Section 3.2's warm start: the early warm-up rounds' fluctuation stays out of eqs.
+    13-14 (the client runs no bootstrap fit and adds no sample); the last PRIME_ROUNDS
+    warm-up rounds already sample, so Self-FL starts with both variances known."""
+    from strategies.selffl import PRIME_ROUNDS, SelfFL
+
+    cfg = config.load(SYNTH, ["clients=4", "hyper.selffl.warmup-rounds=4"])
+    strategy = SelfFL(cfg, results_dir=tmp_path)
+    assert [strategy.samples_variance(t) for t in range(1, 7)] == \
+        [t > 4 - PRIME_ROUNDS for t in range(1, 7)]
+    client = _selffl_client(cfg, pid=1)
+    fit_cfg = {"cfg": cfg.to_json(), "round": 1, "warmup": True, "sigma0-sq": -1.0,
+               "s-minus": -1.0, "eta": 0.001, "l-max": 10, "oracle-sigma-sq": -1.0,
+               "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
+               "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "contraction": "measured",
+               "eq13-samples": "optimum", "sample-variance": False}
+    _, _, metrics = client.fit([np.array([3.0], np.float32)], fit_cfg)
+    client.state.resolve(accepted_round=1)
+    assert "optimum_offset" not in metrics and "bootstrap_steps" not in metrics
+    assert client.load_moments().count == 0
+    _, _, metrics = client.fit([np.array([3.0], np.float32)], {**fit_cfg, "round": 2,
+                                                              "sample-variance": True})
+    client.state.resolve(accepted_round=2)
+    assert "optimum_offset" in metrics and client.load_moments().count == 1
 
 
 def test_server_eq14_uses_the_local_optima_not_the_personal_models(tmp_path):
