@@ -83,6 +83,10 @@ class SelfFL(PersonalizedStrategy):
             samples = "offset" if self.estimator == "bootstrap" and self.spec.dim > 1 \
                 else "optimum"
         self.eq13_samples = samples
+        warm = self.hyper["warmup-rounds"]
+        if warm == "auto":  # section 3.2: warm-start a neural network, not the scalar model
+            warm = int(self.cfg["rounds"]) // 4 if self.spec.dim > 1 else 0
+        self.warmup_rounds = int(warm)
         if self.hyper["oracle"]:
             from flower_pfl.data import gaussian_truth
 
@@ -93,11 +97,11 @@ class SelfFL(PersonalizedStrategy):
                 self.store.put("sigma_sq", pid, float(value))
 
     def warmup(self, server_round: int) -> bool:
-        return server_round <= self.hyper["warmup-rounds"]
+        return server_round <= self.warmup_rounds
 
     def samples_variance(self, server_round: int) -> bool:
         """Whether this round's clients add a sample to eqs. 13-14 (not the early warm-up)."""
-        return server_round > self.hyper["warmup-rounds"] - PRIME_ROUNDS
+        return server_round > self.warmup_rounds - PRIME_ROUNDS
 
     def s_minus(self, pid: int) -> float:
         others = [v for k, v in self.store.values.get("sigma_sq", {}).items() if k != pid]

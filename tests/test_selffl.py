@@ -268,6 +268,7 @@ def test_early_warmup_rounds_take_no_variance_sample(tmp_path):
 
     cfg = config.load(SYNTH, ["clients=4", "hyper.selffl.warmup-rounds=4"])
     strategy = SelfFL(cfg, results_dir=tmp_path)
+    strategy.initialize_parameters(None)
     assert [strategy.samples_variance(t) for t in range(1, 7)] == \
         [t > 4 - PRIME_ROUNDS for t in range(1, 7)]
     client = _selffl_client(cfg, pid=1)
@@ -284,6 +285,19 @@ def test_early_warmup_rounds_take_no_variance_sample(tmp_path):
                                                               "sample-variance": True})
     client.state.resolve(accepted_round=2)
     assert "optimum_offset" in metrics and client.load_moments().count == 1
+
+
+def test_warmup_auto_warm_starts_a_network_not_the_scalar_model(tmp_path):
+    from strategies.selffl import SelfFL
+
+    main = str(Path(SYNTH).parent.parent / "simulation.yaml")
+    for path, overrides, expected in [(SYNTH, ["rounds=40"], 0),
+                                      (main, ["strategy=selffl", "rounds=20"], 5),
+                                      (main, ["strategy=selffl", "rounds=20",
+                                              "hyper.selffl.warmup-rounds=0"], 0)]:
+        strategy = SelfFL(config.load(path, overrides), results_dir=tmp_path / str(expected))
+        strategy.initialize_parameters(None)
+        assert strategy.warmup_rounds == expected, (path, overrides)
 
 
 def test_server_eq14_uses_the_local_optima_not_the_personal_models(tmp_path):
