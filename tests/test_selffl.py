@@ -171,7 +171,7 @@ def test_client_starts_from_eq10_not_from_the_global_model(tmp_path):
     arrays, _, metrics = client.fit([np.array([1.0], np.float32)], {
         "cfg": cfg_json, "round": 2, "warmup": False, "sigma0-sq": 1.0, "s-minus": 2.0,
         "eta": 1e-9, "l-max": 1, "oracle-sigma-sq": 1.0, "variance-estimator": "surrogate",
-        "contraction": "variance"})
+        "contraction": "variance", "eq13-samples": "optimum", "sample-variance": True})
     # c = (1 + 1)^-1 / 2 = 0.25: init = 1 - 0.25 (3 - 1) = 0.5; eta ~ 0 keeps it there
     assert float(arrays[0][0]) == pytest.approx(0.5, abs=1e-4)
     assert metrics["init_coef"] == pytest.approx(0.25)
@@ -258,6 +258,33 @@ def test_eq13_samples_are_the_optima_or_their_offsets_to_the_global_model(sample
     mean = float(client.load_moments().mean[0])
     expected = offset if samples == "offset" else offset + 3.0
     assert mean == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_contraction_setting_reaches_the_clients_step_count():
+    """'measured': eq. 8 with the curvature of this round's bootstrap fit; 'variance': with
+    sigma_m^-2 (eq. 8 literally). Same client state, same round: different l_m."""
+    cfg = config.load(SYNTH, ["clients=4"])
+    base = {"cfg": cfg.to_json(), "warmup": False, "sigma0-sq": -1.0, "s-minus": -1.0,
+            "eta": 0.001, "l-max": 1000, "oracle-sigma-sq": -1.0,
+            "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
+            "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "eq13-samples": "optimum",
+            "sample-variance": True}
+    steps = {}
+    for contraction in ("measured", "variance"):
+        client = _selffl_client(cfg, pid=3)
+        for t in (1, 2):  # two bootstrap samples: sigma_m^2 known from round 3 on
+            client.fit([np.array([0.0], np.float32)],
+                       {**base, "round": t, "contraction": contraction})
+            client.state.resolve(accepted_round=t)
+        sigma_m_sq = client.load_moments().variance
+        _, _, m = client.fit([np.array([0.0], np.float32)],
+                             {**base, "round": 3, "contraction": contraction,
+                              "sigma0-sq": 1.0, "s-minus": 10.0})
+        curvature = m["curvature"] if contraction == "measured" else None
+        expected = sm.local_schedule(0.001, sigma_m_sq, 10.0, 1000, 1, curvature=curvature)
+        assert m["local_steps"] == expected[0] and m["steps_rule"] == expected[2]
+        steps[contraction] = m["local_steps"]
+    assert steps["measured"] != steps["variance"]
 
 
 def test_early_warmup_rounds_take_no_variance_sample(tmp_path):
