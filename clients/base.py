@@ -322,6 +322,8 @@ class PersonalStateClient(PFLClient):
         return get_arrays(model), metrics
 
     def personal_model(self, parameters, config):
+        if config.get("evaluate-received") and parameters:
+            return self.new_model(parameters)  # the server chose the model (e.g. FedAMP's u_i)
         model = self.load_personal()
         if model is not None:
             return model

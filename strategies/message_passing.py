@@ -9,7 +9,11 @@ ITS u_i.
 
 Clients that have never uploaded are represented by the initial model (their W^0
 column) and are not used as peers until they upload.  For evaluation, a client without a
-personal model yet receives its u_i; the others evaluate their own w_i.
+personal model yet receives its u_i; the others evaluate their own w_i -- or, with
+``hyper.<strategy>.evaluate: cloud`` (FedAMP, HeurFedAMP), every client evaluates the
+cloud model u_i the server would send it next round (one (n x n) @ (n x d) product per
+evaluated round): w_i is one local epoch past u_i and carries that epoch's SGD noise,
+u_i averages it out (docs/algorithms/fedamp.md, issue 13).
 
 Robustness (a choice of ours, not the papers'): a stored model whose distance from the
 initial model exceeds ``outlier_factor`` times the median of the stored models'
@@ -97,6 +101,13 @@ class MessagePassingStrategy(PersonalizedStrategy):
         self.cloud = {}
 
     def eval_payload(self, pid, server_round):
+        if self.hyper.get("evaluate") == "cloud" and self.matrix.seen.any():
+            if getattr(self, "_next_cloud_round", None) != server_round:
+                # next round's u_i of every client, from this round's stored models
+                self._next_cloud = self.matrix.combine(
+                    self.attention(np.arange(self.num_clients), server_round + 1))
+                self._next_cloud_round = server_round
+            return self.spec.unflatten(self._next_cloud[pid]), {"evaluate-received": True}
         if self.matrix.seen[pid]:
             return [], {}  # the client evaluates its own personalized model w_i
         if getattr(self, "_eval_cloud_round", None) != server_round:

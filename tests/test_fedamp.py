@@ -250,6 +250,25 @@ def test_diverged_client_cannot_drag_its_group_down(strategy, tmp_path, monkeypa
         assert (np.linalg.norm(u_unguarded - u_before, axis=1) > 10 * scale).all()
 
 
+@pytest.mark.parametrize("evaluate", ["personal", "cloud"])
+def test_evaluate_cloud_scores_next_rounds_u_i_not_w_i(evaluate, tmp_path):
+    """evaluate: cloud -> each client's reported accuracy is that of the u_i the server
+    would send it next round; personal -> that of its own w_i (the paper's model)."""
+    import csv
+
+    cfg = small_config(strategy="heurfedamp", clients=4, rounds=2, model="mclr", **{
+        "data.subsample": 2000, "hyper.heurfedamp.evaluate": evaluate})
+    s = inprocess.run(cfg, tmp_path)
+    pids = [0, 1, 2, 3]
+    cloud = _cloud_accuracy(s, cfg, pids, _cloud_models(s, pids, 3))
+    personal = _cloud_accuracy(s, cfg, pids, np.stack([s.matrix.model(p) for p in pids]))
+    rows = [r for r in csv.DictReader(open(tmp_path / "clients.csv")) if r["round"] == "2"]
+    reported = np.array([float(r["accuracy"]) for r in sorted(rows, key=lambda r: int(r["partition-id"]))])
+    assert not np.allclose(cloud, personal)  # the two models differ on these clients
+    expected = cloud if evaluate == "cloud" else personal
+    assert np.allclose(reported, expected, atol=1e-6), (reported, cloud, personal)
+
+
 # ------------------------------------------------------------------- guard: beat Local
 GUARD = {"clients": 12, "rounds": 8, "data.partition": "practical", "data.groups": 3,
          "data.subsample": 6000}
