@@ -98,6 +98,7 @@ def server_rounds(strategy_name: str, n: int, fraction: float, rounds: int,
                                                           results_dir=out)
     manager = make_manager(n)
     params = strategy.initialize_parameters(manager)
+    template = strategy.upload_template()
     rng = np.random.default_rng(1)
     times = []
     for rnd in range(1, rounds + 1):
@@ -108,11 +109,13 @@ def server_rounds(strategy_name: str, n: int, fraction: float, rounds: int,
         for proxy, ins in instructions:  # the clients' side: not timed
             pid = int(proxy.get_properties(None, None, None).properties["partition-id"])
             sent = parameters_to_ndarrays(ins.parameters)
-            base = sent if len(sent) == len(SHAPES) else model_arrays()
+            # what this strategy's clients upload (FedRep/PLGU-GRep: the body only)
+            base = sent if [a.shape for a in sent] == [a.shape for a in template] else template
             up = [(a + 0.01 * rng.standard_normal(a.shape)).astype(np.float32) for a in base]
             results.append((proxy, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(up), 100,
                                           {"partition-id": pid, "num-train": 100,
-                                           "train_loss": 1.0})))
+                                           "train_loss": 1.0, "local_steps": 10,
+                                           "sigma_sq": 0.01})))
         t0 = time.perf_counter()
         new, _ = strategy.aggregate_fit(rnd, results, [])
         times.append(t_conf + time.perf_counter() - t0)
