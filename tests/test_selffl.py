@@ -218,16 +218,22 @@ def _selffl_client(cfg, pid=0):
     return SelfFLClient(ctx)
 
 
+def _fit_cfg(cfg, **changes):
+    """A Self-FL fit config for the synthetic task: bootstrap estimator, nothing known yet."""
+    out = {"cfg": cfg.to_json(), "round": 1, "warmup": False, "sigma0-sq": -1.0,
+           "s-minus": -1.0, "eta": 0.001, "l-max": 1000, "oracle-sigma-sq": -1.0,
+           "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
+           "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "contraction": "measured",
+           "eq13-samples": "optimum", "sample-variance": True}
+    out.update({k.replace("_", "-"): v for k, v in changes.items()})
+    return out
+
+
 def test_bootstrap_fit_converges_to_the_resample_optimum(tmp_path):
     """theta_{m,t} is the optimum of the resampled data (its mean), not a few steps towards it."""
     cfg = config.load(SYNTH, ["clients=4"])
     client = _selffl_client(cfg, pid=2)
-    fit_cfg = {"cfg": cfg.to_json(), "round": 1, "warmup": False, "sigma0-sq": -1.0,
-               "s-minus": -1.0, "eta": 0.001, "l-max": 1000, "oracle-sigma-sq": -1.0,
-               "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
-               "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "contraction": "measured",
-               "eq13-samples": "optimum", "sample-variance": True}
-    _, _, metrics = client.fit([np.array([0.0], np.float32)], fit_cfg)
+    _, _, metrics = client.fit([np.array([0.0], np.float32)], _fit_cfg(cfg))
     offset = np.frombuffer(metrics["optimum_offset"], dtype="<f4")
     z = data.gaussian_truth(cfg.values).z[2]
     rng = np.random.default_rng([cfg["seed"], 2, 1, 0xB007])  # the client's resample
@@ -247,11 +253,7 @@ def test_eq13_samples_are_the_optima_or_their_offsets_to_the_global_model(sample
     that moved between rounds adds nothing to sigma_m^2; 'optimum' keeps theta_{m,t}."""
     cfg = config.load(SYNTH, ["clients=4"])
     client = _selffl_client(cfg, pid=1)
-    fit_cfg = {"cfg": cfg.to_json(), "round": 1, "warmup": False, "sigma0-sq": -1.0,
-               "s-minus": -1.0, "eta": 0.001, "l-max": 10, "oracle-sigma-sq": -1.0,
-               "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
-               "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "contraction": "measured",
-               "eq13-samples": samples, "sample-variance": True}
+    fit_cfg = _fit_cfg(cfg, l_max=10, eq13_samples=samples)
     _, _, metrics = client.fit([np.array([3.0], np.float32)], fit_cfg)
     offset = float(np.frombuffer(metrics["optimum_offset"], dtype="<f4")[0])
     client.state.resolve(accepted_round=1)  # the server accepted the fit: its writes stay
@@ -264,11 +266,7 @@ def test_the_contraction_setting_reaches_the_clients_step_count():
     """'measured': eq. 8 with the curvature of this round's bootstrap fit; 'variance': with
     sigma_m^-2 (eq. 8 literally). Same client state, same round: different l_m."""
     cfg = config.load(SYNTH, ["clients=4"])
-    base = {"cfg": cfg.to_json(), "warmup": False, "sigma0-sq": -1.0, "s-minus": -1.0,
-            "eta": 0.001, "l-max": 1000, "oracle-sigma-sq": -1.0,
-            "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
-            "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "eq13-samples": "optimum",
-            "sample-variance": True}
+    base = _fit_cfg(cfg)
     steps = {}
     for contraction in ("measured", "variance"):
         client = _selffl_client(cfg, pid=3)
@@ -299,11 +297,7 @@ def test_early_warmup_rounds_take_no_variance_sample(tmp_path):
     assert [strategy.samples_variance(t) for t in range(1, 7)] == \
         [t > 4 - PRIME_ROUNDS for t in range(1, 7)]
     client = _selffl_client(cfg, pid=1)
-    fit_cfg = {"cfg": cfg.to_json(), "round": 1, "warmup": True, "sigma0-sq": -1.0,
-               "s-minus": -1.0, "eta": 0.001, "l-max": 10, "oracle-sigma-sq": -1.0,
-               "variance-estimator": "bootstrap", "bootstrap-max-steps": 1000,
-               "bootstrap-tol": 0.01, "bootstrap-lr": 0.01, "contraction": "measured",
-               "eq13-samples": "optimum", "sample-variance": False}
+    fit_cfg = _fit_cfg(cfg, warmup=True, l_max=10, sample_variance=False)
     _, _, metrics = client.fit([np.array([3.0], np.float32)], fit_cfg)
     client.state.resolve(accepted_round=1)
     assert "optimum_offset" not in metrics and "bootstrap_steps" not in metrics

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from flower_pfl.hyper import NUM, POS, Entry, Hyper, auto_or_positive
 
+# which model a client scores (both FedAMP variants; strategies/message_passing.py)
+EVALUATE = Hyper("personal", (str,), lambda v: v in ("personal", "cloud"),
+                 "one of ['personal', 'cloud']",
+                 "the model each client evaluates: 'personal' = w_i (the paper's personalized "
+                 "model, one local epoch past u_i); 'cloud' = the personalized cloud model u_i "
+                 "the server would send next (averages out w_i's last-epoch SGD noise; "
+                 "docs/algorithms/fedamp.md, issue 13)")
+
 ENTRIES = [
     Entry(
         "fedamp", "strategies.fedamp:FedAMP", "clients.fedamp:FedAMPClient",
@@ -32,13 +40,7 @@ ENTRIES = [
             "sigma": auto_or_positive(
                 "sigma of A(x)=1-exp(-x/sigma); 'auto' = sigma-scale * the median squared "
                 "distance between the stored client models, recomputed each round"),
-            "evaluate": Hyper("personal", (str,), lambda v: v in ("personal", "cloud"),
-                              "one of ['personal', 'cloud']",
-                              "the model each client evaluates: 'personal' = w_i (the "
-                              "paper's personalized model, one local epoch past u_i); 'cloud' "
-                              "= the personalized cloud model u_i the server would send next "
-                              "(averages out w_i's last-epoch SGD noise; "
-                              "docs/algorithms/fedamp.md, issue 13)"),
+            "evaluate": EVALUATE,
             "sigma-scale": Hyper(0.2, NUM, POS, "a number > 0",
                                  "sigma = sigma-scale * median squared distance when sigma is "
                                  "auto; 1 gave nearly flat attention (pathological split: 0.41 "
@@ -62,13 +64,7 @@ ENTRIES = [
                            "close to 1 (FMNIST CNN: spread ~1e-3), so sigma must be large to "
                            "separate them: measured in-group attention share on the practical "
                            "partition 0.32 at sigma=100 (uniform: 0.27), 1.0 at sigma=1000"),
-            "evaluate": Hyper("personal", (str,), lambda v: v in ("personal", "cloud"),
-                              "one of ['personal', 'cloud']",
-                              "the model each client evaluates: 'personal' = w_i (the "
-                              "paper's personalized model, one local epoch past u_i); 'cloud' "
-                              "= the personalized cloud model u_i the server would send next "
-                              "(averages out w_i's last-epoch SGD noise; "
-                              "docs/algorithms/fedamp.md, issue 13)"),
+            "evaluate": EVALUATE,
             "self-weight": Hyper(0.5, NUM, lambda v: 0 <= v < 1, "a number in [0, 1)",
                                  "xi_ii of eq. 8: the weight of the client's own model"),
         },
