@@ -119,6 +119,9 @@ class MessagePassingStrategy(PersonalizedStrategy):
         return self.spec.unflatten(self._eval_cloud[pid]), {}
 
     def aggregate_evaluate(self, server_round, results, failures):
+        # evaluation-only cloud models (up to n x d floats) are not state: never checkpointed
+        for name in ("_next_cloud", "_next_cloud_round", "_eval_cloud", "_eval_cloud_round"):
+            self.__dict__.pop(name, None)
         out = super().aggregate_evaluate(server_round, results, failures)
         if server_round >= self.cfg["rounds"] and self.matrix.seen.any():
             self.save_attention(server_round)

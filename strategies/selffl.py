@@ -73,20 +73,17 @@ class SelfFL(PersonalizedStrategy):
         self.warned_off = False
         self.oracle_sigma_sq = None
         self.estimator = "oracle" if self.hyper["oracle"] else self.hyper["variance-estimator"]
-        contraction = self.hyper["contraction"]
-        if contraction == "auto":  # eq. 8 as written for one parameter; measured for a trace
-            contraction = "measured" if self.estimator == "bootstrap" and self.spec.dim > 1 \
-                else "variance"
-        self.contraction = contraction
-        samples = self.hyper["eq13-samples"]
-        if samples == "auto":  # a network's fit depends on its start; the scalar one does not
-            samples = "offset" if self.estimator == "bootstrap" and self.spec.dim > 1 \
-                else "optimum"
-        self.eq13_samples = samples
-        warm = self.hyper["warmup-rounds"]
-        if warm == "auto":  # section 3.2: warm-start a neural network, not the scalar model
-            warm = int(self.cfg["rounds"]) // 4 if self.spec.dim > 1 else 0
-        self.warmup_rounds = int(warm)
+        # every 'auto' below: the paper's literal form on the scalar model of sections 2-3,
+        # the deep-learning form (section 3.2) on a network
+        network = self.spec.dim > 1
+        boot_net = network and self.estimator == "bootstrap"
+        auto = {"contraction": "measured" if boot_net else "variance",  # trace vs variance
+                "eq13-samples": "offset" if boot_net else "optimum",  # the fit's start matters
+                "warmup-rounds": int(self.cfg["rounds"]) // 4 if network else 0}
+        pick = lambda key: auto[key] if self.hyper[key] == "auto" else self.hyper[key]  # noqa: E731
+        self.contraction = pick("contraction")
+        self.eq13_samples = pick("eq13-samples")
+        self.warmup_rounds = int(pick("warmup-rounds"))
         if self.hyper["oracle"]:
             from flower_pfl.data import gaussian_truth
 
