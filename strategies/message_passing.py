@@ -9,8 +9,9 @@ ITS u_i.
 
 Clients that have never uploaded are represented by the initial model (their W^0
 column) and are not used as peers until they upload.  For evaluation, a client without a
-personal model yet receives its u_i; the others evaluate their own w_i -- or, with
-``hyper.<strategy>.evaluate: cloud`` (FedAMP, HeurFedAMP), every client evaluates the
+personal model yet receives its u_i; the others evaluate their own w_i (FedACS;
+FedAMP/HeurFedAMP with ``hyper.<strategy>.evaluate: personal``) -- or, with
+``evaluate: cloud`` (the FedAMP/HeurFedAMP default), every client evaluates the
 cloud model u_i the server would send it next round (one (n x n) @ (n x d) product per
 evaluated round): w_i is one local epoch past u_i and carries that epoch's SGD noise,
 u_i averages it out (docs/algorithms/fedamp.md, issue 13).

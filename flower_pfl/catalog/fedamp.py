@@ -5,12 +5,13 @@ from __future__ import annotations
 from flower_pfl.hyper import NUM, POS, Entry, Hyper, auto_or_positive
 
 # which model a client scores (both FedAMP variants; strategies/message_passing.py)
-EVALUATE = Hyper("personal", (str,), lambda v: v in ("personal", "cloud"),
+EVALUATE = Hyper("cloud", (str,), lambda v: v in ("personal", "cloud"),
                  "one of ['personal', 'cloud']",
-                 "the model each client evaluates: 'personal' = w_i (the paper's personalized "
-                 "model, one local epoch past u_i); 'cloud' = the personalized cloud model u_i "
-                 "the server would send next (averages out w_i's last-epoch SGD noise; "
-                 "docs/algorithms/fedamp.md, issue 13)")
+                 "the model each client evaluates: 'cloud' = the personalized cloud model u_i "
+                 "the server would send next (averages out w_i's last-epoch SGD noise: practical "
+                 "30 clients, 60 rounds, worst-10% 87.35/87.56 vs 82.30/82.44 scoring w_i); "
+                 "'personal' = w_i (the paper's personalized model, one local epoch past u_i); "
+                 "docs/algorithms/fedamp.md, issue 13")
 
 ENTRIES = [
     Entry(
