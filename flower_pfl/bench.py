@@ -23,7 +23,8 @@ Every cell is one ``flwr run`` in Ray simulation (the ``flower-pfl run`` path) o
 YAML, ``<out>/runs/<setting>/<strategy>/seed-<s>/cell.yaml``, written in full before the
 run: ``flower-pfl run --config <that file>`` reproduces the cell alone. A cell whose
 ``summary.json`` says ``completed`` for an identical ``cell.yaml`` is skipped on a rerun,
-so an interrupted bench resumes where it stopped; a changed cell configuration reruns.
+so an interrupted bench resumes where it stopped; a changed cell configuration -- or a
+changed registry default it resolves to (its ``config.json``) -- reruns.
 
 All cells of one bench share ONE SuperLink (``--superlink per-cell`` starts one per run, as
 ``flower-pfl run`` does); ``--ray shared`` also starts ONE Ray instance that every cell's
@@ -206,12 +207,38 @@ def _cell_yaml(cell: Cell) -> str:
     return yaml.safe_dump(tree, sort_keys=True)
 
 
+def _defaults_unchanged(cell: Cell, text: str) -> bool:
+    """Whether the run's resolved configuration (its ``config.json``: the cell.yaml with the
+    registry's defaults filled in) is what the cell.yaml resolves to today.  The strategy's
+    hyper-parameters are compared whole: a changed default or a hyper-parameter added since
+    (FedAMP's ``evaluate``) reruns the cell.  Of the run settings, only keys the run had are
+    compared (a setting added later, e.g. a timeout, did not change what ran); where it ran
+    (output-dir, run-name, cache-dir) is not.  A cell without config.json (copied by hand)
+    is judged on its cell.yaml alone."""
+    path = cell.dir / "config.json"
+    if not path.is_file():
+        return True
+    try:
+        then = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return False
+    now = json.loads(config_mod.validate(yaml.safe_load(text), str(cell.dir)).to_json())
+    if then.get("hyper") != now["hyper"]:
+        return False
+    old = then.get("values", {})
+    where = {"output-dir", "run-name", "cache-dir"}  # where it ran, not what it ran
+    return all(old[k] == v for k, v in now["values"].items() if k in old and k not in where)
+
+
 def cell_state(cell: Cell) -> str:
-    """'not registered', 'done' (completed for this exact cell.yaml) or 'todo'."""
+    """'not registered', 'done' (completed for this exact cell.yaml and today's defaults)
+    or 'todo'."""
     if cell.tree is None:
         return "not registered"
     summary, yml = cell.dir / "summary.json", cell.dir / "cell.yaml"
-    if summary.is_file() and yml.is_file() and yml.read_text() == _cell_yaml(cell):
+    text = _cell_yaml(cell)
+    if summary.is_file() and yml.is_file() and yml.read_text() == text \
+            and _defaults_unchanged(cell, text):
         try:
             if json.loads(summary.read_text()).get("status") == "completed" \
                     and client_failures(cell.dir) is None:

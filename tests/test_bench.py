@@ -164,6 +164,30 @@ def test_cell_state_detects_unfinished_and_changed_cells(tiny, tmp_path):
     assert bench.cell_state(changed) == "todo"  # a changed configuration reruns
 
 
+def test_a_changed_registry_default_reruns_the_cell(tiny, tmp_path):
+    """cell.yaml leaves the strategy's hyper-parameters to the registry: a run made under
+    another default (its config.json) is not today's cell.  A configuration key added
+    since the run is not a change."""
+    m, out, records, lines = tiny
+    cell = next(c for c in m.cells(out) if c.strategy == "fedacs" and c.seed == 0)
+    copy = bench.Cell(cell.setting, cell.strategy, cell.seed, cell.tree, tmp_path / cell.dir.name)
+    shutil.copytree(cell.dir, copy.dir)
+    (copy.dir / "cell.yaml").write_text((copy.dir / "cell.yaml").read_text()
+                                        .replace(str(cell.dir.parent), str(copy.dir.parent)))
+    conf_path = copy.dir / "config.json"
+    conf = json.loads(conf_path.read_text())
+    assert bench.cell_state(copy) == "done"
+    older = json.loads(json.dumps(conf))
+    del older["values"]["stall-timeout"]  # a key this run's code did not have yet
+    conf_path.write_text(json.dumps(older))
+    assert bench.cell_state(copy) == "done"
+    older["hyper"]["pick-ratio"] = conf["hyper"]["pick-ratio"] / 2  # another default then
+    conf_path.write_text(json.dumps(older))
+    assert bench.cell_state(copy) == "todo"
+    (copy.dir / "config.json").unlink()  # copied by hand without it: cell.yaml decides
+    assert bench.cell_state(copy) == "done"
+
+
 def test_matrix_errors_are_reported_together(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"strategies": [], "seeds": "0", "compare": "best",
