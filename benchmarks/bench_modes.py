@@ -1,0 +1,128 @@
+"""What `flower-pfl bench` pays per cell in its three modes (docs/BENCHMARKS.md (a)).
+
+One tiny matrix (FedAvg, MCLR, 4 clients, 3 rounds, 3,000 FMNIST images, ``--cells`` seeds)
+run three times, each a fresh `flower-pfl bench` into its own folder:
+
+1. ``--superlink per-cell``: every cell is a whole ``flower-pfl run`` (its own SuperLink and
+   its own Ray instance) -- what a user pays per ``flower-pfl run``;
+2. ``--superlink shared`` (the default): one SuperLink for the bench, one Ray per cell;
+3. ``--superlink shared --ray shared``: one SuperLink and ONE Ray instance for the bench.
+
+Per mode: the bench's wall time, each cell's wall time (``bench-cell.json``), its seconds
+per round (``summary.json``), fixed cost per cell = cell wall - rounds x s/round, and the
+peak of the summed PSS of every process of the bench: its process tree plus the shared Ray
+instance (``ray start`` daemonizes; its processes name the bench's private TMPDIR).
+Ratios are to the per-cell mode of the same invocation.
+
+    .venv/bin/python benchmarks/bench_modes.py [--cells 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from flower_pfl.procs import _pids_naming, process_tree  # noqa: E402
+from sim_overhead import _pss_kb  # noqa: E402  (same directory)
+
+MODES = {"per-cell": ["--superlink", "per-cell"],
+         "shared": ["--superlink", "shared"],
+         "shared+ray": ["--superlink", "shared", "--ray", "shared"]}
+
+
+def matrix(path: Path, cells: int, rounds: int) -> None:
+    path.write_text(yaml.safe_dump({
+        "name": "modes",
+        "set": {"rounds": rounds, "clients": 4, "fraction-fit": 1.0, "model": "mclr",
+                "data": {"dataset": "fmnist", "partition": "pathological",
+                         "subsample": 3000}},
+        "strategies": ["fedavg"], "settings": {"tiny": {}},
+        "seeds": list(range(cells)), "compare": "final"}))
+
+
+def run_mode(mode: str, matrix_path: Path, work: Path) -> dict:
+    tmp = work / f"tmp-{mode}"
+    tmp.mkdir()
+    out = work / f"out-{mode}"
+    cmd = [sys.executable, "-m", "flower_pfl.launch", "bench", str(matrix_path), "--out",
+           str(out), "--retries", "0", *MODES[mode]]
+    env = dict(os.environ, TMPDIR=str(tmp))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    peak = {"kb": 0, "procs": 0}
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            pids = process_tree(proc.pid) | _pids_naming(str(tmp))
+            total = sum(_pss_kb(p) for p in pids)
+            if total > peak["kb"]:
+                peak.update(kb=total, procs=len(pids))
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    output, _ = proc.communicate()
+    wall = time.perf_counter() - t0
+    stop.set()
+    thread.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{mode}: bench exited {proc.returncode}\n{output[-3000:]}")
+    cells = []
+    for cell_dir in sorted((out / "runs").glob("*/*/seed-*")):
+        info = json.loads((cell_dir / "bench-cell.json").read_text())
+        if info["status"] != "completed":
+            raise RuntimeError(f"{mode}: {cell_dir} {info['status']}")
+        rows = json.loads((cell_dir / "summary.json").read_text())["rounds"]
+        per_round = statistics.median(b["elapsed_s"] - a["elapsed_s"]
+                                      for a, b in zip(rows, rows[1:]))
+        cells.append({"wall_s": info["wall_s"], "s_per_round": per_round,
+                      "fixed_s": info["wall_s"] - len(rows) * per_round})
+    return {"bench_wall_s": wall, "cells": cells,
+            "fixed_s_median": statistics.median(c["fixed_s"] for c in cells),
+            "fixed_s_first": cells[0]["fixed_s"],
+            "fixed_s_later_median": statistics.median(c["fixed_s"] for c in cells[1:] or cells),
+            "peak_pss_mb": peak["kb"] / 1024, "peak_processes": peak["procs"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cells", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    print(f"load average before: {os.getloadavg()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-modes-") as tmp:
+        work = Path(tmp)
+        mpath = work / "modes.yaml"
+        matrix(mpath, args.cells, args.rounds)
+        res = {}
+        for mode in MODES:
+            res[mode] = run_mode(mode, mpath, work)
+            print(f"{mode}: {json.dumps(res[mode])}", flush=True)
+    base = res["per-cell"]
+    print(f"load average after: {os.getloadavg()}")
+    print("| mode | bench wall (s) | fixed cost per cell: first / later (median) (s) | "
+          "peak PSS, all processes (MB) | bench wall vs per-cell |")
+    print("|---|---|---|---|---|")
+    for mode, r in res.items():
+        print(f"| {mode} | {r['bench_wall_s']:.1f} | {r['fixed_s_first']:.1f} / "
+              f"{r['fixed_s_later_median']:.1f} | {r['peak_pss_mb']:.0f} | "
+              f"{r['bench_wall_s'] / base['bench_wall_s']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
