@@ -81,8 +81,16 @@ def _prepare_fmnist_raw(root: Path, cache: Path) -> Path:
     raise FileNotFoundError("Fashion-MNIST IDX files not found")
 
 
+def _raw_target(directory: Path, cache: Path) -> Path:
+    """The torchvision root (``<it>/FashionMNIST/raw``) for the IDX files of ``directory``:
+    one per source directory, so a ``data.root`` holding another copy (a subset, say) never
+    reads the files an earlier run unpacked from the Debian package's copy."""
+    tag = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]
+    return cache / "torchvision" / f"fmnist-{tag}"
+
+
 def _gunzip_raw(directory: Path, cache: Path) -> Path:
-    target = cache / "torchvision" / "FashionMNIST" / "raw"
+    target = _raw_target(directory, cache) / "FashionMNIST" / "raw"
     target.mkdir(parents=True, exist_ok=True)
     for name in FMNIST_FILES:
         if not (target / name).is_file():
@@ -96,16 +104,16 @@ def _gunzip_raw(directory: Path, cache: Path) -> Path:
                 raise DataError(f"dataset file {directory / (name + '.gz')} is corrupt or "
                                 f"truncated ({exc}); reinstall or re-download it") from exc
             os.replace(tmp, target / name)  # atomic: concurrent Ray actors may race here
-    return cache / "torchvision"
+    return _raw_target(directory, cache)
 
 
 def _link_raw(directory: Path, cache: Path) -> Path:
-    target = cache / "torchvision" / "FashionMNIST" / "raw"
+    target = _raw_target(directory, cache) / "FashionMNIST" / "raw"
     target.mkdir(parents=True, exist_ok=True)
     for name in FMNIST_FILES:
         if not (target / name).exists():
             shutil.copyfile(directory / name, target / name)
-    return cache / "torchvision"
+    return _raw_target(directory, cache)
 
 
 def load_pooled(dataset: str, root: str | None = None, cache_dir: str | None = None

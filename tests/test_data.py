@@ -146,3 +146,31 @@ def test_partition_leaving_a_client_without_data_is_named(labels):
                                       "data.max-train-samples": 1})
     part = data.make_partition(labels, cfg.values)  # 2 samples each: 1 train, 1 test
     assert all(len(t) == 1 for t in part.train) and all(len(t) == 1 for t in part.test)
+
+
+def test_a_data_root_with_another_copy_is_read_not_the_cached_default(tmp_path):
+    """A data.root holding a subset of FMNIST must give that subset, also when a run from
+    the Debian copy has already unpacked its files into the same cache (they used to share
+    one unpacked folder, so the root's own files were never read)."""
+    import gzip
+    import struct
+
+    root = tmp_path / "subset"
+    root.mkdir()
+    for kind, n in (("train", 300), ("t10k", 100)):
+        with gzip.open(data.DEBIAN_FMNIST_DIR / f"{kind}-images-idx3-ubyte.gz") as fh:
+            head = fh.read(16)
+            magic, _, rows, cols = struct.unpack(">IIII", head)
+            body = fh.read(n * rows * cols)
+        with gzip.open(root / f"{kind}-images-idx3-ubyte.gz", "wb") as fh:
+            fh.write(struct.pack(">IIII", magic, n, rows, cols) + body)
+        with gzip.open(data.DEBIAN_FMNIST_DIR / f"{kind}-labels-idx1-ubyte.gz") as fh:
+            magic, _ = struct.unpack(">II", fh.read(8))
+            labels = fh.read(n)
+        with gzip.open(root / f"{kind}-labels-idx1-ubyte.gz", "wb") as fh:
+            fh.write(struct.pack(">II", magic, n) + labels)
+    cache = str(tmp_path / "cache")
+    x_full, _ = data.load_pooled("fmnist", root=None, cache_dir=cache)
+    x_sub, y_sub = data.load_pooled("fmnist", root=str(root), cache_dir=cache)
+    assert len(x_full) == 70000 and len(x_sub) == len(y_sub) == 400
+    assert (x_sub[:300] == x_full[:300]).all()  # the same images, in the same order
