@@ -2,17 +2,20 @@
 # Ray simulation with client-resources.num-gpus fractions (several ClientApp actors sharing
 # one GPU) vs the same cell on the same machine's CPUs (docs/BENCHMARKS.md "GPU").
 #
-# The cell: FedAMP, CNN, 50 clients, pathological 2 classes each, every client every round,
-# 1 epoch of batch 32 at lr 0.05, 5 rounds, FMNIST from DATA_ROOT (its four IDX .gz files).
+# The cell (FedAMP Table 3's): FedAMP, CNN, 62 clients, practical 3 groups (80% dominant
+# classes), every client every round,
+# 1 epoch of batch 32 at lr 0.05, 5 rounds (MODEL, ROUNDS: another model / round count), FMNIST from DATA_ROOT (its four IDX .gz files).
 # Run 1 (gpu): device auto, num-cpus 1, num-gpus FRACTION per client; nvidia-smi's compute
 # apps are sampled every 2 s into OUT/smi.csv beside `ps` of the ClientApp actors.
 # Run 2 (cpu): the same cell with num-gpus 0 and device cpu (as many actors as cores).
 # Prints seconds per round (median of round-to-round differences) of each and their ratio.
 #
-#   bash benchmarks/gpu_sim.sh DATA_ROOT OUT [FRACTION]     (python: $PYTHON or python3)
+#   bash benchmarks/gpu_sim.sh DATA_ROOT OUT [FRACTION]     (python: $PYTHON or python3;
+#   MODEL=resnet18 ROUNDS=3 for a model whose local epoch is GPU-sized)
 set -uo pipefail
 root=$(cd "$1" && pwd); out=$2; frac=${3:-0.1}
 py=${PYTHON:-python3}
+model=${MODEL:-cnn}; rounds=${ROUNDS:-5}
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 PYTHONUNBUFFERED=1
@@ -20,17 +23,17 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 PYTHONUNBUFFERED=1
 cell() {  # name device num-gpus
   cat > "$out/$1.yaml" <<EOF
 strategy: fedamp
-rounds: 5
-clients: 50
+rounds: $rounds
+clients: 62
 fraction-fit: 1.0
 eval-every: 1
-model: cnn
+model: $model
 device: $2
 seed: 0
 output-dir: $out
 run-name: $1
 client-resources: {num-cpus: 1, num-gpus: $3}
-data: {dataset: fmnist, partition: pathological, classes-per-client: 2, subsample: null, root: $root}
+data: {dataset: fmnist, partition: practical, groups: 3, dominant-share: 0.8, subsample: null, root: $root}
 train: {epochs: 1, batch-size: 32, lr: 0.05}
 EOF
 }
@@ -75,7 +78,7 @@ apps = {}
 try:
     for row in csv.reader(open(out / "smi.csv")):
         apps.setdefault(row[0], set()).add(row[1].strip())
-    print("most processes on the GPU at once:", max(len(v) for v in apps.values()))
+    print("most processes on the GPU at once:", max((len(v) for v in apps.values()), default=0))
 except OSError:
     print("no smi.csv")
 EOF
