@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -35,8 +34,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flower_pfl.procs import _pids_naming, process_tree  # noqa: E402
-from sim_overhead import _pss_kb  # noqa: E402  (same directory)
+from flower_pfl.bench import _pids_naming  # noqa: E402
+from flower_pfl.procs import process_tree  # noqa: E402
+from sim_overhead import peak_pss  # noqa: E402  (same directory)
 
 MODES = {"per-cell": ["--superlink", "per-cell"],
          "shared": ["--superlink", "shared"],
@@ -63,23 +63,9 @@ def run_mode(mode: str, matrix_path: Path, work: Path) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    peak = {"kb": 0, "procs": 0}
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            pids = process_tree(proc.pid) | _pids_naming(str(tmp))
-            total = sum(_pss_kb(p) for p in pids)
-            if total > peak["kb"]:
-                peak.update(kb=total, procs=len(pids))
-            time.sleep(0.5)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    output, _ = proc.communicate()
+    with peak_pss(lambda: process_tree(proc.pid) | _pids_naming(str(tmp))) as peak:
+        output, _ = proc.communicate()
     wall = time.perf_counter() - t0
-    stop.set()
-    thread.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{mode}: bench exited {proc.returncode}\n{output[-3000:]}")
     cells = []

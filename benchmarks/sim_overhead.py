@@ -29,7 +29,9 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -97,6 +99,30 @@ def _pss_kb(pid: int) -> int:
     return 0
 
 
+@contextmanager
+def peak_pss(pids, interval_s: float = 0.5) -> Iterator[dict]:
+    """While the block runs, sample the summed PSS of the processes ``pids()`` names every
+    ``interval_s``; the yielded dict holds the peak (``kb``) and how many processes then."""
+    peak = {"kb": 0, "procs": 0}
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            now = pids()
+            total = sum(_pss_kb(p) for p in now)
+            if total > peak["kb"]:
+                peak.update(kb=total, procs=len(now))
+            time.sleep(interval_s)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        thread.join()
+
+
 def sim(tree: dict, out: Path) -> dict:
     from flower_pfl.procs import process_tree
 
@@ -109,23 +135,9 @@ def sim(tree: dict, out: Path) -> dict:
                             cwd=ROOT)
     time.sleep(0.3)
     idle_kb = _pss_kb(proc.pid)
-    peak = {"kb": 0, "procs": 0}
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            pids = process_tree(proc.pid)
-            total = sum(_pss_kb(p) for p in pids)
-            if total > peak["kb"]:
-                peak.update(kb=total, procs=len(pids))
-            time.sleep(0.5)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    output, _ = proc.communicate()
+    with peak_pss(lambda: process_tree(proc.pid)) as peak:
+        output, _ = proc.communicate()
     wall = time.perf_counter() - t0
-    stop.set()
-    thread.join()
     if proc.returncode != 0:
         raise RuntimeError(output[-2000:])
     summary = json.loads((out / "sim" / "summary.json").read_text())
