@@ -279,6 +279,21 @@ def _run_shared(cfg: config_mod.RunConfig, path: Path, cell: Cell, env: dict, pr
     return status
 
 
+# Ray puts its AF_UNIX sockets at <temp-dir>/session_<date>_<time>_<pid>/sockets/plasma_store
+# (~65 bytes below the temp dir) and refuses paths over 107 bytes.
+RAY_SOCKET_SUFFIX = "/session_2026-11-26_18-17-47_329120_4194304/sockets/plasma_store"
+
+
+def ray_temp_dir(workdir: Path) -> Path:
+    """Ray's --temp-dir for the shared instance: ``workdir/ray`` where its socket paths fit
+    Linux's 107-byte limit, else a new short folder under /tmp (a long TMPDIR made
+    `ray start --head` fail: "AF_UNIX path length cannot exceed 107 bytes")."""
+    tmp = workdir / "ray"
+    if len(str(tmp) + RAY_SOCKET_SUFFIX) > 107:
+        tmp = Path(tempfile.mkdtemp(prefix="fplray-", dir="/tmp"))
+    return tmp
+
+
 @contextmanager
 def shared_ray(workdir: Path, log_path: Path) -> Iterator[str]:
     """One Ray instance (``ray start --head``) for every cell of the bench; yields its address.
@@ -291,7 +306,7 @@ def shared_ray(workdir: Path, log_path: Path) -> Iterator[str]:
     from flower_pfl.procs import _alive, free_port, stop_tree
 
     ray_bin = str(Path(sys.executable).parent / "ray")
-    tmp = workdir / "ray"
+    tmp = ray_temp_dir(workdir)
     port = free_port()
     import ray._private.services as services  # the address Ray itself would bind
 
@@ -318,6 +333,7 @@ def shared_ray(workdir: Path, log_path: Path) -> Iterator[str]:
         except OSError:
             pass
         assert not any(_alive(p) for p in ours)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _restore_env(key: str, value: str | None) -> None:

@@ -196,3 +196,21 @@ def test_matrix_errors_are_reported_together(tmp_path):
         bench.load_matrix(path)
     msg = str(err.value)
     assert "typo" in msg and "no strategy" in msg and "seeds" in msg and "compare" in msg
+
+
+def test_the_shared_ray_temp_dir_fits_the_socket_path_limit(tmp_path):
+    """`--ray shared`: Ray refuses socket paths over 107 bytes, so a bench run from a long
+    TMPDIR used to fail at `ray start --head`; the shared instance's temp dir must leave
+    room for Ray's session/sockets suffix wherever the bench's work folder is."""
+    import tempfile
+
+    deep = tmp_path / ("long-tmpdir-" * 5)
+    deep.mkdir()
+    chosen = bench.ray_temp_dir(deep)
+    assert chosen.is_dir() and len(str(chosen) + bench.RAY_SOCKET_SUFFIX) <= 107
+    chosen.rmdir()
+    short = Path(tempfile.mkdtemp(prefix="w", dir="/tmp"))
+    try:
+        assert bench.ray_temp_dir(short) == short / "ray"  # kept inside the work folder
+    finally:
+        short.rmdir()
