@@ -62,7 +62,8 @@ from flower_pfl.params import ParamSpec
 from flower_pfl.results import ResultsWriter
 from strategies.checkpointing import Checkpointing
 from strategies.federation import (ClientFailure, ClientStore, ClientUpdate,  # noqa: F401
-                                   FederationError, ResumeError, RoundError, TaggedProxy)
+                                   FederationError, ResumeError, RoundError, TaggedProxy,
+                                   failure_reason)
 
 WAIT_FOR_NODES_S = 120.0
 
@@ -194,7 +195,7 @@ class PersonalizedStrategy(Checkpointing, Strategy):
             elif isinstance(f, tuple) and len(f) == 2:  # (proxy, result with a bad status)
                 out.append((self._proxy_pid(f[0]), f"status: {f[1].status.message[:400]}"))
             else:
-                out.append((-1, _failure_reason(f)))
+                out.append((-1, failure_reason(f)))
         for pid, reason in out:
             log(WARNING, "[flower-pfl] round %d: %s of partition-id %d failed: %s", server_round,
                 phase, pid, reason)
@@ -359,9 +360,9 @@ class PersonalizedStrategy(Checkpointing, Strategy):
                 except Exception as exc:  # noqa: BLE001
                     if not self._federation_checked:
                         raise FederationError(f"node {proxy.cid} did not answer the partition-id "
-                                              f"handshake: {_failure_reason(exc)}") from exc
+                                              f"handshake: {failure_reason(exc)}") from exc
                     log(WARNING, "[flower-pfl] node %s did not answer the handshake (%s); "
-                        "asking again next round", proxy.cid, _failure_reason(exc))
+                        "asking again next round", proxy.cid, failure_reason(exc))
                     return None
             with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
                 answers = list(pool.map(ask, unknown))

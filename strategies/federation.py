@@ -39,7 +39,8 @@ class ClientFailure(Exception):
         self.reason = reason
 
 
-def _failure_reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
+    """One line saying why a message to a client failed (timeout, client error, other)."""
     text = str(exc)
     if "Expected one Message but got: 0" in text:
         return "no reply (timed out or node disconnected)"
@@ -60,7 +61,7 @@ class TaggedProxy(ClientProxy):
         try:
             res = getattr(self.proxy, name)(ins, timeout, group_id)
         except BaseException as exc:  # noqa: BLE001 - Flower collects these as failures
-            raise ClientFailure(self.pid, _failure_reason(exc)) from exc
+            raise ClientFailure(self.pid, failure_reason(exc)) from exc
         if res.status.code != Code.OK:
             raise ClientFailure(self.pid, f"status {res.status.code.name}: "
                                 f"{res.status.message[:400]}")

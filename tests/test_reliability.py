@@ -449,6 +449,26 @@ def test_handshake_refuses_bad_partition_ids(tmp_path, pids, needle):
         inprocess.run(cfg, tmp_path, manager=_with_pids(pids))
 
 
+def test_a_node_failing_the_first_handshake_is_named_with_its_reason(tmp_path):
+    """The first handshake must end in a FederationError that names the node and why (it
+    raised NameError once: the helper that words the reason was not imported)."""
+    from strategies.base import FederationError
+
+    class Broken(inprocess.InProcessProxy):
+        def get_properties(self, ins, timeout, group_id):
+            raise RuntimeError("socket closed")
+
+    manager = inprocess.make_federation(4)
+    node = next(p for p in manager.all().values() if p.context.node_config["partition-id"] == 3)
+    manager.unregister(node)
+    manager.register(Broken(node.cid, node.context))
+    cfg = small_config(strategy="fedavg", clients=4, rounds=1, model="mclr",
+                       **{"data.subsample": 2000})
+    with pytest.raises(FederationError, match=rf"node {node.cid} did not answer the partition-id "
+                                              r"handshake: RuntimeError: socket closed"):
+        inprocess.run(cfg, tmp_path, manager=manager)
+
+
 def test_node_that_leaves_is_not_fatal_and_rejoins_under_its_partition_id(tmp_path):
     cfg = small_config(strategy="fedavg", clients=4, rounds=4, model="mclr",
                        **{"fraction-fit": 1.0, "data.subsample": 2000})
