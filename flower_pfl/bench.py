@@ -303,7 +303,7 @@ def shared_ray(workdir: Path, log_path: Path) -> Iterator[str]:
     stopping a Ray instance per run. Stopped by PID on exit: every process of this instance
     names ``workdir`` on its command line (never ``ray stop``, which ends every Ray process
     on the machine)."""
-    from flower_pfl.procs import _alive, free_port, stop_tree
+    from flower_pfl.procs import _alive, free_port, process_tree, stop_tree
 
     ray_bin = str(Path(sys.executable).parent / "ray")
     tmp = ray_temp_dir(workdir)
@@ -324,7 +324,11 @@ def shared_ray(workdir: Path, log_path: Path) -> Iterator[str]:
                 raise LaunchError(f"`ray start --head` failed ({exc}); see {log_path}") from exc
         yield f"{ip}:{port}"
     finally:
-        ours = {p for p in _pids_naming(str(tmp)) if p != os.getpid()}
+        # the processes naming the temp dir (GCS, raylet) and their descendants and sessions:
+        # the agents and workers rename themselves (ray::DashboardAgent, ...) and were left
+        # behind when only the named ones were stopped
+        named = {p for p in _pids_naming(str(tmp)) if p != os.getpid()}
+        ours = set().union(named, *(process_tree(p) for p in named))
         stop_tree(ours)
         current = Path("/tmp/ray/ray_current_cluster")
         try:
