@@ -300,9 +300,9 @@ def shared_ray(workdir: Path, log_path: Path) -> Iterator[str]:
 
     Each cell's simulation attaches to it through ``RAY_ADDRESS`` (Flower's Ray backend calls
     ``ray.init()`` without an address, which honours the variable) instead of starting and
-    stopping a Ray instance per run. Stopped by PID on exit: every process of this instance
-    names ``workdir`` on its command line (never ``ray stop``, which ends every Ray process
-    on the machine)."""
+    stopping a Ray instance per run. Stopped by PID on exit: the processes that name its
+    temp dir (:func:`ray_temp_dir`) on their command line, with their descendants and
+    sessions (never ``ray stop``, which ends every Ray process on the machine)."""
     from flower_pfl.procs import _alive, free_port, process_tree, stop_tree
 
     ray_bin = str(Path(sys.executable).parent / "ray")

@@ -90,7 +90,8 @@ def _raw_target(directory: Path, cache: Path) -> Path:
 
 
 def _gunzip_raw(directory: Path, cache: Path) -> Path:
-    target = _raw_target(directory, cache) / "FashionMNIST" / "raw"
+    root = _raw_target(directory, cache)
+    target = root / "FashionMNIST" / "raw"
     target.mkdir(parents=True, exist_ok=True)
     for name in FMNIST_FILES:
         if not (target / name).is_file():
@@ -104,16 +105,17 @@ def _gunzip_raw(directory: Path, cache: Path) -> Path:
                 raise DataError(f"dataset file {directory / (name + '.gz')} is corrupt or "
                                 f"truncated ({exc}); reinstall or re-download it") from exc
             os.replace(tmp, target / name)  # atomic: concurrent Ray actors may race here
-    return _raw_target(directory, cache)
+    return root
 
 
 def _link_raw(directory: Path, cache: Path) -> Path:
-    target = _raw_target(directory, cache) / "FashionMNIST" / "raw"
+    root = _raw_target(directory, cache)
+    target = root / "FashionMNIST" / "raw"
     target.mkdir(parents=True, exist_ok=True)
     for name in FMNIST_FILES:
         if not (target / name).exists():
             shutil.copyfile(directory / name, target / name)
-    return _raw_target(directory, cache)
+    return root
 
 
 def load_pooled(dataset: str, root: str | None = None, cache_dir: str | None = None
