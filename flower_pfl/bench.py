@@ -446,7 +446,7 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
                     flush=True)
             wall = time.time() - t0
             (cell.dir / "bench-cell.json").write_text(json.dumps(
-                {"status": status, "wall_s": round(wall, 2), "superlink": superlink,
+                {"status": status, "wall_s": round(wall, 2), "engine": "flwr", "superlink": superlink,
                  "ray": ray}, indent=2))
             if status == "completed":
                 durations.setdefault(cell.setting, []).append(wall)
@@ -530,6 +530,14 @@ def cell_numbers(cell_dir: Path) -> dict[str, float] | None:
     return nums
 
 
+def cell_engine(cell_dir: Path) -> str:
+    """``flwr`` (the bench's `flwr run`) or ``inprocess`` (benchmarks/matrix_inprocess.py)."""
+    try:
+        return str(json.loads((cell_dir / "bench-cell.json").read_text()).get("engine", "flwr"))
+    except (OSError, json.JSONDecodeError):
+        return "flwr"
+
+
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     n = len(values)
     mean = sum(values) / n
@@ -557,6 +565,8 @@ def collect(matrix: Matrix, cells: Sequence[Cell]) -> list[dict[str, Any]]:
                     "failed" if failed else "not run")
             else:
                 rec["status"] = "done" if len(done) == len(mine) else "partial"
+                rec["engine"] = "+".join(sorted({cell_engine(c.dir) for c in mine
+                                                 if per_seed[c.seed] is not None}))
                 for col, _ in COLUMNS:
                     vals = [v[col] for v in done.values() if col in v]
                     if vals and len(vals) == len(done):
@@ -602,7 +612,7 @@ def _setting_line(matrix: Matrix, setting: str) -> str:
 
 
 def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path) -> None:
-    fields = ["setting", "strategy", "status", "seeds_done", "seeds_total"]
+    fields = ["setting", "strategy", "status", "engine", "seeds_done", "seeds_total"]
     for col, _ in COLUMNS:
         fields += [col, col + "_std"]
     fields += ["paper", "gap", "paper_global", "gap_global"]
@@ -654,10 +664,16 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
                 paper_s += f" (global {rec['paper_global']:.2f})"
                 if rec.get("gap_global") is not None:
                     gap_s += f" (global {rec['gap_global']:+.2f})"
-            lines.append(f"| {rec['strategy']} | {matrix.paper_names.get(rec['strategy'], '')} | "
+            mark = " (in-process)" if "inprocess" in rec.get("engine", "") else ""
+            lines.append(f"| {rec['strategy']}{mark} | {matrix.paper_names.get(rec['strategy'], '')} | "
                          f"{rec['seeds_done']}/{rec['seeds_total']} | " + " | ".join(cells_)
                          + f" | {paper_s} | {gap_s} |")
         lines.append("")
+    if any("inprocess" in r.get("engine", "") for r in records):
+        lines += ["Rows marked (in-process) ran their cells through `flower_pfl.inprocess` "
+                  "(benchmarks/matrix_inprocess.py: the same cell.yaml, Strategy and client "
+                  "classes, direct calls instead of `flwr run`; s/round is then not the "
+                  "simulation's).", ""]
     if matrix.notes.strip():
         lines += ["## Settings chosen where the paper is silent", "", matrix.notes.strip(), ""]
     (out / "table.md").write_text("\n".join(lines))

@@ -214,3 +214,39 @@ def test_the_shared_ray_temp_dir_fits_the_socket_path_limit(tmp_path):
         assert bench.ray_temp_dir(short) == short / "ray"  # kept inside the work folder
     finally:
         short.rmdir()
+
+
+def test_inprocess_cells_land_in_the_bench_layout_marked_as_such(tiny, tmp_path):
+    """benchmarks/matrix_inprocess.py runs the bench's cells in one process each, --jobs at a
+    time: the bench's table reads them (numbers = their summaries), marks their rows
+    "(in-process)" and never calls them `flwr run` cells; a rerun skips them."""
+    import subprocess
+    import sys
+
+    m, out, records, lines = tiny
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "matrix_inprocess.py"
+    dest = tmp_path / "inproc"
+    cmd = [sys.executable, str(script), str(m.path), "--out", str(dest), "--strategies",
+           "fedavg", "--seeds", "0", "1", "--jobs", "2"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "2 cells to run, 2 at a time" in first.stdout
+    for seed in SEEDS:
+        cell = dest / "runs" / "prac" / "fedavg" / f"seed-{seed}"
+        assert json.loads((cell / "bench-cell.json").read_text())["engine"] == "inprocess"
+        assert not (cell / "flwr-run.log").exists()
+        assert bench.cell_state(next(c for c in m.cells(dest) if c.dir == cell)) == "done"
+    cells = m.cells(dest)
+    recs = bench.collect(m, cells)
+    bench.write_table(m, recs, dest)
+    row = _table(dest)["fedavg"]
+    assert row["engine"] == "inprocess" and row["seeds_done"] == "2"
+    bmtas = [100 * json.loads((dest / "runs" / "prac" / "fedavg" / f"seed-{s}" /
+                               "summary.json").read_text())["bmta"] for s in SEEDS]
+    assert float(row["bmta"]) == pytest.approx(sum(bmtas) / 2, abs=1e-9)
+    md = (dest / "table.md").read_text()
+    assert "| fedavg (in-process) |" in md and "flower_pfl.inprocess" in md
+    assert _table(out)["fedavg"]["engine"] == "flwr"  # the flwr-run cells: not marked
+    assert "(in-process)" not in (out / "table.md").read_text()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert "0 cells to run" in again.stdout

@@ -1,0 +1,155 @@
+"""Run a bench matrix's cells in one process each, several at once, into the bench's layout.
+
+`flower-pfl bench` runs each cell through Flower's simulation engine (`flwr run`, Ray), one
+cell at a time: the experiment of record.  On a machine with many cores and a GPU, a matrix
+of small-model cells is bound by one simulation's start and by its one-round-at-a-time
+clients; this script runs the same cells (the same ``cell.yaml`` the bench writes, the same
+Strategy and NumPyClient classes) through ``flower_pfl.inprocess`` -- the direct-call
+transport the tests use -- with ``--jobs`` cells at a time, each in its own process (with
+``device: auto`` on the GPU where there is one).  Each finished cell's ``bench-cell.json``
+says ``"engine": "inprocess"`` and the table marks its row, so a table never passes an
+in-process cell off as a `flwr run` one.  Finished cells are skipped as by the bench, and
+`flower-pfl bench MATRIX --out DIR --table-only` (run at the end) writes table.md and plots.
+
+``--deadline S``: the cells must end within S seconds (e.g. a lent machine's time limit).
+Every 5 s the remaining time of each running cell is projected from its last rounds; while
+the latest projected end lies past the deadline, the running cell of lowest priority (last
+in ``--strategies``) is stopped, at most one per ``--grace`` seconds (the others speed up
+when it goes).  A stopped cell keeps its partial files but gets no number ("not run").
+
+    python benchmarks/matrix_inprocess.py benchmarks/fedamp-table3.yaml --seeds 0 \
+        --strategies fedamp heurfedamp local fedavg-ft --jobs 4 --out DIR [--deadline 540]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from flower_pfl import bench, config as config_mod  # noqa: E402
+
+
+def run_cell(cell_dir: Path) -> int:
+    """Child: run one prepared cell (its cell.yaml) in this process."""
+    import torch
+
+    from flower_pfl import inprocess
+
+    t0 = time.time()
+    try:
+        cfg = config_mod.load(cell_dir / "cell.yaml")
+        strategy = inprocess.run(cfg, cell_dir)
+        status = strategy.results.status
+    except Exception:  # noqa: BLE001 - recorded for the table, as the bench does
+        (cell_dir / "bench-error.txt").write_text(traceback.format_exc())
+        status = "failed"
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    (cell_dir / "bench-cell.json").write_text(json.dumps(
+        {"status": status, "wall_s": round(time.time() - t0, 2), "engine": "inprocess",
+         "device": device, "torch_threads": torch.get_num_threads()}, indent=2))
+    return 0 if status == "completed" else 1
+
+
+def projected_end(cell: bench.Cell, now: float) -> float | None:
+    """When the cell will finish at the pace of its last rounds (None: too early to tell)."""
+    try:
+        summary = json.loads((cell.dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    rows = summary.get("rounds") or []
+    if len(rows) < 2:
+        return None
+    a, b = rows[max(0, len(rows) - 4)], rows[-1]
+    per_round = (b["elapsed_s"] - a["elapsed_s"]) / max(b["round"] - a["round"], 1)
+    return now + per_round * (int(cell.tree["rounds"]) - b["round"])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("matrix", nargs="?")
+    p.add_argument("--out", required=False)
+    p.add_argument("--strategies", nargs="+", help="these strategies, in priority order")
+    p.add_argument("--settings", nargs="+")
+    p.add_argument("--seeds", nargs="+", type=int)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--deadline", type=float, default=None, help="seconds from the start")
+    p.add_argument("--grace", type=float, default=45.0)
+    p.add_argument("--cell", help=argparse.SUPPRESS)  # child mode
+    args = p.parse_args()
+    if args.cell:
+        return run_cell(Path(args.cell))
+    if not (args.matrix and args.out):
+        p.error("MATRIX and --out are required")
+    matrix = bench.load_matrix(args.matrix, config_mod.parse_overrides(args.set))
+    out = Path(args.out).resolve()
+    cells = matrix.cells(out)
+    only = {"strategy": args.strategies, "setting": args.settings, "seed": args.seeds}
+    todo = [c for c in cells if bench.cell_state(c) == "todo" and
+            all(not only[k] or v in only[k] for k, v in
+                (("strategy", c.strategy), ("setting", c.setting), ("seed", c.seed)))]
+    if args.strategies:
+        todo.sort(key=lambda c: (c.seed, args.strategies.index(c.strategy)))
+    print(f"[inprocess] {matrix.name}: {len(todo)} cells to run, {args.jobs} at a time -> {out}",
+          flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                          os.environ.get("PYTHONPATH", "")])}
+    start = time.time()
+    deadline = start + args.deadline if args.deadline else None
+    running: dict[str, tuple[bench.Cell, subprocess.Popen]] = {}
+    stopped: list[str] = []
+    last_stop, ticks = 0.0, 0
+    queue = list(todo)
+    while queue or running:
+        while queue and len(running) < args.jobs:
+            cell = queue.pop(0)
+            bench._prepare(cell)
+            log = open(cell.dir / "inprocess.log", "w")
+            running[cell.key] = (cell, subprocess.Popen(
+                [sys.executable, __file__, "--cell", str(cell.dir)], stdout=log,
+                stderr=subprocess.STDOUT, env=env))
+            print(f"[inprocess] {cell.key}: started ({time.time() - start:.0f} s)", flush=True)
+        time.sleep(5)
+        ticks += 1
+        now = time.time()
+        for key, (cell, proc) in list(running.items()):
+            if proc.poll() is not None:
+                del running[key]
+                print(f"[inprocess] {key}: {'completed' if proc.returncode == 0 else 'FAILED'}"
+                      f" ({now - start:.0f} s)", flush=True)
+        if deadline is None or not running:
+            continue
+        ends = {k: projected_end(c, now) for k, (c, _) in running.items()}
+        late = now >= deadline or any(e is not None and e > deadline for e in ends.values())
+        if late and (now - last_stop >= args.grace or now >= deadline):
+            victims = list(running) if now >= deadline else [list(running)[-1]]
+            queue.clear()  # nothing new starts once the deadline is at risk
+            for key in victims:
+                cell, proc = running.pop(key)
+                proc.send_signal(signal.SIGTERM)
+                proc.wait()
+                stopped.append(key)
+                print(f"[inprocess] {key}: stopped for the deadline ({now - start:.0f} s; "
+                      f"projected end {ends[key] - start if ends.get(key) else float('nan'):.0f} s)", flush=True)
+            last_stop = now
+        elif ticks % 12 == 0:
+            print("[inprocess] projected ends (s): " + ", ".join(
+                f"{k.split('/')[1]} {e - start:.0f}" if e else f"{k.split('/')[1]} ?"
+                for k, e in ends.items()), flush=True)
+    print(f"[inprocess] done in {time.time() - start:.0f} s; stopped: {stopped or 'none'}",
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
