@@ -6,13 +6,16 @@ run three times, each a fresh `flower-pfl bench` into its own folder:
 1. ``--superlink per-cell``: every cell is a whole ``flower-pfl run`` (its own SuperLink and
    its own Ray instance) -- what a user pays per ``flower-pfl run``;
 2. ``--superlink shared`` (the default): one SuperLink for the bench, one Ray per cell;
-3. ``--superlink shared --ray shared``: one SuperLink and ONE Ray instance for the bench.
+3. ``--superlink shared --ray shared``: one SuperLink and ONE Ray instance for the bench;
+4. ``inprocess``: ``benchmarks/matrix_inprocess.py --jobs 1``, each cell one plain Python
+   process (no SuperLink, no Ray; the same cells and classes) -- the bench's alternative
+   when many short cells would pay the simulation's start each.
 
 Per mode: the bench's wall time, each cell's wall time (``bench-cell.json``), its seconds
 per round (``summary.json``), fixed cost per cell = cell wall - rounds x s/round, and the
 peak of the summed PSS of every process of the bench: its process tree plus the shared Ray
 instance (``ray start`` daemonizes; its processes name the bench's private TMPDIR).
-Ratios are to the per-cell mode of the same invocation.
+Ratios are to the first mode of the same invocation (``--modes``).
 
     .venv/bin/python benchmarks/bench_modes.py [--cells 3]
 """
@@ -40,7 +43,8 @@ from sim_overhead import peak_pss  # noqa: E402  (same directory)
 
 MODES = {"per-cell": ["--superlink", "per-cell"],
          "shared": ["--superlink", "shared"],
-         "shared+ray": ["--superlink", "shared", "--ray", "shared"]}
+         "shared+ray": ["--superlink", "shared", "--ray", "shared"],
+         "inprocess": None}
 
 
 def matrix(path: Path, cells: int, rounds: int) -> None:
@@ -57,8 +61,12 @@ def run_mode(mode: str, matrix_path: Path, work: Path) -> dict:
     tmp = work / f"tmp-{mode}"
     tmp.mkdir()
     out = work / f"out-{mode}"
-    cmd = [sys.executable, "-m", "flower_pfl.launch", "bench", str(matrix_path), "--out",
-           str(out), "--retries", "0", *MODES[mode]]
+    if MODES[mode] is None:
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "matrix_inprocess.py"),
+               str(matrix_path), "--out", str(out), "--jobs", "1"]
+    else:
+        cmd = [sys.executable, "-m", "flower_pfl.launch", "bench", str(matrix_path), "--out",
+               str(out), "--retries", "0", *MODES[mode]]
     env = dict(os.environ, TMPDIR=str(tmp))
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -89,6 +97,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--cells", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     args = p.parse_args()
     print(f"load average before: {os.getloadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-modes-") as tmp:
@@ -96,13 +105,13 @@ def main() -> None:
         mpath = work / "modes.yaml"
         matrix(mpath, args.cells, args.rounds)
         res = {}
-        for mode in MODES:
+        for mode in args.modes:
             res[mode] = run_mode(mode, mpath, work)
             print(f"{mode}: {json.dumps(res[mode])}", flush=True)
-    base = res["per-cell"]
+    base = res[args.modes[0]]
     print(f"load average after: {os.getloadavg()}")
     print("| mode | bench wall (s) | fixed cost per cell: first / later (median) (s) | "
-          "peak PSS, all processes (MB) | bench wall vs per-cell |")
+          f"peak PSS, all processes (MB) | bench wall vs {args.modes[0]} |")
     print("|---|---|---|---|---|")
     for mode, r in res.items():
         print(f"| {mode} | {r['bench_wall_s']:.1f} | {r['fixed_s_first']:.1f} / "

@@ -38,13 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from flower_pfl import bench, config as config_mod  # noqa: E402
 
 
-def run_cell(cell_dir: Path) -> int:
-    """Child: run one prepared cell (its cell.yaml) in this process."""
+def run_cell(cell_dir: Path, t0: float) -> int:
+    """Child: run one prepared cell (its cell.yaml) in this process; ``t0``: when the parent
+    started the process (its wall time counts the interpreter's start and imports)."""
     import torch
 
     from flower_pfl import inprocess
 
-    t0 = time.time()
     try:
         cfg = config_mod.load(cell_dir / "cell.yaml")
         strategy = inprocess.run(cfg, cell_dir)
@@ -85,9 +85,10 @@ def main() -> int:
     p.add_argument("--deadline", type=float, default=None, help="seconds from the start")
     p.add_argument("--grace", type=float, default=45.0)
     p.add_argument("--cell", help=argparse.SUPPRESS)  # child mode
+    p.add_argument("--started", type=float, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.cell:
-        return run_cell(Path(args.cell))
+        return run_cell(Path(args.cell), args.started or time.time())
     if not (args.matrix and args.out):
         p.error("MATRIX and --out are required")
     matrix = bench.load_matrix(args.matrix, config_mod.parse_overrides(args.set))
@@ -108,44 +109,53 @@ def main() -> int:
     deadline = start + args.deadline if args.deadline else None
     running: dict[str, tuple[bench.Cell, subprocess.Popen]] = {}
     stopped: list[str] = []
-    last_stop, ticks = 0.0, 0
+    last_stop, last_check, ticks = 0.0, 0.0, 0
     queue = list(todo)
-    while queue or running:
-        while queue and len(running) < args.jobs:
-            cell = queue.pop(0)
-            bench._prepare(cell)
-            log = open(cell.dir / "inprocess.log", "w")
-            running[cell.key] = (cell, subprocess.Popen(
-                [sys.executable, __file__, "--cell", str(cell.dir)], stdout=log,
-                stderr=subprocess.STDOUT, env=env))
-            print(f"[inprocess] {cell.key}: started ({time.time() - start:.0f} s)", flush=True)
-        time.sleep(5)
-        ticks += 1
-        now = time.time()
-        for key, (cell, proc) in list(running.items()):
-            if proc.poll() is not None:
-                del running[key]
-                print(f"[inprocess] {key}: {'completed' if proc.returncode == 0 else 'FAILED'}"
-                      f" ({now - start:.0f} s)", flush=True)
-        if deadline is None or not running:
-            continue
-        ends = {k: projected_end(c, now) for k, (c, _) in running.items()}
-        late = now >= deadline or any(e is not None and e > deadline for e in ends.values())
-        if late and (now - last_stop >= args.grace or now >= deadline):
-            victims = list(running) if now >= deadline else [list(running)[-1]]
-            queue.clear()  # nothing new starts once the deadline is at risk
-            for key in victims:
-                cell, proc = running.pop(key)
-                proc.send_signal(signal.SIGTERM)
-                proc.wait()
-                stopped.append(key)
-                print(f"[inprocess] {key}: stopped for the deadline ({now - start:.0f} s; "
-                      f"projected end {ends[key] - start if ends.get(key) else float('nan'):.0f} s)", flush=True)
-            last_stop = now
-        elif ticks % 12 == 0:
-            print("[inprocess] projected ends (s): " + ", ".join(
-                f"{k.split('/')[1]} {e - start:.0f}" if e else f"{k.split('/')[1]} ?"
-                for k, e in ends.items()), flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        while queue or running:
+            while queue and len(running) < args.jobs:
+                cell = queue.pop(0)
+                bench._prepare(cell)
+                log = open(cell.dir / "inprocess.log", "w")
+                running[cell.key] = (cell, subprocess.Popen(
+                    [sys.executable, __file__, "--cell", str(cell.dir), "--started",
+                     repr(time.time())], stdout=log,
+                    stderr=subprocess.STDOUT, env=env))
+                log.close()  # the child holds its own copy
+                print(f"[inprocess] {cell.key}: started ({time.time() - start:.0f} s)", flush=True)
+            time.sleep(0.5)  # a finished cell's slot is refilled at once
+            now = time.time()
+            for key, (cell, proc) in list(running.items()):
+                if proc.poll() is not None:
+                    del running[key]
+                    print(f"[inprocess] {key}: {'completed' if proc.returncode == 0 else 'FAILED'}"
+                          f" ({now - start:.0f} s)", flush=True)
+            if deadline is None or not running or now - last_check < 5:
+                continue
+            last_check, ticks = now, ticks + 1
+            ends = {k: projected_end(c, now) for k, (c, _) in running.items()}
+            late = now >= deadline or any(e is not None and e > deadline for e in ends.values())
+            if late and (now - last_stop >= args.grace or now >= deadline):
+                victims = list(running) if now >= deadline else [list(running)[-1]]
+                queue.clear()  # nothing new starts once the deadline is at risk
+                for key in victims:
+                    cell, proc = running.pop(key)
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait()
+                    stopped.append(key)
+                    end = ends[key] - start if ends.get(key) else float("nan")
+                    print(f"[inprocess] {key}: stopped for the deadline ({now - start:.0f} s;"
+                          f" projected end {end:.0f} s)", flush=True)
+                last_stop = now
+            elif ticks % 12 == 0:
+                print("[inprocess] projected ends (s): " + ", ".join(
+                    f"{k.split('/')[1]} {e - start:.0f}" if e else f"{k.split('/')[1]} ?"
+                    for k, e in ends.items()), flush=True)
+    finally:  # interrupted: no cell outlives this script
+        for _, proc in running.values():
+            proc.terminate()
+            proc.wait()
     print(f"[inprocess] done in {time.time() - start:.0f} s; stopped: {stopped or 'none'}",
           flush=True)
     return 0

@@ -13,8 +13,12 @@ evaluates every round (global-model evaluation off, so each client evaluates one
    the whole command, fixed cost = wall - rounds x s/round, and the peak of the summed
    PSS (/proc/<pid>/smaps_rollup) of the launcher and every process it started, sampled every
    0.5 s, minus the launcher's PSS before the run started.
+3. ``inprocess``: the same YAML through ``flower_pfl.inprocess`` in one child process (the
+   engine of benchmarks/matrix_inprocess.py: the same Strategy and NumPyClient classes and
+   Flower messages, direct calls instead of SuperLink + Ray), measured as ``sim`` is.
 
-    .venv/bin/python benchmarks/sim_overhead.py --rounds 5 [--subsample 20000]
+    .venv/bin/python benchmarks/sim_overhead.py --rounds 5 [--subsample 20000] \
+        [--arms plain sim inprocess]
 """
 
 from __future__ import annotations
@@ -123,16 +127,24 @@ def peak_pss(pids, interval_s: float = 0.5) -> Iterator[dict]:
         thread.join()
 
 
-def sim(tree: dict, out: Path) -> dict:
+def sim(tree: dict, out: Path, engine: str = "flwr") -> dict:
     from flower_pfl.procs import process_tree
 
-    path = out / "sim.yaml"
+    tree = dict(tree, **{"run-name": "sim" if engine == "flwr" else engine})
+    path = out / f"{tree['run-name']}.yaml"
     path.write_text(yaml.safe_dump(tree))
-    # `flower-pfl run` of THIS checkout (python -m from its root)
-    cmd = [sys.executable, "-m", "flower_pfl.launch", "run", "--config", str(path), "--quiet"]
+    env = dict(os.environ)
+    if engine == "flwr":  # `flower-pfl run` of THIS checkout (python -m from its root)
+        cmd = [sys.executable, "-m", "flower_pfl.launch", "run", "--config", str(path),
+               "--quiet"]
+    else:  # one process, one torch thread (as one Ray actor with num-cpus 1)
+        env["OMP_NUM_THREADS"] = "1"
+        cmd = [sys.executable, "-c", "import sys; from flower_pfl import config, inprocess; "
+               "inprocess.run(config.load(sys.argv[1]), sys.argv[2])", str(path),
+               str(out / tree["run-name"])]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT)
+                            cwd=ROOT, env=env)
     time.sleep(0.3)
     idle_kb = _pss_kb(proc.pid)
     with peak_pss(lambda: process_tree(proc.pid)) as peak:
@@ -140,7 +152,7 @@ def sim(tree: dict, out: Path) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(output[-2000:])
-    summary = json.loads((out / "sim" / "summary.json").read_text())
+    summary = json.loads((out / tree["run-name"] / "summary.json").read_text())
     rows = summary["rounds"]
     diffs = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
     per_round = statistics.median(diffs)
@@ -156,23 +168,29 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--subsample", type=int, default=None)
-    p.add_argument("--only", choices=("plain", "sim"), default=None)
+    p.add_argument("--arms", nargs="+", choices=("plain", "sim", "inprocess"),
+                   default=["plain", "sim"])
     args = p.parse_args()
+    print(f"load average before: {os.getloadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="sim-overhead-") as tmp:
         tree = workload(args.rounds, args.subsample, Path(tmp))
         res = {}
-        if args.only != "sim":
-            res["plain"] = plain(tree)
-            print("plain:", json.dumps(res["plain"]), flush=True)
-        if args.only != "plain":
-            res["sim"] = sim(tree, Path(tmp))
-            print("sim:  ", json.dumps(res["sim"]), flush=True)
-        if len(res) == 2:
-            print(f"ratio simulation round / plain loop round = "
-                  f"{res['sim']['s_per_round'] / res['plain']['s_per_round']:.2f}; fixed cost per "
-                  f"run {res['sim']['fixed_s']:.1f} s; all processes peak PSS "
-                  f"{res['sim']['peak_pss_all_mb']:.0f} MB (plain process peak RSS "
+        for arm in args.arms:
+            res[arm] = plain(tree) if arm == "plain" else sim(
+                tree, Path(tmp), "flwr" if arm == "sim" else "inprocess")
+            print(f"{arm}:", json.dumps(res[arm]), flush=True)
+    print(f"load average after: {os.getloadavg()}")
+    for arm in ("sim", "inprocess"):
+        if arm in res and "plain" in res:
+            print(f"{arm}: round / plain loop round = "
+                  f"{res[arm]['s_per_round'] / res['plain']['s_per_round']:.2f}; fixed cost per "
+                  f"run {res[arm]['fixed_s']:.1f} s; all processes peak PSS "
+                  f"{res[arm]['peak_pss_all_mb']:.0f} MB (plain process peak RSS "
                   f"{res['plain']['peak_rss_mb']:.0f} MB)")
+    if "sim" in res and "inprocess" in res:
+        i, f = res["inprocess"], res["sim"]
+        print(f"inprocess / sim: fixed cost {i['fixed_s'] / f['fixed_s']:.2f}, "
+              f"peak PSS {i['peak_pss_all_mb'] / f['peak_pss_all_mb']:.2f}")
 
 
 if __name__ == "__main__":
