@@ -73,6 +73,17 @@ def projected_end(cell: bench.Cell, now: float) -> float | None:
     return now + per_round * (int(cell.tree["rounds"]) - b["round"])
 
 
+def to_stop(running: list[str], ends: dict[str, float | None], now: float, deadline: float,
+            last_stop: float, grace: float) -> list[str]:
+    """Which running cells (listed by priority, highest first) to stop now: all of them once
+    the deadline has passed; else, while some cell's projected end lies past the deadline,
+    the lowest-priority one, at most one per ``grace`` seconds."""
+    if now >= deadline:
+        return list(running)
+    late = any(e is not None and e > deadline for e in ends.values())
+    return [running[-1]] if running and late and now - last_stop >= grace else []
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("matrix", nargs="?")
@@ -135,9 +146,8 @@ def main() -> int:
                 continue
             last_check, ticks = now, ticks + 1
             ends = {k: projected_end(c, now) for k, (c, _) in running.items()}
-            late = now >= deadline or any(e is not None and e > deadline for e in ends.values())
-            if late and (now - last_stop >= args.grace or now >= deadline):
-                victims = list(running) if now >= deadline else [list(running)[-1]]
+            victims = to_stop(list(running), ends, now, deadline, last_stop, args.grace)
+            if victims:
                 queue.clear()  # nothing new starts once the deadline is at risk
                 for key in victims:
                     cell, proc = running.pop(key)

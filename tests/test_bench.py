@@ -250,3 +250,33 @@ def test_inprocess_cells_land_in_the_bench_layout_marked_as_such(tiny, tmp_path)
     assert "(in-process)" not in (out / "table.md").read_text()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert "0 cells to run" in again.stdout
+
+
+def test_inprocess_deadline_stops_the_lowest_priority_cell_first(tmp_path):
+    """matrix_inprocess.py's deadline rule: nothing stops while every projected end is in
+    time; a late projection stops the LAST-priority cell only, at most one per grace period;
+    past the deadline everything stops. Projections come from a cell's last rounds."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "matrix_inprocess.py"
+    spec = importlib.util.spec_from_file_location("matrix_inprocess", path)
+    mi = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mi)
+    cells = ["a", "b", "c"]  # priority order
+    in_time = {"a": 90.0, "b": 95.0, "c": None}
+    assert mi.to_stop(cells, in_time, now=50, deadline=100, last_stop=0, grace=10) == []
+    late = {"a": 120.0, "b": 95.0, "c": 80.0}  # the TOP cell is late: the last one goes
+    assert mi.to_stop(cells, late, now=50, deadline=100, last_stop=0, grace=10) == ["c"]
+    assert mi.to_stop(cells, late, now=50, deadline=100, last_stop=45, grace=10) == []
+    assert mi.to_stop(cells, in_time, now=100, deadline=100, last_stop=99, grace=10) == cells
+    # projection: 10 s per round over the last rounds, 60 - 3 rounds to go
+    cell_dir = tmp_path / "cell"
+    cell_dir.mkdir()
+    (cell_dir / "summary.json").write_text(json.dumps({"rounds": [
+        {"round": 1, "elapsed_s": 30.0}, {"round": 2, "elapsed_s": 40.0},
+        {"round": 3, "elapsed_s": 50.0}]}))
+    cell = bench.Cell("s", "fedavg", 0, {"rounds": 60}, cell_dir)
+    assert mi.projected_end(cell, now=1000.0) == pytest.approx(1000.0 + 57 * 10.0)
+    (cell_dir / "summary.json").write_text(json.dumps({"rounds": [{"round": 1,
+                                                                   "elapsed_s": 30.0}]}))
+    assert mi.projected_end(cell, now=1000.0) is None  # one round: too early to tell
