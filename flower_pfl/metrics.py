@@ -6,7 +6,9 @@ worst-10% mean and top-10% mean (mean over the ceil(10% * n) lowest/highest clie
 worst-5% and top-5% mean (the same over ceil(5% * n) clients: the "lowest 5%" and "top 5%"
 columns of PLGU's Tables 1-2; with fewer than 20 clients that is the single worst/best
 client), min and max.  ``best_mean`` over rounds is BMTA (FedAMP's
-"best mean testing accuracy").
+"best mean testing accuracy").  For an error (``lower_is_better``: the synthetic task's
+squared error) the worst clients are those with the HIGHEST values and the top ones those
+with the lowest; min and max stay the smallest and largest value.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ def tail_count(n: int, share: float = 0.1) -> int:
     return max(1, math.ceil(share * n))
 
 
-def summarize(values: Sequence[float], weights: Sequence[float] | None = None) -> dict[str, float]:
-    """Statistics of per-client values (e.g. accuracies); weights = test-sample counts."""
+def summarize(values: Sequence[float], weights: Sequence[float] | None = None,
+              lower_is_better: bool = False) -> dict[str, float]:
+    """Statistics of per-client values (e.g. accuracies); weights = test-sample counts;
+    ``lower_is_better``: the values are errors (worst = highest)."""
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0:
         raise ValueError("no client values to summarize")
@@ -34,14 +38,15 @@ def summarize(values: Sequence[float], weights: Sequence[float] | None = None) -
     k = tail_count(v.size)
     k5 = tail_count(v.size, 0.05)
     ordered = np.sort(v)
+    worst_first = ordered[::-1] if lower_is_better else ordered
     return {
         "mean": float(v.mean()),
         "weighted_mean": float((v * w).sum() / w.sum()),
         "std": float(v.std()),  # population std over clients
-        "worst10_mean": float(ordered[:k].mean()),
-        "top10_mean": float(ordered[-k:].mean()),
-        "worst5_mean": float(ordered[:k5].mean()),  # PLGU Tables 1-2: lowest 5%
-        "top5_mean": float(ordered[-k5:].mean()),  # PLGU Tables 1-2: top 5%
+        "worst10_mean": float(worst_first[:k].mean()),
+        "top10_mean": float(worst_first[-k:].mean()),
+        "worst5_mean": float(worst_first[:k5].mean()),  # PLGU Tables 1-2: lowest 5%
+        "top5_mean": float(worst_first[-k5:].mean()),  # PLGU Tables 1-2: top 5%
         "min": float(ordered[0]),
         "max": float(ordered[-1]),
     }

@@ -283,12 +283,14 @@ class PersonalizedStrategy(Checkpointing, Strategy):
         m = self.metric
         rows = sorted((_client_row(res, m) for _, res in results),
                       key=lambda r: r["partition-id"])
-        personal = summarize([r[m] for r in rows], [r["num-test"] for r in rows])
+        lower_is_better = m == "mse"
+        personal = summarize([r[m] for r in rows], [r["num-test"] for r in rows],
+                             lower_is_better)
         global_ = None
         if all(f"global_{m}" in r for r in rows):
-            global_ = summarize([r[f"global_{m}"] for r in rows], [r["num-test"] for r in rows])
+            global_ = summarize([r[f"global_{m}"] for r in rows], [r["num-test"] for r in rows],
+                                lower_is_better)
         self.eval_history.append(personal)
-        lower_is_better = m == "mse"
         self.results.log_round(server_round, personal, global_, rows, lower_is_better)
         best = (min if lower_is_better else max)(h["mean"] for h in self.eval_history)
         log(INFO, "[flower-pfl] round %d: personalized %s mean %.4f weighted %.4f std %.4f "

@@ -80,3 +80,16 @@ def test_csv_rows_keep_columns_when_they_vary(tmp_path):
         rows = list(_csv.DictReader(fh))
     assert [r["round"] for r in rows] == ["1", "1", "2", "3"]
     assert rows[2]["a"] == "" and rows[3]["b"] == "7" and rows[0]["b"] == ""
+
+
+def test_for_an_error_the_worst_clients_are_the_highest():
+    """The synthetic task scores a squared error: its worst-10%/5% are the largest errors
+    (seen: the bench's Self-FL synthetic table listed the SMALLEST errors as worst-10%)."""
+    errors = [i / 100 for i in range(100)]
+    s = summarize(errors, lower_is_better=True)
+    assert s["worst10_mean"] == pytest.approx(sum(i / 100 for i in range(90, 100)) / 10)
+    assert s["top10_mean"] == pytest.approx(sum(i / 100 for i in range(10)) / 10)
+    assert s["worst5_mean"] == pytest.approx((0.95 + 0.96 + 0.97 + 0.98 + 0.99) / 5)
+    assert s["min"] == 0.0 and s["max"] == pytest.approx(0.99)
+    acc = summarize(errors)  # accuracies: the lowest are the worst
+    assert acc["worst10_mean"] == pytest.approx(s["top10_mean"])
