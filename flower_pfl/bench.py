@@ -446,8 +446,8 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
                     flush=True)
             wall = time.time() - t0
             (cell.dir / "bench-cell.json").write_text(json.dumps(
-                {"status": status, "wall_s": round(wall, 2), "engine": "flwr", "superlink": superlink,
-                 "ray": ray}, indent=2))
+                {"status": status, "wall_s": round(wall, 2), "engine": "flwr",
+                 "superlink": superlink, "ray": ray}, indent=2))
             if status == "completed":
                 durations.setdefault(cell.setting, []).append(wall)
             states[cell.key] = "done" if status == "completed" else "failed"
@@ -665,7 +665,8 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
                 if rec.get("gap_global") is not None:
                     gap_s += f" (global {rec['gap_global']:+.2f})"
             mark = " (in-process)" if "inprocess" in rec.get("engine", "") else ""
-            lines.append(f"| {rec['strategy']}{mark} | {matrix.paper_names.get(rec['strategy'], '')} | "
+            lines.append(f"| {rec['strategy']}{mark} | "
+                         f"{matrix.paper_names.get(rec['strategy'], '')} | "
                          f"{rec['seeds_done']}/{rec['seeds_total']} | " + " | ".join(cells_)
                          + f" | {paper_s} | {gap_s} |")
         lines.append("")
