@@ -102,15 +102,17 @@ def main() -> int:
         return run_cell(Path(args.cell), args.started or time.time())
     if not (args.matrix and args.out):
         p.error("MATRIX and --out are required")
-    matrix = bench.load_matrix(args.matrix, config_mod.parse_overrides(args.set))
+    try:
+        matrix = bench.load_matrix(args.matrix, config_mod.parse_overrides(args.set))
+    except (bench.MatrixError, config_mod.ConfigError) as exc:
+        print(f"matrix_inprocess: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
     cells = matrix.cells(out)
-    only = {"strategy": args.strategies, "setting": args.settings, "seed": args.seeds}
-    todo = [c for c in cells if bench.cell_state(c) == "todo" and
-            all(not only[k] or v in only[k] for k, v in
-                (("strategy", c.strategy), ("setting", c.setting), ("seed", c.seed)))]
-    if args.strategies:
-        todo.sort(key=lambda c: (c.seed, args.strategies.index(c.strategy)))
+    todo = bench.to_run(cells, {c.key: bench.cell_state(c) for c in cells},
+                        {"strategy": args.strategies, "setting": args.settings,
+                         "seed": args.seeds})
+    todo.sort(key=lambda c: c.seed)  # stable: every seed-0 cell before any seed-1 cell
     print(f"[inprocess] {matrix.name}: {len(todo)} cells to run, {args.jobs} at a time -> {out}",
           flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),

@@ -248,6 +248,19 @@ def cell_state(cell: Cell) -> str:
     return "todo"
 
 
+def to_run(cells: Sequence[Cell], states: Mapping[str, str],
+           only: Mapping[str, Sequence | None]) -> list[Cell]:
+    """The cells still to run ('todo') among those selected by ``only`` (strategy / setting /
+    seed lists; None or empty = all), in the order the strategies were asked for (e.g. the
+    method of interest first)."""
+    todo = [c for c in cells if states[c.key] == "todo" and
+            all(not only.get(k) or v in only[k] for k, v in
+                (("strategy", c.strategy), ("setting", c.setting), ("seed", c.seed)))]
+    if only.get("strategy"):
+        todo.sort(key=lambda c: list(only["strategy"]).index(c.strategy))
+    return todo
+
+
 def _prepare(cell: Cell) -> tuple[config_mod.RunConfig, Path]:
     if cell.dir.exists():
         shutil.rmtree(cell.dir)  # results files append: a rerun starts from an empty folder
@@ -379,16 +392,8 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
     again up to ``retries`` times; a configuration error is not retried."""
     out.mkdir(parents=True, exist_ok=True)
     cells = matrix.cells(out)
-    only = only or {}
-
-    def selected(c: Cell) -> bool:
-        return all(not only.get(k) or v in only[k] for k, v in
-                   (("strategy", c.strategy), ("setting", c.setting), ("seed", c.seed)))
-
     states = {c.key: cell_state(c) for c in cells}
-    todo = [c for c in cells if states[c.key] == "todo" and selected(c)]
-    if only.get("strategy"):  # run in the order asked for (e.g. the method of interest first)
-        todo.sort(key=lambda c: list(only["strategy"]).index(c.strategy))
+    todo = to_run(cells, states, only or {})
     n = len(cells)
     log(f"[bench] {matrix.name}: {n} cells ({sum(s == 'done' for s in states.values())} done, "
         f"{sum(s == 'not registered' for s in states.values())} not registered, {len(todo)} to run)"
