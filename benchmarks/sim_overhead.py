@@ -131,17 +131,18 @@ def sim(tree: dict, out: Path, engine: str = "flwr") -> dict:
     from flower_pfl.procs import process_tree
 
     tree = dict(tree, **{"run-name": "sim" if engine == "flwr" else engine})
-    path = out / f"{tree['run-name']}.yaml"
-    path.write_text(yaml.safe_dump(tree))
     env = dict(os.environ)
     if engine == "flwr":  # `flower-pfl run` of THIS checkout (python -m from its root)
+        path = out / "sim.yaml"
+        path.write_text(yaml.safe_dump(tree))
         cmd = [sys.executable, "-m", "flower_pfl.launch", "run", "--config", str(path),
                "--quiet"]
-    else:  # one process, one torch thread (as one Ray actor with num-cpus 1)
+    else:  # matrix_inprocess.py's child: one process, one torch thread (as one Ray actor)
+        (out / engine).mkdir(exist_ok=True)
+        (out / engine / "cell.yaml").write_text(yaml.safe_dump(tree))
         env["OMP_NUM_THREADS"] = "1"
-        cmd = [sys.executable, "-c", "import sys; from flower_pfl import config, inprocess; "
-               "inprocess.run(config.load(sys.argv[1]), sys.argv[2])", str(path),
-               str(out / tree["run-name"])]
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "matrix_inprocess.py"), "--cell",
+               str(out / engine), "--started", repr(time.time())]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=ROOT, env=env)
