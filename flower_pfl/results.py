@@ -4,6 +4,9 @@
 * ``rounds.csv``    -- one row per evaluation round: statistics of the personalized (and,
                        where the strategy has one, global) accuracies over ALL clients
 * ``clients.csv``   -- one row per client per evaluation round
+* ``fit.csv``       -- one row per accepted upload: round, partition-id, num-examples and the
+                       client's numeric fit metrics (train_loss, local_steps, APFL's alpha,
+                       SCAFFOLD's ci_norm, ...)
 * ``server.csv``    -- per-round server-side quantities a strategy logs (e.g. FedACS delta)
 * ``summary.json``  -- everything above plus BMTA, rewritten after every round so that a
                        crash loses nothing already measured

@@ -242,6 +242,11 @@ class PersonalizedStrategy(Checkpointing, Strategy):
                         fit_failed_ids=" ".join(str(p) for p, _ in sorted(failed)),
                         server_peak_rss_mb=round(resource.getrusage(
                             resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+        self.results.log_table("fit", [
+            {"round": server_round, "partition-id": u.pid, "num-examples": u.num_examples,
+             **{k: v for k, v in sorted(u.metrics.items())
+                if k != "partition-id" and isinstance(v, (int, float))}}
+            for u in sorted(updates, key=lambda u: u.pid)])
         train_losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
         metrics: dict[str, Scalar] = {"fit_clients": len(updates), "fit_failures": len(failed)}
         if train_losses:

@@ -76,6 +76,17 @@ def test_client_control_variate_continues_across_rounds(tmp_path):
     dc = scaffold_control_delta(c, x, y, steps, lr)
     for d, got, old in zip(dc, ci2, ci1):
         np.testing.assert_allclose(d, got - old, rtol=1e-4, atol=1e-4)
+    # fit.csv: one row per accepted upload, with the client's own fit metrics
+    import csv
+
+    with open(tmp_path / "fit.csv") as fh:
+        rows = {(int(r["round"]), int(r["partition-id"])): r for r in csv.DictReader(fh)}
+    assert set(rows) == {(r, p) for r in (1, 2) for p in range(cfg["clients"])}
+    row = rows[(2, pid)]
+    assert int(float(row["local_steps"])) == steps
+    assert int(row["num-examples"]) == res[pid].num_examples
+    norm = float(np.sqrt(sum(float((a.astype(np.float64) ** 2).sum()) for a in ci2)))
+    assert float(row["ci_norm"]) == pytest.approx(norm, rel=1e-5)
     # a client that forgot c_i (fresh state) would end elsewhere
     fresh_state, _ = replay_fit(proxies[pid], None, ins[pid])
     fresh = state_arrays(fresh_state, "scaffold-ci")
