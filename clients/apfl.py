@@ -38,7 +38,8 @@ class APFLClient(PFLClient):
         steps = self.spec.num_steps(self.data.num_train)
         x, y = self.data.x_train, self.data.y_train
         loss_w = loss_mix = 0.0
-        for idx in batches(len(y), self.spec.batch_size, steps, self.generator()):
+        for idx in batches(len(y), self.spec.batch_size, steps, self.generator(),
+                           self.spec.drop_last):
             xb, yb = x[idx].to(self.device), y[idx].to(self.device)
             alpha, lw, lm = apfl_step(w, v, alpha, xb, yb, self.spec.lr,
                                       float(config["alpha-lr"]), F.cross_entropy,

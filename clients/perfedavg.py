@@ -30,7 +30,8 @@ class PerFedAvgClient(FedAvgClient):
         if self.spec.steps is not None:
             return self.spec.steps
         n, b = self.data.num_train, self.spec.batch_size
-        return self.spec.epochs * max(1, -(-n // (per_step * b)))
+        per_pass = n // (per_step * b) if self.spec.drop_last else -(-n // (per_step * b))
+        return self.spec.epochs * max(1, per_pass)
 
     def fit_round(self, parameters, config):
         model = self.new_model(parameters).train()
@@ -38,7 +39,8 @@ class PerFedAvgClient(FedAvgClient):
         k = batches_per_step(variant)
         tau = self.meta_steps(k)
         x, y = self.data.x_train, self.data.y_train
-        stream = batches(len(y), self.spec.batch_size, tau * k, self.generator())
+        stream = batches(len(y), self.spec.batch_size, tau * k, self.generator(),
+                         self.spec.drop_last)
         total = 0.0
         for _ in range(tau):
             group = [next(stream) for _ in range(k)]

@@ -38,7 +38,7 @@ class PFedBreDClient(PersonalStateClient):
             memory = [p.detach().clone() for p in self.new_model(mem).parameters()]
         x, y = self.data.x_train, self.data.y_train
         order = batches(len(y), int(config["batch-size"]), int(config["local-iterations"]),
-                        self.generator())
+                        self.generator(), self.spec.drop_last)
         data = ((x[idx].to(self.device), y[idx].to(self.device)) for idx in order)
         loss_fn = F.cross_entropy if self.data.task == "classification" else \
             gaussian_nll(self.data.noise_sq)

@@ -109,6 +109,8 @@ FIELDS: dict[str, Field] = {
     "train.lr": Field((float, int), 0.05, _POS, "a number > 0"),
     "train.momentum": Field((float, int), 0.0, lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "train.weight-decay": Field((float, int), 0.0, _NONNEG, "a number >= 0"),
+    "train.drop-last": Field((bool,), False, None, "true or false (true: every local step "
+                             "uses a full batch; a pass's remainder waits for the next pass)"),
     "client-resources.num-cpus": Field((int,), 1, _POS, "an integer >= 1"),
     "client-resources.num-gpus": Field((float, int), 0.0, _NONNEG, "a number >= 0 (a GPU fraction)"),
 }

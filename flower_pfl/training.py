@@ -37,26 +37,38 @@ class TrainSpec:
     steps: int | None = None  # if set, overrides epochs: exactly this many mini-batches
     momentum: float = 0.0
     weight_decay: float = 0.0
+    drop_last: bool = False  # True: every step a full batch (the pass's remainder is skipped)
 
     @classmethod
     def from_config(cls, cfg) -> "TrainSpec":
         return cls(lr=cfg["train.lr"], batch_size=cfg["train.batch-size"],
                    epochs=cfg["train.epochs"], steps=cfg["train.steps"],
-                   momentum=cfg["train.momentum"], weight_decay=cfg["train.weight-decay"])
+                   momentum=cfg["train.momentum"], weight_decay=cfg["train.weight-decay"],
+                   drop_last=cfg["train.drop-last"])
 
     def num_steps(self, num_samples: int) -> int:
         if self.steps is not None:
             return self.steps
-        return self.epochs * max(1, -(-num_samples // self.batch_size))
+        per_pass = num_samples // self.batch_size if self.drop_last else \
+            -(-num_samples // self.batch_size)
+        return self.epochs * max(1, per_pass)
 
 
 def batches(num_samples: int, batch_size: int, num_steps: int,
-            generator: torch.Generator) -> Iterator[torch.Tensor]:
-    """Yield ``num_steps`` index batches, reshuffling after each pass over the data."""
+            generator: torch.Generator, drop_last: bool = False) -> Iterator[torch.Tensor]:
+    """Yield ``num_steps`` index batches, reshuffling after each pass over the data.
+
+    ``drop_last``: a pass ends where fewer than ``batch_size`` samples are left (they wait
+    for a later pass), so every batch is full -- unless the client holds fewer samples than
+    one batch, then each batch is all of them.  Without it the last batch of a pass holds
+    the remainder (``num_samples % batch_size``, as few as 1): one step at the full learning
+    rate on that many samples, which can swing a model trained on skewed data (the PLGU
+    lowest-5% run in docs/RESULTS.md)."""
     perm = torch.randperm(num_samples, generator=generator)
     pos = 0
+    full = drop_last and num_samples >= batch_size
     for _ in range(num_steps):
-        if pos >= num_samples:
+        if pos >= num_samples or (full and pos + batch_size > num_samples):
             perm, pos = torch.randperm(num_samples, generator=generator), 0
         yield perm[pos:pos + batch_size]
         pos += batch_size
@@ -95,7 +107,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
                           momentum=spec.momentum, weight_decay=spec.weight_decay)
     steps = num_steps if num_steps is not None else spec.num_steps(len(y))
     total, total_reg, done = 0.0, 0.0, 0
-    for idx in batches(len(y), spec.batch_size, steps, generator):
+    for idx in batches(len(y), spec.batch_size, steps, generator, spec.drop_last):
         xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
         loss = loss_fn(model(xb), yb)
         total += float(loss.detach())
@@ -162,7 +174,7 @@ def train_lwsam(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainS
     opt = torch.optim.SGD(tensors, lr=spec.lr if lr is None else lr,
                           momentum=spec.momentum, weight_decay=spec.weight_decay)
     total = 0.0
-    for idx in batches(len(y), spec.batch_size, steps, generator):
+    for idx in batches(len(y), spec.batch_size, steps, generator, spec.drop_last):
         xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
         total += lwsam_step(model, xb, yb, opt, perturbed, scales, rho, plain, loss_fn)
     return {"train_loss": total / max(steps, 1), "reg_loss": 0.0, "local_steps": float(steps)}
