@@ -280,3 +280,20 @@ def test_inprocess_deadline_stops_the_lowest_priority_cell_first(tmp_path):
     (cell_dir / "summary.json").write_text(json.dumps({"rounds": [{"round": 1,
                                                                    "elapsed_s": 30.0}]}))
     assert mi.projected_end(cell, now=1000.0) is None  # one round: too early to tell
+
+
+@pytest.mark.parametrize("matrix", sorted(p.name for p in
+                                          (Path(__file__).resolve().parent.parent /
+                                           "benchmarks").glob("*.yaml")))
+def test_shipped_matrices_give_valid_cells(matrix, tmp_path):
+    """Every cell of every shipped matrix is a valid run configuration (e.g. a per-strategy
+    override such as SCAFFOLD's lr, PLGU's drop-last) with every strategy registered."""
+    from flower_pfl import config as config_mod
+
+    m = bench.load_matrix(Path(__file__).resolve().parent.parent / "benchmarks" / matrix)
+    cells = list(m.cells(tmp_path))
+    assert cells
+    for cell in cells:
+        assert cell.tree is not None, cell.key
+        cfg = config_mod.validate(cell.tree, source=cell.key)
+        assert cfg.strategy == cell.strategy
