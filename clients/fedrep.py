@@ -55,7 +55,7 @@ class FedRepClient(LWSAMClientMixin, PFLClient):
         head_t = layers[-1]
         body_layers = layers[:-1]
         # one "epoch" = one pass over the local data (or train.steps mini-batches if set)
-        n_batches = self.spec.steps or max(1, -(-self.data.num_train // self.spec.batch_size))
+        n_batches = self.spec.steps or self.spec.steps_per_pass(self.data.num_train)
         m_head = self.lwsam_train(model, [], [], 0.0, plain=head_t,
                                   num_steps=int(config["head-epochs"]) * n_batches, salt=0)
         scales = self.body_scales(parameters, body_layers)

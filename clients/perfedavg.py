@@ -29,9 +29,7 @@ class PerFedAvgClient(FedAvgClient):
     def meta_steps(self, per_step: int) -> int:
         if self.spec.steps is not None:
             return self.spec.steps
-        n, b = self.data.num_train, self.spec.batch_size
-        per_pass = n // (per_step * b) if self.spec.drop_last else -(-n // (per_step * b))
-        return self.spec.epochs * max(1, per_pass)
+        return self.spec.epochs * self.spec.steps_per_pass(self.data.num_train, per_step)
 
     def fit_round(self, parameters, config):
         model = self.new_model(parameters).train()

@@ -49,9 +49,13 @@ class TrainSpec:
     def num_steps(self, num_samples: int) -> int:
         if self.steps is not None:
             return self.steps
-        per_pass = num_samples // self.batch_size if self.drop_last else \
-            -(-num_samples // self.batch_size)
-        return self.epochs * max(1, per_pass)
+        return self.epochs * self.steps_per_pass(num_samples)
+
+    def steps_per_pass(self, num_samples: int, batches_per_step: int = 1) -> int:
+        """Steps of ``batches_per_step`` batches in one pass over ``num_samples`` (at least
+        1): the remainder counts as a step unless ``drop_last``."""
+        size = batches_per_step * self.batch_size
+        return max(1, num_samples // size if self.drop_last else -(-num_samples // size))
 
 
 def batches(num_samples: int, batch_size: int, num_steps: int,

@@ -52,3 +52,18 @@ def test_drop_last_reaches_the_clients(tmp_path, drop_last):
     want = [max(1, n // 64) if drop_last else -(-n // 64) for n in sizes]
     assert [int(float(r["local_steps"])) for r in rows] == want
     assert s.results.status == "completed"
+
+
+def test_drop_last_reaches_fedrep_epochs(tmp_path):
+    """FedRep counts its head/body epochs in passes: with drop-last a pass is floor(n/B)."""
+    cfg = small_config(strategy="fedrep", rounds=1, **TINY,
+                       **{"train.batch-size": 64, "train.drop-last": True})
+    inprocess.run(cfg, tmp_path)
+    with open(tmp_path / "fit.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    sizes = [int(r["num-examples"]) for r in rows]
+    assert any(n % 64 for n in sizes)
+    per_pass = [max(1, n // 64) for n in sizes]
+    head = [int(float(r["head_steps"])) for r in rows]
+    epochs = head[0] // per_pass[0]
+    assert epochs >= 1 and head == [epochs * p for p in per_pass]
