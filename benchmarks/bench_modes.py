@@ -23,6 +23,7 @@ Ratios are to the first mode of the same invocation (``--modes``).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -71,7 +72,18 @@ def run_mode(mode: str, matrix_path: Path, work: Path) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    with peak_pss(lambda: process_tree(proc.pid) | _pids_naming(str(tmp))) as peak:
+    # The shared Ray instance daemonizes (re-parented to init) and its workers rename
+    # themselves (`ray::ClientAppActor`); its temp dir is the private TMPDIR or, where that
+    # path is too long for Ray's sockets, a new /tmp/fplray-* (flower_pfl.bench).  Count every
+    # process naming one of those (gcs, raylet, agents) with its descendants (the actors).
+    ray_dirs_before = set(glob.glob("/tmp/fplray-*"))
+
+    def processes() -> set[int]:
+        names = [str(tmp), *(set(glob.glob("/tmp/fplray-*")) - ray_dirs_before)]
+        named = set().union(*(_pids_naming(n) for n in names))
+        return process_tree(proc.pid).union(*(process_tree(p) for p in named))
+
+    with peak_pss(processes) as peak:
         output, _ = proc.communicate()
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
