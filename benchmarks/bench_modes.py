@@ -38,7 +38,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flower_pfl.bench import _pids_naming  # noqa: E402
+from flower_pfl.bench import RAY_SHORT_TMP_DIR, RAY_SHORT_TMP_PREFIX, _pids_naming  # noqa: E402
 from flower_pfl.procs import process_tree  # noqa: E402
 from sim_overhead import peak_pss  # noqa: E402  (same directory)
 
@@ -74,12 +74,13 @@ def run_mode(mode: str, matrix_path: Path, work: Path) -> dict:
                             stderr=subprocess.STDOUT, text=True)
     # The shared Ray instance daemonizes (re-parented to init) and its workers rename
     # themselves (`ray::ClientAppActor`); its temp dir is the private TMPDIR or, where that
-    # path is too long for Ray's sockets, a new /tmp/fplray-* (flower_pfl.bench).  Count every
-    # process naming one of those (gcs, raylet, agents) with its descendants (the actors).
-    ray_dirs_before = set(glob.glob("/tmp/fplray-*"))
+    # path is too long for Ray's sockets, a new short one (flower_pfl.bench.ray_temp_dir).
+    # Count every process naming one of those (gcs, raylet, agents) with its descendants.
+    short = os.path.join(RAY_SHORT_TMP_DIR, RAY_SHORT_TMP_PREFIX + "*")
+    ray_dirs_before = set(glob.glob(short))
 
     def processes() -> set[int]:
-        names = [str(tmp), *(set(glob.glob("/tmp/fplray-*")) - ray_dirs_before)]
+        names = [str(tmp), *(set(glob.glob(short)) - ray_dirs_before)]
         named = set().union(*(_pids_naming(n) for n in names))
         return process_tree(proc.pid).union(*(process_tree(p) for p in named))
 

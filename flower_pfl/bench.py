@@ -295,6 +295,8 @@ def _run_shared(cfg: config_mod.RunConfig, path: Path, cell: Cell, env: dict, pr
 # Ray puts its AF_UNIX sockets at <temp-dir>/session_<date>_<time>_<pid>/sockets/plasma_store
 # (~65 bytes below the temp dir) and refuses paths over 107 bytes.
 RAY_SOCKET_SUFFIX = "/session_2026-11-26_18-17-47_329120_4194304/sockets/plasma_store"
+# Where ray_temp_dir puts the shared instance when workdir/ray is too long for its sockets.
+RAY_SHORT_TMP_DIR, RAY_SHORT_TMP_PREFIX = "/tmp", "fplray-"
 
 
 def ray_temp_dir(workdir: Path) -> Path:
@@ -303,7 +305,7 @@ def ray_temp_dir(workdir: Path) -> Path:
     `ray start --head` fail: "AF_UNIX path length cannot exceed 107 bytes")."""
     tmp = workdir / "ray"
     if len(str(tmp) + RAY_SOCKET_SUFFIX) > 107:
-        tmp = Path(tempfile.mkdtemp(prefix="fplray-", dir="/tmp"))
+        tmp = Path(tempfile.mkdtemp(prefix=RAY_SHORT_TMP_PREFIX, dir=RAY_SHORT_TMP_DIR))
     return tmp
 
 
