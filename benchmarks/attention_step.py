@@ -54,6 +54,38 @@ def naive_pairs(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def time_steps(matrix: ModelMatrix, rows: np.ndarray, new: np.ndarray,
+               repeat: int) -> tuple[float, float]:
+    """Best times of the full (from scratch) and the incremental server step for ``rows``."""
+
+    def full() -> None:
+        matrix.recompute()
+        step(matrix, rows)
+
+    def incr() -> None:
+        matrix.update(rows, new)
+        step(matrix, rows)
+
+    return timed(full, repeat), timed(incr, repeat)
+
+
+def time_clients(n: int, args: argparse.Namespace, rng: np.random.Generator) -> None:
+    """Print one row per sample fraction for ``n`` clients (the model stack lives only here)."""
+    ref = rng.standard_normal(args.dim, dtype=np.float32)
+    x = ref + 0.01 * rng.standard_normal((n, args.dim), dtype=np.float32)
+    gram = timed(lambda: x @ x.T, args.repeat)
+    matrix = ModelMatrix(n, ref)
+    matrix.update(np.arange(n), x)
+    naive = timed(lambda: naive_pairs(x)) if n <= 100 else float("nan")
+    for frac in args.sample:
+        s = max(1, int(round(frac * n)))
+        rows = np.sort(rng.choice(n, s, replace=False))
+        new = x[rows] + 0.001
+        t_full, t_incr = time_steps(matrix, rows, new, args.repeat)
+        print(f"{n:>5} {s:>5} {gram:>8.3f} {t_full:>8.3f} {t_incr:>8.3f} {naive:>8.3f} "
+              f"{t_full / gram:>9.2f} {t_incr / gram:>9.2f} {naive / gram:>10.1f}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--dim", type=int, default=1_000_000)
@@ -66,29 +98,7 @@ def main() -> None:
     print(f"{'n':>5} {'s':>5} {'gram_s':>8} {'full_s':>8} {'incr_s':>8} {'naive_s':>8} "
           f"{'full/gram':>9} {'incr/gram':>9} {'naive/gram':>10}")
     for n in args.clients:
-        ref = rng.standard_normal(args.dim, dtype=np.float32)
-        x = ref + 0.01 * rng.standard_normal((n, args.dim), dtype=np.float32)
-        gram = timed(lambda: x @ x.T, args.repeat)
-        matrix = ModelMatrix(n, ref)
-        matrix.update(np.arange(n), x)
-        naive = timed(lambda: naive_pairs(x)) if n <= 100 else float("nan")
-        for frac in args.sample:
-            s = max(1, int(round(frac * n)))
-            rows = np.sort(rng.choice(n, s, replace=False))
-            new = x[rows] + 0.001
-
-            def full() -> None:
-                matrix.recompute()
-                step(matrix, rows)
-
-            def incr() -> None:
-                matrix.update(rows, new)
-                step(matrix, rows)
-
-            t_full, t_incr = timed(full, args.repeat), timed(incr, args.repeat)
-            print(f"{n:>5} {s:>5} {gram:>8.3f} {t_full:>8.3f} {t_incr:>8.3f} {naive:>8.3f} "
-                  f"{t_full / gram:>9.2f} {t_incr / gram:>9.2f} {naive / gram:>10.1f}", flush=True)
-        del x, matrix
+        time_clients(n, args, rng)  # its model stack is freed on return, before the next n
 
 
 if __name__ == "__main__":

@@ -35,12 +35,14 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flower_pfl.bench import RAY_SHORT_TMP_DIR, RAY_SHORT_TMP_PREFIX, _pids_naming  # noqa: E402
-from flower_pfl.procs import process_tree  # noqa: E402
-from sim_overhead import peak_pss  # noqa: E402  (same directory)
+from sim_overhead import peak_pss  # benchmarks/, this script's directory
+
+from flower_pfl.bench import RAY_SHORT_TMP_DIR, RAY_SHORT_TMP_PREFIX, _pids_naming
+from flower_pfl.procs import process_tree
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MODES = {"per-cell": ["--superlink", "per-cell"],
          "shared": ["--superlink", "shared"],

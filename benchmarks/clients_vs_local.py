@@ -10,9 +10,12 @@ points) with the number of clients more than 3 points below Local.  A folder nam
 
     .venv/bin/python benchmarks/clients_vs_local.py DIR local fedavg-ft fedamp heurfedamp
 """
-import csv, sys
+import csv
+import sys
 from pathlib import Path
-root = Path(sys.argv[1]); strategies = sys.argv[2:]
+
+root = Path(sys.argv[1])
+strategies = sys.argv[2:]
 def final(s, k=5):
     """per-client accuracy averaged over the last k evaluated rounds (one round is noisy)"""
     rows = list(csv.DictReader(open(root / s / "clients.csv")))
@@ -26,10 +29,12 @@ def rounds(s):
     r = list(csv.DictReader(open(root / s / "rounds.csv")))
     return [float(x["personal_mean"]) for x in r], [float(x["personal_worst10_mean"]) for x in r]
 loc = final("local")
-print(f"{'strategy':11s} {'BMTA@20':>8s} {'BMTA all':>8s} {'final':>7s} {'w10@20':>7s} {'w10 fin':>7s} {'min gap (last-5 mean)':>8s} {'#<-3pt':>6s}")
+print(f"{'strategy':11s} {'BMTA@20':>8s} {'BMTA all':>8s} {'final':>7s} {'w10@20':>7s} "
+      f"{'w10 fin':>7s} {'min gap (last-5 mean)':>8s} {'#<-3pt':>6s}")
 for s in strategies:
-    m, w = rounds(s); f = final(s)
+    m, w = rounds(s)
+    f = final(s)
     gaps = {k: 100 * (f[k] - loc[k]) for k in loc}
     worst = min(gaps, key=gaps.get)
-    print(f"{s:11s} {100*max(m[:20]):8.2f} {100*max(m):8.2f} {100*m[-1]:7.2f} {100*w[19]:7.2f} {100*w[-1]:7.2f} "
-          f"{gaps[worst]:+7.2f}(c{worst}) {sum(g < -3 for g in gaps.values()):6d}")
+    print(f"{s:11s} {100*max(m[:20]):8.2f} {100*max(m):8.2f} {100*m[-1]:7.2f} {100*w[19]:7.2f} "
+          f"{100*w[-1]:7.2f} {gaps[worst]:+7.2f}(c{worst}) {sum(g < -3 for g in gaps.values()):6d}")

@@ -31,15 +31,18 @@ def main() -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
     out = Path(args.out or tempfile.mkdtemp(prefix="compare-"))
     print(f"config {args.config} {' '.join(args.set)}  (results in {out})")
-    print(f"{'strategy':12s} {'final':>7s} {'BMTA':>7s} {'worst10%':>9s} {'global':>7s} {'time_s':>7s}")
+    print(f"{'strategy':12s} {'final':>7s} {'BMTA':>7s} {'worst10%':>9s} {'global':>7s}"
+          f" {'time_s':>7s}")
     for name in args.strategies:
         cfg = config.load(args.config, [*args.set, f"strategy={name}", "output-dir=" + str(out)])
         start = time.time()
         s = inprocess.run(cfg, out / name)
         last = s.results.rounds[-1]
         glob = last.get("global_mean")
-        print(f"{name:12s} {last['personal_mean']:7.4f} {max(h['mean'] for h in s.eval_history):7.4f}"
-              f" {last['personal_worst10_mean']:9.4f} {glob if glob is None else round(glob, 4)!s:>7s}"
+        print(f"{name:12s} {last['personal_mean']:7.4f}"
+              f" {max(h['mean'] for h in s.eval_history):7.4f}"
+              f" {last['personal_worst10_mean']:9.4f}"
+              f" {glob if glob is None else round(glob, 4)!s:>7s}"
               f" {time.time() - start:7.1f}", flush=True)
 
 

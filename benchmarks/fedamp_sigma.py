@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from flower_pfl import config, inprocess
-from flower_pfl.attention import (fedamp_auto_weights, fedamp_weights, offdiag_mass,
-                                  peak_over_mean)
+from flower_pfl.attention import fedamp_auto_weights, fedamp_weights, offdiag_mass, peak_over_mean
 from flower_pfl.data import group_of_clients, load_client_data
 
 

@@ -35,7 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flower_pfl import bench, config as config_mod  # noqa: E402
+from flower_pfl import bench
+from flower_pfl import config as config_mod
 
 
 def run_cell(cell_dir: Path, t0: float) -> int:
@@ -139,7 +140,7 @@ def main() -> int:
                 print(f"[inprocess] {cell.key}: started ({time.time() - start:.0f} s)", flush=True)
             time.sleep(0.5)  # a finished cell's slot is refilled at once
             now = time.time()
-            for key, (cell, proc) in list(running.items()):
+            for key, (_cell, proc) in list(running.items()):
                 if proc.poll() is not None:
                     del running[key]
                     print(f"[inprocess] {key}: {'completed' if proc.returncode == 0 else 'FAILED'}"

@@ -82,7 +82,7 @@ def plain(tree: dict) -> dict:
         global_arrays = [sum(wi * u[k] for wi, u in zip(w, uploads)).astype(np.float32)
                          for k in range(len(global_arrays))]
         accs = []
-        for pid, d in data.items():
+        for _pid, d in data.items():
             model = model_for(cfg)
             set_arrays(model, global_arrays)
             accs.append(evaluate(model, d.x_test, d.y_test, device)[1])

@@ -20,9 +20,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
+from torch.nn import functional as F
 
 from flower_pfl.config import RunConfig
 from flower_pfl.data import ClientData, load_client_data

@@ -95,7 +95,8 @@ class PLGUGRepClient(FedRepClient):
         mine = self.state.get_arrays("body")
         if mine is None:
             mine = received_body
-        split = lambda arrays: [[arrays[i] for i in idx] for idx in offsets]  # noqa: E731
+        split = lambda arrays: [[arrays[i] for i in idx]  # noqa: E731 - closure over offsets
+                                for idx in offsets]
         return [float(v) for v in pm.lwsam_scaling(pm.layer_scores(split(mine),
                                                                     split(received_body)))]
 

@@ -33,13 +33,13 @@ import time
 
 import numpy as np
 import torch
+from torch.nn import functional as F
 
 from clients.base import PersonalStateClient
 from flower_pfl import selffl_math as sm
 from flower_pfl.models import get_arrays
 from flower_pfl.params import ParamSpec
 from flower_pfl.training import gaussian_nll, train
-from torch.nn import functional as F
 
 
 def _known(value) -> float:

@@ -192,7 +192,8 @@ def load_matrix(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         raise MatrixError(f"invalid matrix {path}:\n  - " + "\n  - ".join(problems))
     base = yaml.safe_load(base_path.read_text()) or {}
     base = merge(base, raw.get("set") or {})
-    return Matrix(overrides=dict(overrides or {}), name=str(raw.get("name") or path.stem), path=path, base_path=base_path,
+    return Matrix(overrides=dict(overrides or {}), name=str(raw.get("name") or path.stem),
+                  path=path, base_path=base_path,
                   strategies=strategies, settings={k: dict(v or {}) for k, v in settings.items()},
                   seeds=list(seeds), compare=compare,
                   paper_names=dict(raw.get("paper-names") or {}),
@@ -406,7 +407,8 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
         shared = None
         for k, cell in enumerate([c for c in cells if c not in todo] + todo, start=1):
             if cell not in todo:
-                why = {"done": "done, skipped", "not registered": "strategy not registered: not run",
+                why = {"done": "done, skipped",
+                       "not registered": "strategy not registered: not run",
                        "todo": "not selected"}[states[cell.key]]
                 log(f"[bench] cell {k}/{n} {cell.key}: {why}", flush=True)
                 continue

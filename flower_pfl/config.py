@@ -46,10 +46,10 @@ def _in(choices: Sequence[str]) -> Callable[[Any], bool]:
     return lambda v: v in choices
 
 
-_POS = lambda v: v > 0  # noqa: E731
-_NONNEG = lambda v: v >= 0  # noqa: E731
-_FRACTION = lambda v: 0 < v <= 1  # noqa: E731
-_OPEN_FRACTION = lambda v: 0 < v < 1  # noqa: E731
+_POS = lambda v: v > 0  # noqa: E731 - a one-line check for the FIELDS table
+_NONNEG = lambda v: v >= 0  # noqa: E731 - a one-line check for the FIELDS table
+_FRACTION = lambda v: 0 < v <= 1  # noqa: E731 - a one-line check for the FIELDS table
+_OPEN_FRACTION = lambda v: 0 < v < 1  # noqa: E731 - a one-line check for the FIELDS table
 
 # Dotted key -> Field.  `strategy` and `hyper` are validated against the registry.
 FIELDS: dict[str, Field] = {
@@ -112,7 +112,8 @@ FIELDS: dict[str, Field] = {
     "train.drop-last": Field((bool,), False, None, "true or false (true: every local step "
                              "uses a full batch; a pass's remainder waits for the next pass)"),
     "client-resources.num-cpus": Field((int,), 1, _POS, "an integer >= 1"),
-    "client-resources.num-gpus": Field((float, int), 0.0, _NONNEG, "a number >= 0 (a GPU fraction)"),
+    "client-resources.num-gpus": Field((float, int), 0.0, _NONNEG,
+                                       "a number >= 0 (a GPU fraction)"),
 }
 
 SECTIONS = {"data", "train", "client-resources", "hyper"}
@@ -223,7 +224,7 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
             flat.pop(section)
 
     values: dict[str, Any] = {}
-    for key, value in flat.items():
+    for key, _value in flat.items():
         if key not in FIELDS:
             problems.append(f"unknown key '{key}'{_suggest(key, list(FIELDS))}")
     for key, field in FIELDS.items():

@@ -161,8 +161,8 @@ def load_pooled(dataset: str, root: str | None = None, cache_dir: str | None = N
     else:
         cls = {"mnist": tvd.MNIST, "cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100}.get(dataset)
         if dataset == "emnist":
-            cls = lambda r, train, download: tvd.EMNIST(r, split="byclass", train=train,  # noqa
-                                                        download=download)
+            cls = lambda r, train, download: tvd.EMNIST(  # noqa: E731 - called like a dataset class
+                r, split="byclass", train=train, download=download)
         if cls is None:
             raise DataError(f"unknown image dataset '{dataset}'")
         parts = _download(cls, root_path or cache / "torchvision", dataset)
@@ -286,7 +286,8 @@ def _flwr_partition(labels: np.ndarray, cfg: Mapping[str, Any], seed: int) -> li
         return [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(n)]
     except ValueError as exc:
         raise DataError(f"partition '{kind}' failed for {n} clients on {len(labels)} samples: "
-                        f"{exc}. Lower 'clients', 'data.min-samples' or raise 'data.alpha'.") from exc
+                        f"{exc}. Lower 'clients', 'data.min-samples' or raise 'data.alpha'."
+                        ) from exc
 
 
 @dataclass(frozen=True)
@@ -399,7 +400,8 @@ class ClientData:
         return int(self.y_test.shape[0])
 
 
-def _to_tensor(x: np.ndarray, dataset: str):
+def to_tensor(x: np.ndarray, dataset: str):
+    """uint8 images ``(N, C, H, W)`` as float tensors normalised with ``dataset``'s mean/std."""
     import torch
 
     mean, std = NORMALIZATION[dataset]
@@ -414,7 +416,11 @@ _CLIENT_DATA: dict[tuple[str, int], ClientData] = {}
 
 def load_client_data(cfg: Mapping[str, Any], partition_id: int,
                      root_override: str | None = None) -> ClientData:
-    """Local train/test data of client ``partition_id`` (cached per process)."""
+    """Local train/test data of client ``partition_id`` (cached per process).
+
+    ``root_override`` (the node's ``data-root``): a dataset folder (read instead of
+    ``data.root``), or a shard folder holding a ``manifest.json`` (``flower-pfl partition``),
+    whose shard is loaded and checked against ``cfg`` (:mod:`flower_pfl.shards`)."""
     import torch
 
     key = (partition_key(cfg) + str(root_override), partition_id)
@@ -427,11 +433,18 @@ def load_client_data(cfg: Mapping[str, Any], partition_id: int,
         data = synthetic_client_data(cfg, partition_id)
         _CLIENT_DATA[key] = data
         return data
-    x, y = load_pooled(dataset, root_override or cfg["data.root"], cfg.get("cache-dir"))
-    part = get_partition(cfg, y)
-    tr, te = part.train[partition_id], part.test[partition_id]
-    data = ClientData(_to_tensor(x[tr], dataset), torch.from_numpy(y[tr]),
-                      _to_tensor(x[te], dataset), torch.from_numpy(y[te]), NUM_CLASSES[dataset])
+    from flower_pfl import shards  # imports this module: loaded here, not at the top
+
+    if root_override and shards.is_shard_folder(root_override):
+        # this site's own shard (``flower-pfl partition``): never the pooled dataset
+        data = shards.load_shard(root_override, cfg, partition_id)
+    else:
+        x, y = load_pooled(dataset, root_override or cfg["data.root"], cfg.get("cache-dir"))
+        part = get_partition(cfg, y)
+        tr, te = part.train[partition_id], part.test[partition_id]
+        data = ClientData(to_tensor(x[tr], dataset), torch.from_numpy(y[tr]),
+                          to_tensor(x[te], dataset), torch.from_numpy(y[te]),
+                          NUM_CLASSES[dataset])
     if len(_CLIENT_DATA) > 64:  # bound memory in long-lived simulation actors
         _CLIENT_DATA.clear()
     _CLIENT_DATA[key] = data

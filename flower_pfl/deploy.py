@@ -23,9 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from flower_pfl.procs import (APP_DIR, LaunchError, ProcessSet, RunOutcome, _bin, _stream,
-                              flwr_env, free_port, process_tree, run_status, stop_tree,
-                              toml_string, wait_http)
+from flower_pfl.procs import (
+    APP_DIR,
+    LaunchError,
+    ProcessSet,
+    RunOutcome,
+    _bin,
+    _stream,
+    flwr_env,
+    free_port,
+    process_tree,
+    run_status,
+    stop_tree,
+    toml_string,
+    wait_http,
+)
 
 
 # ----------------------------------------------------------------------- certificates
@@ -114,11 +126,18 @@ class Deployment:
     nodes: dict[str, Node] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Flower's config.toml and the SuperNodes (started elsewhere in the tree) need
+        # absolute paths: `--certs certs/` must work as typed
+        self.workdir = Path(self.workdir).resolve()
+        if self.certs:
+            self.certs = {k: Path(v).resolve() for k, v in self.certs.items()}
+        if self.data_root:
+            self.data_root = str(Path(self.data_root).expanduser().resolve())
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.env = flwr_env(self.workdir / "flwr-home", self.port)
         (self.workdir / "flwr-home").mkdir(parents=True, exist_ok=True)
-        conn = [f'[superlink]\ndefault = "deploy"\n\n[superlink.deploy]',
+        conn = ['[superlink]\ndefault = "deploy"\n\n[superlink.deploy]',
                 f'address = "127.0.0.1:{self.port}"']
         if self.certs:
             conn.append(f"root-certificates = {toml_string(str(self.certs['ca']))}")
@@ -219,11 +238,29 @@ class Deployment:
         self.close()
 
 
+def check_gpus(gpus: Sequence[str]) -> None:
+    """``--gpus`` names CUDA devices of this machine; a CPU-only machine is an error, not a
+    silent CPU run."""
+    if not gpus:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise LaunchError(f"--gpus {','.join(gpus)}: this machine has no CUDA device "
+                          f"(torch {torch.__version__}); leave --gpus out to run on the CPU")
+    count = torch.cuda.device_count()
+    bad = [g for g in gpus if not g.isdigit() or int(g) >= count]
+    if bad:
+        raise LaunchError(f"--gpus {','.join(gpus)}: no such device {bad}; this machine has "
+                          f"{count} (ids 0..{count - 1})")
+
+
 def deploy(config_path: Path, overrides: Sequence[str], results_dir: Path, num_nodes: int,
            certs_dir: Path | None, gpus: Sequence[str] = (), data_root: str | None = None,
            timeout_s: float | None = None, echo: bool = True) -> RunOutcome:
     """Start a SuperLink + ``num_nodes`` SuperNodes here, run, check, stop everything."""
     workdir = results_dir / "deployment"  # logs, keys, the nodes' state dirs: kept
+    check_gpus(gpus)
     certs = None
     if certs_dir is not None:
         certs = {"ca": certs_dir / "ca.crt", "cert": certs_dir / "server.pem",

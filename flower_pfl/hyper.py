@@ -73,7 +73,7 @@ def _load(path: str) -> type:
     return getattr(importlib.import_module(module), attr)
 
 
-POS = lambda v: v > 0  # noqa: E731
+POS = lambda v: v > 0  # noqa: E731 - a one-line check for the catalog's Hyper tables
 NUM = (float, int)
 
 

@@ -1,44 +1,91 @@
 """Run a strategy with its real clients in ONE process, without Ray or a SuperLink.
 
-Same Strategy classes, same NumPyClient classes, same ``context.state`` records and the
-same legacy round loop as Flower's ``Server`` (fit round, then federated evaluation);
-only the transport is a direct call.  Used by the tests to check algorithm behaviour on
-real data in seconds and by benchmarks; ``flwr run`` (``flower-pfl run``) is the way to
-run experiments.
+Same Strategy classes, same ``ClientApp`` (``flower_pfl.client_app.app``), same
+``context.state`` records and the same legacy round loop as Flower's ``Server`` (fit
+round, then federated evaluation).  Only the transport is a direct call, and it carries
+what Flower's transport carries: each instruction becomes a Flower ``Message`` (the
+legacy ``FitIns``/``EvaluateIns`` converted to records as Flower's ``GridClientProxy``
+does), is deflated to bytes and inflated back as the SuperLink/SuperNode object store
+does, handed with a serialised ``Context`` to the ``ClientApp``, and the reply goes the
+same way back.  So record types, config value types and array shapes are checked as in
+a real run.  Used by the fast tests (every strategy end to end in seconds) and by
+benchmarks; ``flwr run`` (``flower-pfl run``) is the way to run experiments.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
-from flwr.common import Code, Context, RecordDict
+from flwr.app import Message
+from flwr.app.message_type import MessageType
+from flwr.app.metadata import Metadata
+from flwr.common import Code, Context, MessageTypeLegacy, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common.serde import context_from_proto, context_to_proto
+from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
 from flower_pfl import registry
-from flower_pfl.client_app import client_fn
+from flower_pfl.client_app import app as client_app
 from flower_pfl.config import RunConfig
 
 
+def over_the_wire(message: Message) -> Message:
+    """``message`` deflated to bytes and inflated back, as Flower's object store moves it."""
+    contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(message).items()}
+    out = inflate_object_from_contents(message.object_id, contents)
+    out.metadata.__dict__["_message_id"] = message.object_id  # as the SuperLink sets it
+    return out
+
+
 class InProcessProxy(ClientProxy):
-    """A ClientProxy that calls the ClientApp's client directly, keeping its Context."""
+    """A ClientProxy that sends Flower Messages to the ClientApp in this process.
+
+    ``context`` is the node's Context; it crosses the boundary serialised (as a SuperNode
+    hands it to a ClientApp process) and the ClientApp's updated copy replaces it."""
 
     def __init__(self, cid: str, context: Context) -> None:
         super().__init__(cid)
         self.context = context
 
+    def _send(self, content: RecordDict, message_type: str, group_id) -> RecordDict:
+        metadata = Metadata(run_id=self.context.run_id, message_id="",
+                            src_node_id=SUPERLINK_NODE_ID, dst_node_id=int(self.cid),
+                            reply_to_message_id="", group_id=str(group_id or ""),
+                            created_at=time.time(), ttl=43200.0, message_type=message_type)
+        message = over_the_wire(Message(metadata=metadata, content=content))
+        context = context_from_proto(context_to_proto(self.context))
+        reply = over_the_wire(client_app(message, context))
+        self.context = context_from_proto(context_to_proto(context))
+        if reply.has_error():  # as GridClientProxy reports an error reply
+            raise ValueError(f"Message contains an Error (reason: {reply.error.reason}). "
+                             "It originated during client-side execution of a message.")
+        return reply.content
+
     def get_properties(self, ins, timeout, group_id):
-        return client_fn(self.context).get_properties(ins)
+        content = self._send(compat.getpropertiesins_to_recorddict(ins),
+                             MessageTypeLegacy.GET_PROPERTIES, group_id)
+        return compat.recorddict_to_getpropertiesres(content)
 
     def get_parameters(self, ins, timeout, group_id):
-        return client_fn(self.context).get_parameters(ins)
+        content = self._send(compat.getparametersins_to_recorddict(ins),
+                             MessageTypeLegacy.GET_PARAMETERS, group_id)
+        return compat.recorddict_to_getparametersres(content, False)
 
     def fit(self, ins, timeout, group_id):
-        return client_fn(self.context).fit(ins)
+        content = self._send(compat.fitins_to_recorddict(ins, keep_input=True),
+                             MessageType.TRAIN, group_id)
+        return compat.recorddict_to_fitres(content, keep_input=False)
 
     def evaluate(self, ins, timeout, group_id):
-        return client_fn(self.context).evaluate(ins)
+        content = self._send(compat.evaluateins_to_recorddict(ins, keep_input=True),
+                             MessageType.EVALUATE, group_id)
+        return compat.recorddict_to_evaluateres(content)
 
     def reconnect(self, ins, timeout, group_id):
         raise NotImplementedError

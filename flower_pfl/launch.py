@@ -3,6 +3,7 @@
     flower-pfl run [--config simulation.yaml] [--set key=value ...]
     flower-pfl validate [--config FILE] [--set key=value ...]
     flower-pfl strategies
+    flower-pfl partition [--config FILE] [--set key=value ...] --out DIR   (flower_pfl/shards.py)
     flower-pfl bench MATRIX.yaml [--seeds ...] [--set key=value ...]   (flower_pfl/bench.py)
 
 ``run`` is the one source of truth for the client count: it validates the YAML first
@@ -20,15 +21,28 @@ import shutil
 import signal
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
 from flower_pfl import config as config_mod
 from flower_pfl import registry
-from flower_pfl.procs import (APP_DIR, LaunchError, ProcessSet, RunOutcome, Terminated,  # noqa
-                              _alive, _bin, _stream, flwr_env, free_port, process_tree,
-                              run_status, stop_on_signals, stop_tree, toml_string, wait_http)
+from flower_pfl.procs import (
+    APP_DIR,
+    LaunchError,
+    ProcessSet,
+    RunOutcome,
+    Terminated,
+    _alive,  # noqa: F401 - re-exported: tests/test_deployment.py, test_e2e_simulation.py import it
+    _bin,
+    _stream,
+    flwr_env,
+    free_port,
+    run_status,
+    stop_on_signals,
+    toml_string,
+    wait_http,
+)
 from flower_pfl.reliability import preflight
 
 
@@ -57,12 +71,17 @@ def simulation_superlink(workdir: Path, log_path: Path) -> Iterator[tuple[dict, 
 def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequence[str],
                    results_dir: Path, app_dir: Path = APP_DIR, timeout_s: float | None = None,
                    echo: bool = True, num_supernodes: int | None = None, resume: bool = False,
-                   on_line=None) -> RunOutcome:
+                   on_line=None, superlink: tuple[dict, ProcessSet] | None = None
+                   ) -> RunOutcome:
     """Run ``cfg`` through ``flwr run`` in Ray simulation and stop everything it started.
 
     ``num_supernodes`` defaults to the YAML's ``clients`` (only tests set another value).
     ``resume`` continues the run in ``results_dir`` from its newest checkpoint. The
     watchdog stops a run that shows no progress for ``stall-timeout`` seconds.
+    ``superlink``: the ``(env, procs)`` of a running :func:`simulation_superlink` to run
+    on (several runs share one); by default a private one is started and stopped.
+    The outcome's ``pids`` are the processes this run started (a private SuperLink
+    included, a shared one not).
     Raises LaunchError if the run did not reach ``finished:completed``.
     """
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -81,17 +100,26 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
                   f"client-resources-num-gpus={cfg['client-resources.num-gpus']}")
     log_path = results_dir / "flwr-run.log"
     try:
-        with simulation_superlink(workdir, results_dir / "superlink.log") as (env, procs):
+        with ExitStack() as stack:
+            before: set[int] = set()
+            if superlink is None:
+                superlink = stack.enter_context(
+                    simulation_superlink(workdir, results_dir / "superlink.log"))
+            else:  # the shared SuperLink and what it ran before are not this run's
+                superlink[1].snapshot()
+                before = set(superlink[1].known)
+            env, procs = superlink
             cmd = [_bin("flwr"), "run", str(app_dir), "local", "--stream",
                    "--federation-config", federation, "--run-config", str(run_config)]
             run_id = _stream(cmd, env, log_path, echo, timeout_s, procs, on_line=on_line,
                              stall_s=cfg["stall-timeout"], append=resume)
             status = run_status(run_id, env) if run_id else "unknown"
+            procs.snapshot()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if status != "finished:completed":
         raise LaunchError(f"run {run_id or '?'} ended with status '{status}'; see {log_path}")
-    return RunOutcome(status, run_id, set(procs.known))
+    return RunOutcome(status, run_id, set(procs.known) - before)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -159,6 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="continue a stopped run from its newest checkpoint (its own "
                            "configuration is used; --config/--set must match it if given)")
     sub.add_parser("strategies")
+    p = sub.add_parser("partition", help="write each client's data shard to DIR/<partition-id>/ "
+                       "(data per site in deployment)")
+    p.add_argument("--config", default=str(APP_DIR / "simulation.yaml"),
+                   help="the run's YAML file (default: the app's simulation.yaml)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override one key (repeatable), as for run")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the shards")
     p = sub.add_parser("certs", help="make a throwaway CA + server certificate (testing)")
     p.add_argument("dir")
     p.add_argument("--host", action="append", help="host names/IPs of the SuperLink "
@@ -206,6 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except config_mod.ConfigError as exc:
         print(f"flower-pfl: {exc}", file=sys.stderr)
         return 2
+    if args.command == "partition":
+        from flower_pfl.shards import partition_command
+
+        return partition_command(cfg.values, args.out, args.config, args.set or [])
     if args.command == "validate":
         print(f"{args.config}: OK (strategy {cfg.strategy}, {cfg['clients']} clients, "
               f"{cfg['rounds']} rounds)")

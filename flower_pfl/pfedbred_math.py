@@ -13,11 +13,13 @@ Algorithm 1, one round t on client i (r = 1..R local iterations, one mini-batch 
     line 7   mu_{i,r}    = meta-step (eq. 14), from w_{i,r-1}:
                lg   mu = w_{i,r-1} - eta_alpha grad f_i(w_{i,r-1})
                meg  mu = w_{i,r-1} - eta (w_{i,R}^{(t-1)} - theta_{i,r-1})
-               mh   mu = w_{i,r-1} - eta_alpha grad f_i(w_{i,r-1}) - eta (w_{i,R}^{(t-1)} - theta_{i,r-1})
+               mh   mu = w_{i,r-1} - eta_alpha grad f_i(w_{i,r-1})
+                                   - eta (w_{i,R}^{(t-1)} - theta_{i,r-1})
                none mu = w_{i,r-1}                                  (pFedMe, the "Non-PP" row)
     line 8   theta_{i,r} ~ prox_{f_i/lambda}(mu) = argmin f_i(theta) + lambda/2 ||theta - mu||^2,
              K SGD steps of step alpha on the mini-batch
-    line 9   w_{i,r} = w_{i,r-1} - alpha_m grad F_i(w_{i,r-1}),  grad F_i ~ lambda (w_{i,r-1} - theta_{i,r})
+    line 9   w_{i,r} = w_{i,r-1} - alpha_m grad F_i(w_{i,r-1}),
+             grad F_i ~ lambda (w_{i,r-1} - theta_{i,r})
     line 12  w^(t) = (1 - beta) w^(t-1) + beta E_I w_{i,R}^(t)        (server)
 
 Choices the paper leaves open (what we chose; docs/algorithms/pfedbred.md):
@@ -89,8 +91,9 @@ def loss_gradient(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, loss_fn:
 
 def prox_steps(theta_model: nn.Module, mu: Tensors, lam: float, alpha: float, steps: int,
                xb: torch.Tensor, yb: torch.Tensor, loss_fn: LossFn) -> float:
-    """Line 8: ``steps`` SGD steps (step ``alpha``) on f_i(theta; batch) + lambda/2 ||theta - mu||^2,
-    in place on ``theta_model``.  Returns the mean data loss over the steps."""
+    """Line 8: ``steps`` SGD steps (step ``alpha``) on
+    f_i(theta; batch) + lambda/2 ||theta - mu||^2, in place on ``theta_model``.  Returns the
+    mean data loss over the steps."""
     params = list(theta_model.parameters())
     total = 0.0
     for _ in range(steps):
@@ -148,7 +151,8 @@ def local_round(w_model: nn.Module, theta_model: nn.Module, w_memory: Tensors | 
 
 def server_update(w_prev: Sequence[np.ndarray], client_ws: Sequence[Sequence[np.ndarray]],
                   beta: float, weights: Sequence[float] | None = None) -> list[np.ndarray]:
-    """Line 12: w^(t) = (1 - beta) w^(t-1) + beta sum_i p_i w_{i,R} (p uniform unless ``weights``)."""
+    """Line 12: w^(t) = (1 - beta) w^(t-1) + beta sum_i p_i w_{i,R}
+    (p uniform unless ``weights``)."""
     if beta == 0:
         raise ValueError("beta = 0 freezes the global model (w^(t) = w^(t-1))")
     n = len(client_ws)

@@ -45,7 +45,6 @@ import torch
 from torch import nn
 
 
-
 def _flat(arrays) -> np.ndarray:
     return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
 

@@ -22,10 +22,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 Rows = Sequence[Mapping[str, object]]
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
 import signal
 import socket
 import subprocess
-import queue
 import sys
 import threading
 import time

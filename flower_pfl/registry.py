@@ -14,7 +14,7 @@ import importlib
 import pkgutil
 
 from flower_pfl import catalog
-from flower_pfl.hyper import Entry, Hyper  # noqa: F401  (re-exported for callers)
+from flower_pfl.hyper import Entry, Hyper  # noqa: F401 - Hyper: importable here as before hyper.py
 
 
 def _collect() -> dict[str, Entry]:

@@ -194,8 +194,9 @@ def check_output_dir(results_dir: str | Path) -> None:
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        raise PreflightError(f"the output directory {path} is not writable ({exc.strerror or exc}); "
-                             f"set 'output-dir' (or 'run-name') to a folder you can write") from exc
+        raise PreflightError(f"the output directory {path} is not writable "
+                             f"({exc.strerror or exc}); set 'output-dir' (or 'run-name') to a "
+                             f"folder you can write") from exc
 
 
 def preflight(cfg, results_dir: str | Path | None = None) -> None:
@@ -225,7 +226,7 @@ def preflight(cfg, results_dir: str | Path | None = None) -> None:
     from flower_pfl.models import model_for
 
     model = model_for(values)
-    sample = data_mod._to_tensor(x[part.train[0][:1]], values["data.dataset"])
+    sample = data_mod.to_tensor(x[part.train[0][:1]], values["data.dataset"])
     try:
         with torch.no_grad():
             out = model(sample)

@@ -60,7 +60,6 @@ from typing import Sequence
 
 import numpy as np
 
-
 # names of the fallbacks of eq. 11 (counted per round by the strategy)
 WEIGHTS_EQ11 = "eq. 11"
 WEIGHTS_UNWEIGHTED = "unweighted mean"

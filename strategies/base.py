@@ -48,8 +48,17 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from flwr.common import (EvaluateIns, EvaluateRes, FitIns, FitRes, GetPropertiesIns,
-                         Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays)
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetPropertiesIns,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -61,9 +70,16 @@ from flower_pfl.metrics import summarize
 from flower_pfl.params import ParamSpec
 from flower_pfl.results import ResultsWriter
 from strategies.checkpointing import Checkpointing
-from strategies.federation import (ClientFailure, ClientStore, ClientUpdate,  # noqa: F401
-                                   FederationError, ResumeError, RoundError, TaggedProxy,
-                                   failure_reason)
+from strategies.federation import (
+    ClientFailure,
+    ClientStore,
+    ClientUpdate,
+    FederationError,
+    ResumeError,  # noqa: F401 - re-exported: tests/test_reliability.py imports it from here
+    RoundError,
+    TaggedProxy,
+    failure_reason,
+)
 
 WAIT_FOR_NODES_S = 120.0
 
@@ -113,7 +129,8 @@ class PersonalizedStrategy(Checkpointing, Strategy):
     def prepare_round(self, server_round: int, sampled: list[int]) -> None:
         """Server-side computation before sending (e.g. FedAMP's cloud models u_i)."""
 
-    def fit_payload(self, pid: int, server_round: int) -> tuple[list[np.ndarray], dict[str, Scalar]]:
+    def fit_payload(self, pid: int,
+                    server_round: int) -> tuple[list[np.ndarray], dict[str, Scalar]]:
         """Arrays and extra config sent to sampled client ``pid`` (default: the global model)."""
         return self.global_arrays or [], {}
 
@@ -126,7 +143,8 @@ class PersonalizedStrategy(Checkpointing, Strategy):
         model; a strategy whose clients upload a part (FedRep: the body) returns that."""
         return self._initial
 
-    def eval_payload(self, pid: int, server_round: int) -> tuple[list[np.ndarray], dict[str, Scalar]]:
+    def eval_payload(self, pid: int,
+                     server_round: int) -> tuple[list[np.ndarray], dict[str, Scalar]]:
         """Arrays and extra config for evaluation (default: the global model)."""
         return self.global_arrays or [], {}
 
@@ -356,7 +374,8 @@ class PersonalizedStrategy(Checkpointing, Strategy):
                 f"the configuration says clients = {self.num_clients} but the federation has "
                 f"{len(available)} node(s). In simulation run through `flower-pfl run` (it sets "
                 f"num-supernodes from the YAML) or pass --federation-config "
-                f"'num-supernodes={self.num_clients}'; in deployment start one SuperNode per client.")
+                f"'num-supernodes={self.num_clients}'; in deployment start one SuperNode per "
+                f"client.")
         unknown = [p for cid, p in available.items() if cid not in self.pid_of_cid]
         if unknown:
             ins = GetPropertiesIns({"cfg": self.cfg_json})
@@ -364,7 +383,7 @@ class PersonalizedStrategy(Checkpointing, Strategy):
             def ask(proxy):
                 try:
                     return proxy.get_properties(ins, WAIT_FOR_NODES_S, None)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001 - any failure = no handshake answer
                     if not self._federation_checked:
                         raise FederationError(f"node {proxy.cid} did not answer the partition-id "
                                               f"handshake: {failure_reason(exc)}") from exc

@@ -33,10 +33,9 @@ and, when the weights sum to ~0, unbounded.  See docs/algorithms/fedacs.md.
 
 from __future__ import annotations
 
-import numpy as np
-
 from logging import WARNING
 
+import numpy as np
 from flwr.common.logger import log
 
 from flower_pfl.attention import consensus_weights, fedacs_weights, quantile_threshold
@@ -72,7 +71,8 @@ class FedACS(MessagePassingStrategy):
         seen = np.flatnonzero(self.matrix.seen)
         if len(seen) == 0:
             return float("inf")
-        return quantile_threshold(self.matrix.cosine(seen)[:, seen], float(self.hyper["pick-ratio"]))
+        return quantile_threshold(self.matrix.cosine(seen)[:, seen],
+                                  float(self.hyper["pick-ratio"]))
 
     def attention(self, rows, server_round):
         peers = self.peers()

@@ -18,6 +18,7 @@ import numpy as np
 from flwr.common import Code, Scalar
 from flwr.server.client_proxy import ClientProxy
 
+
 class FederationError(RuntimeError):
     """The federation does not match the configuration (node count, partition ids)."""
 

@@ -80,7 +80,8 @@ class SelfFL(PersonalizedStrategy):
         auto = {"contraction": "measured" if boot_net else "variance",  # trace vs variance
                 "eq13-samples": "offset" if boot_net else "optimum",  # the fit's start matters
                 "warmup-rounds": int(self.cfg["rounds"]) // 4 if network else 0}
-        pick = lambda key: auto[key] if self.hyper[key] == "auto" else self.hyper[key]  # noqa: E731
+        pick = lambda key: (auto[key] if self.hyper[key] == "auto"  # noqa: E731 - closure over auto
+                            else self.hyper[key])
         self.contraction = pick("contraction")
         self.eq13_samples = pick("eq13-samples")
         self.warmup_rounds = int(pick("warmup-rounds"))
@@ -113,15 +114,16 @@ class SelfFL(PersonalizedStrategy):
             "sample-variance": self.samples_variance(server_round),
             "sigma0-sq": self.sigma0_sq if math.isfinite(self.sigma0_sq) else UNKNOWN,
             "s-minus": s if math.isfinite(s) else UNKNOWN,
-            "eta": float(self.cfg["train.lr"] if self.hyper["eta"] == "auto" else self.hyper["eta"]),
+            "eta": float(self.cfg["train.lr"] if self.hyper["eta"] == "auto"
+                         else self.hyper["eta"]),
             "l-max": int(self.hyper["l-max"]),
             "variance-estimator": self.estimator,
             "contraction": self.contraction,
             "eq13-samples": self.eq13_samples,
             "bootstrap-max-steps": int(self.hyper["bootstrap-max-steps"]),
             "bootstrap-tol": float(self.hyper["bootstrap-tol"]),
-            "bootstrap-lr": float(self.hyper["bootstrap-lr"]) if self.hyper["bootstrap-lr"] != "auto"
-            else -1.0,
+            "bootstrap-lr": (float(self.hyper["bootstrap-lr"])
+                             if self.hyper["bootstrap-lr"] != "auto" else -1.0),
             "oracle-sigma-sq": float(self.oracle_sigma_sq[pid]) if self.oracle_sigma_sq is not None
             else UNKNOWN,
         }
@@ -217,7 +219,8 @@ class SelfFL(PersonalizedStrategy):
                         eta_m_max=float(np.nanmax(etas)), init_coef_mean=float(coefs.mean()),
                         warmup=warmup, **counts, **extra)
         self.results.log_table("selffl_clients", [
-            {"round": server_round, "partition-id": u.pid, "steps_rule": u.metrics.get("steps_rule"),
+            {"round": server_round, "partition-id": u.pid,
+             "steps_rule": u.metrics.get("steps_rule"),
              "local_steps": u.metrics.get("local_steps"), "eta_m": u.metrics.get("eta_m"),
              "init_coef": u.metrics.get("init_coef"), "sigma_sq": float(s),
              "curvature": u.metrics.get("curvature")}

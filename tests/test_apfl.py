@@ -78,3 +78,54 @@ def test_v_and_alpha_continue_across_rounds(tmp_path):
 def test_alpha_zero_or_one_is_rejected(alpha):
     with pytest.raises(ConfigError, match="0 is FedAvg, 1 is Local"):
         small_config(strategy="apfl", **{"hyper.apfl.alpha-init": alpha})
+
+
+def test_personalized_model_is_the_mixture_of_v_and_w():
+    """APFL's personalized model: vbar_i = alpha_i v_i + (1 - alpha_i) w with the client's
+    stored v_i and alpha_i and the global w it is sent; w alone is the global model."""
+    from clients.apfl import APFLClient
+    from flower_pfl.models import initial_arrays, model_for, set_arrays
+    from flower_pfl.training import evaluate
+    from tests.test_baselines import make_client
+
+    cfg = small_config(strategy="apfl", **TINY)
+    w = initial_arrays(cfg)
+    rng = np.random.default_rng(0)
+    v = [a + rng.normal(0, 0.05, size=a.shape).astype(np.float32) for a in w]
+    client = make_client(APFLClient, pid=1)
+    client.state.set_arrays("apfl-v", v)
+    client.state.set_values("apfl", {"alpha": 0.3})
+    config = {"cfg": cfg.to_json(), "round": 2, "eval-global": True, "alpha-init": 0.5,
+              "alpha-lr": 0.05, "adapt-alpha": True}
+    loss, _, metrics = client.evaluate([a.copy() for a in w], config)
+    model = model_for(cfg)
+    set_arrays(model, [0.3 * a + 0.7 * b for a, b in zip(v, w)])
+    want, _ = evaluate(model, client.data.x_test, client.data.y_test, torch.device("cpu"))
+    assert loss == pytest.approx(want, rel=1e-5)
+    assert abs(loss - metrics["global_loss"]) > 1e-3  # the mixture is not w
+    # a client that never trained (no v_i yet) evaluates w itself
+    fresh, _, m = make_client(APFLClient, pid=1).evaluate([a.copy() for a in w], config)
+    assert fresh == pytest.approx(m["global_loss"])
+
+
+def test_round_two_trains_the_stored_v_not_a_copy_of_w(tmp_path):
+    """v_i continues across rounds: the same client state with v_i replaced by the global
+    model it receives (alpha_i kept) ends round 2 elsewhere."""
+    import copy
+
+    from flwr.common import parameters_to_ndarrays
+
+    from clients.base import ClientState
+
+    cfg = small_config(strategy="apfl", rounds=2, **TINY)
+    s, proxies, before, ins, res = two_rounds(cfg, tmp_path)
+    gap = lambda a, b: max(float(np.abs(x - y).max()) for x, y in zip(a, b))  # noqa: E731
+    for pid in (1, 3):
+        w_t = parameters_to_ndarrays(ins[pid].parameters)
+        assert gap(state_arrays(before[pid], "apfl-v"), w_t) > 1e-3  # v_i is not w^t
+        v2 = state_arrays(proxies[pid].context.state, "apfl-v")
+        view = ClientState(copy.deepcopy(before[pid]))
+        view.resolve(1)  # round 1 was accepted
+        view.set_arrays("apfl-v", w_t)
+        state, _ = replay_fit(proxies[pid], view.records, ins[pid])
+        assert gap(state_arrays(state, "apfl-v"), v2) > 1e-4

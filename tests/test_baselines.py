@@ -34,7 +34,8 @@ def test_fedavg_global_model_improves(tmp_path):
 
 def test_local_beats_fedavg_global_on_pathological_split(tmp_path):
     local = inprocess.run(small_config(**PATHOLOGICAL, strategy="local", rounds=4), tmp_path / "l")
-    fedavg = inprocess.run(small_config(**PATHOLOGICAL, strategy="fedavg", rounds=4), tmp_path / "f")
+    # run for its results folder: the FedAvg global accuracy is read from its rounds.csv below
+    inprocess.run(small_config(**PATHOLOGICAL, strategy="fedavg", rounds=4), tmp_path / "f")
     local_acc = local.eval_history[-1]["mean"]
     fedavg_global = float(_rounds(tmp_path / "f")[-1]["global_mean"])
     # the papers' pattern (FedAMP Table 2: Separate 97.67 vs FedAvg 77.88): local >> global
@@ -175,3 +176,69 @@ def test_fedprox_ft_personalizes_the_global_model(tmp_path):
     inprocess.run(cfg, tmp_path)
     last = _rounds(tmp_path)[-1]
     assert float(last["personal_mean"]) > float(last["global_mean"]) + 0.2, last
+
+
+# ------------------------------------------------------ each baseline's mechanism, fast
+def test_fedavg_aggregate_is_the_sample_weighted_mean(tmp_path):
+    from strategies.base import ClientUpdate
+    from strategies.fedavg import FedAvg
+
+    s = FedAvg(small_config(strategy="fedavg", **TINY), results_dir=tmp_path)
+    s.initialize_parameters(None)
+    rng = np.random.default_rng(0)
+    uploads = [[rng.normal(size=a.shape).astype(np.float32) for a in s.global_arrays]
+               for _ in range(3)]
+    counts = [10, 30, 60]
+    s.aggregate_updates(1, [ClientUpdate(pid, arrays, n, {})
+                            for pid, (arrays, n) in enumerate(zip(uploads, counts))])
+    for k, got in enumerate(s.global_arrays):
+        want = sum(n * u[k].astype(np.float64) for n, u in zip(counts, uploads)) / sum(counts)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        # (the plain mean is another model: the weights matter)
+        assert np.abs(np.mean([u[k] for u in uploads], axis=0) - want).max() > 1e-2
+
+
+def test_local_model_continues_across_rounds_and_nothing_travels(tmp_path):
+    cfg = small_config(strategy="local", rounds=2, **TINY)
+    s, proxies, before, ins, res = two_rounds(cfg, tmp_path)
+    from flwr.common import parameters_to_ndarrays
+
+    for pid in (0, 2):
+        assert parameters_to_ndarrays(ins[pid].parameters) == []  # nothing sent ...
+        assert parameters_to_ndarrays(res[pid].parameters) == []  # ... or uploaded
+        model1 = state_arrays(before[pid], "personal")
+        model2 = state_arrays(proxies[pid].context.state, "personal")
+        assert max(float(np.abs(a - b).max()) for a, b in zip(model1, model2)) > 1e-4
+        # round 2 continues the round-1 model: a client that lost it ends elsewhere
+        again, _ = replay_fit(proxies[pid], before[pid], ins[pid])
+        for a, b in zip(state_arrays(again, "personal"), model2):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+        fresh, _ = replay_fit(proxies[pid], None, ins[pid])
+        assert max(float(np.abs(a - b).max()) for a, b in
+                   zip(state_arrays(fresh, "personal"), model2)) > 1e-4
+
+
+def test_fedavg_ft_evaluates_the_global_model_fine_tuned_on_train_data():
+    """FedAvg-FT's personalized model: the global model after ``finetune-steps`` SGD steps
+    on the client's training data (not kept); FedAvg's is the global model itself."""
+    import torch
+
+    from clients.fedavg import FedAvgClient, FedAvgFTClient
+    from flower_pfl.models import initial_arrays
+    from flower_pfl.training import evaluate
+
+    cfg = small_config(strategy="fedavg-ft", **PATHOLOGICAL, model="mclr")
+    w = initial_arrays(cfg)
+    config = {"cfg": cfg.to_json(), "round": 1, "eval-global": True, "finetune-steps": 10}
+    client = make_client(FedAvgFTClient, pid=3, num=10)
+    loss, _, metrics = client.evaluate([a.copy() for a in w], config)
+    # by hand: the same 10 seeded steps (salt 1) from the global model
+    model = client.new_model(w)
+    client.local_train(model, num_steps=10, salt=1)
+    want = evaluate(model, client.data.x_test, client.data.y_test, torch.device("cpu"))
+    assert loss == pytest.approx(want[0], rel=1e-6) and metrics["accuracy"] == want[1]
+    assert loss < metrics["global_loss"] - 0.1, (loss, metrics["global_loss"])
+    assert client.state.get_arrays("personal") is None  # nothing kept
+    plain, _, m = make_client(FedAvgClient, pid=3, num=10).evaluate(
+        [a.copy() for a in w], {**config, "finetune-steps": 0})
+    assert plain == pytest.approx(m["global_loss"])

@@ -52,6 +52,7 @@ def _table(out: Path) -> dict[str, dict[str, str]]:
         return {r["strategy"]: r for r in csv.DictReader(fh)}
 
 
+@pytest.mark.slow  # the `tiny` fixture runs 4 cells through `flwr run`
 def test_every_cell_ran_through_flwr_and_table_matches_summaries(tiny):
     m, out, records, lines = tiny
     table = _table(out)
@@ -85,6 +86,7 @@ def test_every_cell_ran_through_flwr_and_table_matches_summaries(tiny):
     assert len(done) == len(STRATEGIES) * len(SEEDS)
 
 
+@pytest.mark.slow  # the `tiny` fixture runs 4 cells through `flwr run`
 def test_unregistered_strategy_reads_not_run(tiny):
     m, out, records, lines = tiny
     row = _table(out)[UNREGISTERED]
@@ -95,6 +97,7 @@ def test_unregistered_strategy_reads_not_run(tiny):
     assert not (out / "runs" / "prac" / UNREGISTERED).exists()
 
 
+@pytest.mark.slow  # the `tiny` fixture runs 4 cells through `flwr run`
 def test_plots_exist(tiny):
     m, out, records, lines = tiny
     for name in ("curves-prac.png", "clients-prac.png", "heatmap-prac-fedacs-attention.png",
@@ -103,6 +106,7 @@ def test_plots_exist(tiny):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, name
 
 
+@pytest.mark.slow  # the `tiny` fixture runs 4 cells through `flwr run`
 def test_plots_survive_a_cell_without_its_config_json(tiny, tmp_path):
     """A finished cell committed without config.json (seen: the bench crashed in write_plots
     after all its cells had run) still gets its table row and heatmap."""
@@ -120,6 +124,7 @@ def test_plots_survive_a_cell_without_its_config_json(tiny, tmp_path):
     assert _table(copy)["fedacs"]["seeds_done"] == "2"
 
 
+@pytest.mark.slow  # the `tiny` fixture runs 4 cells through `flwr run`
 def test_rerun_skips_finished_cells(tiny):
     m, out, records, lines = tiny
     summaries = sorted((out / "runs").rglob("summary.json"))
@@ -132,6 +137,7 @@ def test_rerun_skips_finished_cells(tiny):
     assert "0 to run" in again[0]
 
 
+@pytest.mark.slow  # the `tiny` fixture runs 4 cells through `flwr run`
 def test_cell_state_detects_unfinished_and_changed_cells(tiny, tmp_path):
     m, out, records, lines = tiny
     cell = next(c for c in m.cells(out) if c.strategy == "fedavg" and c.seed == 0)
@@ -164,6 +170,7 @@ def test_cell_state_detects_unfinished_and_changed_cells(tiny, tmp_path):
     assert bench.cell_state(changed) == "todo"  # a changed configuration reruns
 
 
+@pytest.mark.slow  # the `tiny` fixture runs 4 cells through `flwr run`
 def test_a_changed_registry_default_reruns_the_cell(tiny, tmp_path):
     """cell.yaml leaves the strategy's hyper-parameters to the registry: a run made under
     another default (its config.json) is not today's cell.  A configuration key added
@@ -216,6 +223,7 @@ def test_the_shared_ray_temp_dir_fits_the_socket_path_limit(tmp_path):
         short.rmdir()
 
 
+@pytest.mark.slow  # the `tiny` fixture runs 4 cells through `flwr run`
 def test_inprocess_cells_land_in_the_bench_layout_marked_as_such(tiny, tmp_path):
     """benchmarks/matrix_inprocess.py runs the bench's cells in one process each, --jobs at a
     time: the bench's table reads them (numbers = their summaries), marks their rows

@@ -38,7 +38,8 @@ def test_defaults_fill_missing_keys_and_hyper():
     ({"data": {"partition": "shards"}}, "'data.partition' = 'shards' is out of range"),
     ({"data": {"alpha": -1}}, "'data.alpha' = -1 is out of range"),
     ({"data": {"datset": "fmnist"}}, "unknown key 'data.datset'"),
-    ({"hyper": {"fedavg-ft": {"finetune": 3}}}, "'hyper.fedavg-ft.finetune' is not a hyper-parameter"),
+    ({"hyper": {"fedavg-ft": {"finetune": 3}}},
+     "'hyper.fedavg-ft.finetune' is not a hyper-parameter"),
     ({"hyper": {"fedavg-ft": {"finetune-steps": 0}}}, "'hyper.fedavg-ft.finetune-steps' = 0"),
     ({"hyper": {"nope": {}}}, "'hyper.nope': unknown strategy"),
     ({"min-fit-clients": 30, "clients": 20}, "'min-fit-clients' = 30 exceeds 'clients' = 20"),
@@ -105,7 +106,8 @@ def test_key_written_twice_is_an_error(tmp_path):
         path.write_text(text)
         with pytest.raises(ConfigError) as info:
             config.load(path)
-        assert str(info.value) == f"{path}: {needle}; YAML would silently keep the second -- keep one"
+        assert str(info.value) == (f"{path}: {needle}; YAML would silently keep the second"
+                                   f" -- keep one")
 
 
 def test_empty_file_is_an_error(tmp_path):

@@ -12,6 +12,9 @@ import yaml
 from flower_pfl.deploy import Deployment, make_ca, make_node_key
 from flower_pfl.launch import _alive
 
+# Real SuperLink + SuperNode processes with TLS: 1-2 minutes each.
+pytestmark = pytest.mark.slow
+
 BASE = {"strategy": "fedamp", "rounds": 3, "clients": 3, "fraction-fit": 1.0, "model": "mclr",
         "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 3000}}
 

@@ -1,19 +1,46 @@
-"""One real `flwr run` in Ray simulation, through the launcher: status checked, PIDs stopped."""
+"""Real `flwr run`s in Ray simulation, through the launcher: status checked, PIDs stopped.
+
+Slow tier. One strategy per family runs here; every registered strategy also runs through
+Flower's message path in the fast tier (tests/test_message_path.py). A family is the
+strategy class right below `PersonalizedStrategy` (FedAvg and its variants, the message
+passing methods, pFedBreD and pFedMe, ...), so a new strategy joins one without editing
+this file; the most derived class of each family represents it. All runs share one
+SuperLink per pytest session.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from flower_pfl import config, registry
-from flower_pfl.launch import LaunchError, _alive, run_simulation
+from flower_pfl.launch import LaunchError, _alive, run_simulation, simulation_superlink
+from strategies.base import PersonalizedStrategy
+from strategies.message_passing import MessagePassingStrategy
+
+pytestmark = pytest.mark.slow
 
 TINY = {"strategy": "local", "rounds": 3, "clients": 4, "fraction-fit": 1.0, "model": "mclr",
         "eval-every": 1, "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 3000}}
+
+
+def family(name: str) -> type:
+    """The class right below PersonalizedStrategy in the strategy's MRO."""
+    mro = registry.get(name).strategy_cls().__mro__
+    return mro[mro.index(PersonalizedStrategy) - 1]
+
+
+def representatives() -> list[str]:
+    by_family: dict[type, list[str]] = {}
+    for name in sorted(registry.REGISTRY):
+        by_family.setdefault(family(name), []).append(name)
+    return sorted(min(names, key=lambda n: (-len(registry.get(n).strategy_cls().__mro__), n))
+                  for names in by_family.values())
 
 
 def _write(tmp_path: Path, tree) -> Path:
@@ -22,22 +49,36 @@ def _write(tmp_path: Path, tree) -> Path:
     return path
 
 
-# Every registered strategy runs once through the real `flwr run` (a new catalog entry is
-# covered without editing this file). `local` is the TINY default and runs in the failure test.
-@pytest.mark.parametrize("strategy", sorted(set(registry.REGISTRY) - {"local"}))
-def test_flwr_run_simulation_end_to_end(strategy, tmp_path):
+@pytest.fixture(scope="module")
+def superlink(tmp_path_factory):
+    """One simulation SuperLink for every run of this module, stopped at its end."""
+    work = tmp_path_factory.mktemp("superlink")
+    with simulation_superlink(work, work / "superlink.log") as shared:
+        yield shared
+    assert not any(_alive(p) for p in shared[1].known), "the shared SuperLink left processes"
+
+
+def test_every_family_has_a_representative():
+    reps = representatives()
+    assert {family(n) for n in reps} == {family(n) for n in registry.REGISTRY}
+    assert "fedamp" in reps or "fedacs" in reps or "heurfedamp" in reps  # message passing
+
+
+@pytest.mark.parametrize("strategy", representatives())
+def test_flwr_run_simulation_end_to_end(strategy, tmp_path, superlink):
     path = _write(tmp_path, TINY)
     cfg = config.load(path, [f"strategy={strategy}"])
     out = run_simulation(cfg, path, [f"strategy={strategy}"], tmp_path / "res", echo=False,
-                         timeout_s=600)
+                         timeout_s=600, superlink=superlink)
     assert out.status == "finished:completed"
+    deadline = time.time() + 30  # the run's own processes (ServerApp, Ray) end with it
+    while any(_alive(p) for p in out.pids) and time.time() < deadline:
+        time.sleep(0.5)
     assert out.pids and not any(_alive(p) for p in out.pids), "processes left running"
     summary = json.loads((tmp_path / "res" / "summary.json").read_text())
     assert summary["status"] == "completed" and len(summary["rounds"]) == 3
     assert json.loads((tmp_path / "res" / "config.json").read_text())["values"]["strategy"] \
         == strategy  # the override reached the ServerApp
-    from strategies.message_passing import MessagePassingStrategy
-
     strategy_cls = registry.get(strategy).strategy_cls()
     if issubclass(strategy_cls, MessagePassingStrategy):  # last round's attention (FedAMP Fig. 3)
         assert (tmp_path / "res" / "attention.npy").exists()
@@ -57,11 +98,20 @@ def test_flwr_run_simulation_end_to_end(strategy, tmp_path):
         assert all(float(r["sigma0_sq"]) >= 0 for r in server)
 
 
-def test_failed_run_is_reported_not_hidden(tmp_path):
+def test_private_superlink_run_stops_everything(tmp_path):
+    """`flower-pfl run`'s own path: a private SuperLink, stopped with the run."""
+    path = _write(tmp_path, {**TINY, "rounds": 1})
+    out = run_simulation(config.load(path), path, [], tmp_path / "res", echo=False,
+                         timeout_s=600)
+    assert out.status == "finished:completed"
+    assert out.pids and not any(_alive(p) for p in out.pids), "processes left running"
+
+
+def test_failed_run_is_reported_not_hidden(tmp_path, superlink):
     # 6 SuperNodes for a 4-client configuration: the ServerApp refuses, the run fails,
     # and the launcher must say so (flwr run itself exits 0) and still clean up.
     path = _write(tmp_path, TINY)
     cfg = config.load(path)
     with pytest.raises(LaunchError, match="finished:failed"):
         run_simulation(cfg, path, [], tmp_path / "res", echo=False, timeout_s=300,
-                       num_supernodes=6)
+                       num_supernodes=6, superlink=superlink)

@@ -10,9 +10,13 @@ import pytest
 import torch
 
 from flower_pfl import inprocess
-from flower_pfl.attention import (DegenerateAttention, fedamp_alpha_bound, fedamp_auto_weights,
-                                  fedamp_weights,
-                                  heurfedamp_weights)
+from flower_pfl.attention import (
+    DegenerateAttention,
+    fedamp_alpha_bound,
+    fedamp_auto_weights,
+    fedamp_weights,
+    heurfedamp_weights,
+)
 from flower_pfl.params import ModelMatrix
 from flower_pfl.training import prox_penalty
 from tests.conftest import small_config
@@ -25,7 +29,7 @@ D = np.array([[0.0, 1.0, 4.0],
 def test_fedamp_weights_by_hand():
     sigma, alpha = 2.0, 0.5
     xi = fedamp_weights(D, np.arange(3), np.ones(3, bool), alpha, sigma)
-    a = lambda x: math.exp(-x / sigma) / sigma  # noqa: E731  A'(x) for A = 1 - exp(-x/sigma)
+    a = lambda x: math.exp(-x / sigma) / sigma  # noqa: E731 - A'(x) for A = 1 - exp(-x/sigma)
     assert xi[0, 1] == pytest.approx(alpha * a(1.0))
     assert xi[0, 2] == pytest.approx(alpha * a(4.0))
     assert xi[0, 0] == pytest.approx(1 - alpha * (a(1.0) + a(4.0)))
@@ -104,9 +108,10 @@ def test_prox_term_gradient_is_lambda_over_alpha_times_w_minus_u():
 
 def _drift(prox_coef, tmp_path):
     """Distance ||w_i - u_i|| after one round of the real FedAMP client."""
-    from clients.fedamp import FedAMPClient
     from flwr.common import Context, RecordDict
-    from flower_pfl.models import get_arrays, initial_arrays
+
+    from clients.fedamp import FedAMPClient
+    from flower_pfl.models import initial_arrays
 
     cfg = small_config(strategy="fedamp", **{"train.epochs": 2, "train.lr": 0.05})
     ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
@@ -157,7 +162,7 @@ def test_fedamp_auto_weights_keep_the_floor_and_follow_eq7():
     sigma, floor = 0.5, 0.3
     xi, log_alpha = fedamp_auto_weights(D, np.arange(3), np.ones(3, bool), sigma, floor)
     alpha = math.exp(log_alpha)
-    a = lambda x: math.exp(-x / sigma) / sigma  # noqa: E731
+    a = lambda x: math.exp(-x / sigma) / sigma  # noqa: E731 - A'(x), as above
     assert xi[0, 1] == pytest.approx(alpha * a(1.0)) and xi[2, 0] == pytest.approx(alpha * a(4.0))
     assert xi.diagonal().min() == pytest.approx(floor)  # the closest row sits on the floor
     np.testing.assert_allclose(xi.sum(axis=1), 1.0)
@@ -263,7 +268,8 @@ def test_evaluate_cloud_scores_next_rounds_u_i_not_w_i(evaluate, tmp_path):
     cloud = _cloud_accuracy(s, cfg, pids, _cloud_models(s, pids, 3))
     personal = _cloud_accuracy(s, cfg, pids, np.stack([s.matrix.model(p) for p in pids]))
     rows = [r for r in csv.DictReader(open(tmp_path / "clients.csv")) if r["round"] == "2"]
-    reported = np.array([float(r["accuracy"]) for r in sorted(rows, key=lambda r: int(r["partition-id"]))])
+    reported = np.array([float(r["accuracy"])
+                         for r in sorted(rows, key=lambda r: int(r["partition-id"]))])
     assert not np.allclose(cloud, personal)  # the two models differ on these clients
     expected = cloud if evaluate == "cloud" else personal
     assert np.allclose(reported, expected, atol=1e-6), (reported, cloud, personal)
@@ -302,3 +308,43 @@ def test_attention_beats_local_on_the_practical_partition(strategy, local_on_pra
     # round 1 has no peer yet (u_i = the initial model): the prox term must not hold the
     # client back from learning what Local learns (prox weight 1 cost 2.3 points here)
     assert s.eval_history[0]["mean"] >= local_on_practical[0]["mean"] - 0.01
+
+
+@pytest.mark.parametrize("strategy", ["fedamp", "heurfedamp"])
+def test_strategy_attention_is_eq7_and_eq8_of_the_stored_models(strategy, tmp_path):
+    """The strategies' weights for the models they hold, by hand from the models: FedAMP
+    with its defaults (sigma = sigma-scale * median squared distance, alpha_k auto:
+    xi_ij = (1 - min-self-weight) exp(-d_ij/sigma) / max_i sum_j exp(-d_ij/sigma)) and
+    HeurFedAMP (xi_ij = softmax_j(sigma cos_ij) (1 - self-weight))."""
+    from flower_pfl import registry
+    from strategies.base import ClientUpdate
+
+    cfg = small_config(strategy=strategy, clients=4, model="mclr", **{"data.subsample": 2000})
+    s = registry.get(strategy).strategy_cls()(cfg, results_dir=tmp_path)
+    s.initialize_parameters(None)
+    rng = np.random.default_rng(0)
+    w0 = s.spec.flatten(s._initial).astype(np.float64)
+    groups = [rng.normal(0, 0.05, w0.size) for _ in range(2)]  # two groups of two clients
+    models = np.stack([w0 + groups[p // 2] + rng.normal(0, 0.02 * (1 + p), w0.size)
+                       for p in range(4)]).astype(np.float32)
+    s.aggregate_updates(1, [ClientUpdate(p, s.spec.unflatten(models[p]), 100, {})
+                            for p in range(4)])
+    xi = s.attention(np.arange(4), 2)
+    m = models.astype(np.float64)
+    off = ~np.eye(4, dtype=bool)
+    if strategy == "fedamp":
+        d = ((m[:, None, :] - m[None, :, :]) ** 2).sum(axis=2)
+        sigma = cfg.hyper["sigma-scale"] * np.median(d[off])
+        e = np.where(off, np.exp(-d / sigma), 0.0)
+        expected = (1 - cfg.hyper["min-self-weight"]) * e / e.sum(axis=1).max()
+        np.fill_diagonal(expected, 1 - expected.sum(axis=1))
+    else:
+        norm = np.linalg.norm(m, axis=1)
+        cos = m @ m.T / np.outer(norm, norm)
+        e = np.where(off, np.exp(cfg.hyper["sigma"] * (cos - cos[off].max())), 0.0)
+        expected = e / e.sum(axis=1, keepdims=True) * (1 - cfg.hyper["self-weight"])
+        np.fill_diagonal(expected, cfg.hyper["self-weight"])
+    np.testing.assert_allclose(xi, expected, rtol=1e-3, atol=1e-6)
+    peer = xi[off].reshape(4, 3)
+    assert (peer.max(axis=1) > 1.5 * peer.min(axis=1)).all(), xi  # attention, not uniform
+    assert xi.diagonal().min() < 0.95  # and not every client alone

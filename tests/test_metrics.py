@@ -16,7 +16,8 @@ def test_summarize_by_hand():
     assert s["mean"] == pytest.approx(0.625)
     # weighted: (5 + 30 + 5 + 30) / 100
     assert s["weighted_mean"] == pytest.approx(0.70)
-    assert s["std"] == pytest.approx(math.sqrt(((-.125) ** 2 + .375 ** 2 + .375 ** 2 + .125 ** 2) / 4))
+    var = ((-.125) ** 2 + .375 ** 2 + .375 ** 2 + .125 ** 2) / 4
+    assert s["std"] == pytest.approx(math.sqrt(var))
     assert s["worst10_mean"] == 0.25 and s["top10_mean"] == 1.0  # ceil(0.4) = 1 client
     assert (s["min"], s["max"]) == (0.25, 1.0)
     assert s["worst5_mean"] == 0.25 and s["top5_mean"] == 1.0  # ceil(0.2) = 1 client

@@ -5,8 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flower_pfl.params import (ModelMatrix, ParamSpec, pairwise_cosine_naive,
-                               pairwise_sq_distances_naive)
+from flower_pfl.params import (
+    ModelMatrix,
+    ParamSpec,
+    pairwise_cosine_naive,
+    pairwise_sq_distances_naive,
+)
 
 
 def test_paramspec_round_trip():

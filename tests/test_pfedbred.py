@@ -17,7 +17,6 @@ from flower_pfl import pfedbred_math as pm
 from tests.conftest import small_config
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def _one_torch_thread():
     # as in a Ray client actor (num-cpus 1): on a shared 2-core machine two intra-op threads
@@ -51,7 +50,7 @@ def _tiny(w: np.ndarray) -> torch.nn.Linear:
 
 
 XB, YB = torch.tensor(X), torch.tensor(Y)
-T = lambda a: [torch.tensor(np.asarray(a, dtype=np.float64))]  # noqa: E731
+T = lambda a: [torch.tensor(np.asarray(a, dtype=np.float64))]  # noqa: E731 - terse test shorthand
 
 
 def test_loss_gradient_and_lg_meta_step_by_hand():
@@ -181,9 +180,10 @@ def test_each_prior_runs_and_differs_from_pfedme(prior, tmp_path):
 
 
 def test_client_state_carries_theta_and_memory_across_rounds():
+    from flwr.common import Context, RecordDict
+
     from clients.base import ClientState
     from clients.pfedbred import PFedBreDClient
-    from flwr.common import Context, RecordDict
     from flower_pfl.models import initial_arrays
 
     cfg = small_config(strategy="pfedbred", model="mclr", clients=4, **{

@@ -1,16 +1,15 @@
 """Reliability: bad uploads, client failures, transactional client state, checkpoint/resume.
 
-In-process (flower_pfl/inprocess.py: the real Strategy and NumPyClient classes, a direct
-transport) with failures injected in the transport or the client; the real `flower-pfl
-run` path (SIGTERM mid-run, resume) is in tests/test_reliability_run.py... kept here too
-but marked by name (`test_real_*`) so a reader sees what costs a `flwr run`.
+In-process (flower_pfl/inprocess.py: the real Strategy and ClientApp, Flower's message
+path in one process) with failures injected in the transport or the client; the real
+`flower-pfl run` path (SIGTERM mid-run, resume, repeated starts) is in the slow tier,
+named `test_real_*` so a reader sees what costs a `flwr run`.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -287,7 +286,10 @@ def _cli(*args: str) -> subprocess.Popen:
                             cwd=REPO, start_new_session=True)
 
 
-@pytest.mark.parametrize("strategy", ["fedamp", "fedacs", "selffl"])
+@pytest.mark.slow  # a real `flwr run`
+# one per family with server state of its own (the cloud models; Self-FL's variances);
+# FedACS, FedAMP's family, has its resume checked in-process above
+@pytest.mark.parametrize("strategy", ["fedamp", "selffl"])
 def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, tmp_path):
     import threading
 
@@ -408,6 +410,7 @@ def test_flower_processes_get_one_blas_thread_and_the_watchdog_fires(tmp_path):
     assert all(p.poll() is not None for p in procs.procs)
 
 
+@pytest.mark.slow  # a real `flwr run`
 def test_real_repeated_starts_of_a_model_matrix_run_do_not_hang(tmp_path):
     # issue 15: 1 of 6 identical FedACS starts sat in [INIT] for 10 minutes (BLAS spin).
     from flower_pfl import config

@@ -7,8 +7,13 @@ import pytest
 import torch
 
 from flower_pfl import inprocess
-from flower_pfl.baselines_math import (bytes_to_arrays, linear_term, scaffold_client_control,
-                                       scaffold_control_delta, scaffold_server)
+from flower_pfl.baselines_math import (
+    bytes_to_arrays,
+    linear_term,
+    scaffold_client_control,
+    scaffold_control_delta,
+    scaffold_server,
+)
 from flower_pfl.config import ConfigError
 from tests.conftest import small_config
 from tests.test_baselines import TINY, replay_fit, state_arrays, two_rounds

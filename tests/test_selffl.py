@@ -123,6 +123,7 @@ def _closeness(m, tmp_path, *extra):
     return gap / np.mean(np.abs(truth.z_mean - target)), s
 
 
+@pytest.mark.slow  # 200 simulated clients: over a minute
 def test_synthetic_oracle_reaches_the_closed_form_and_improves_with_m(tmp_path):
     ratio20, s = _closeness(20, tmp_path, "hyper.selffl.oracle=true")
     assert ratio20 < 0.1, ratio20  # within 10% of the local estimate's distance to theta^FL
@@ -159,8 +160,9 @@ def test_server_uses_variance_weights_not_a_plain_mean(tmp_path):
 
 
 def test_client_starts_from_eq10_not_from_the_global_model(tmp_path):
-    from clients.selffl import SelfFLClient
     from flwr.common import Context, RecordDict
+
+    from clients.selffl import SelfFLClient
 
     cfg = config.load(SYNTH, ["clients=4"])
     ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
@@ -210,8 +212,9 @@ def test_orders_of_magnitude_drop_by_hand():
 
 
 def _selffl_client(cfg, pid=0):
-    from clients.selffl import SelfFLClient
     from flwr.common import Context, RecordDict
+
+    from clients.selffl import SelfFLClient
 
     ctx = Context(run_id=0, node_id=1, node_config={"partition-id": pid}, state=RecordDict(),
                   run_config={})
@@ -386,7 +389,7 @@ def test_every_fallback_is_counted_in_server_csv(tmp_path):
     _, s = _closeness(20, tmp_path, "rounds=5", "hyper.selffl.warmup-rounds=2",
                       "hyper.selffl.l-max=3")
     rows = _server_csv(s)
-    col = lambda r, k: int(float(r[k]))  # noqa: E731
+    col = lambda r, k: int(float(r[k]))  # noqa: E731 - terse test shorthand
     assert [col(r, "fedavg_round") for r in rows] == [1, 1, 0, 0, 0]
     clients = list(__import__("csv").DictReader(open(s.results.dir / "selffl_clients.csv")))
     clipped = sum(r["steps_rule"] == sm.RULE_L_MAX for r in clients if r["round"] == "3")
