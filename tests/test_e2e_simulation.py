@@ -4,21 +4,24 @@ Slow tier. One strategy per family runs here; every registered strategy also run
 Flower's message path in the fast tier (tests/test_message_path.py). A family is the
 strategy class right below `PersonalizedStrategy` (FedAvg and its variants, the message
 passing methods, pFedBreD and pFedMe, ...), so a new strategy joins one without editing
-this file; the most derived class of each family represents it. All runs share one
-SuperLink per pytest session.
+this file; the most derived class of each family represents it. The runs share one
+SuperLink and one Ray instance; the private-SuperLink path of `flower-pfl run` runs once.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import yaml
 
 from flower_pfl import config, registry
+from flower_pfl.bench import shared_ray
 from flower_pfl.launch import LaunchError, _alive, run_simulation, simulation_superlink
 from strategies.base import PersonalizedStrategy
 from strategies.message_passing import MessagePassingStrategy
@@ -51,11 +54,24 @@ def _write(tmp_path: Path, tree) -> Path:
 
 @pytest.fixture(scope="module")
 def superlink(tmp_path_factory):
-    """One simulation SuperLink for every run of this module, stopped at its end."""
+    """One Ray instance and one simulation SuperLink for every run of this module (the
+    runs attach to Ray through RAY_ADDRESS, as `flower-pfl bench --ray shared` does);
+    stopped by PID at the end."""
     work = tmp_path_factory.mktemp("superlink")
-    with simulation_superlink(work, work / "superlink.log") as shared:
+    old = os.environ.get("RAY_ADDRESS")
+    with ExitStack() as stack:
+        os.environ["RAY_ADDRESS"] = stack.enter_context(shared_ray(work, work / "ray.log"))
+        stack.callback(_restore, "RAY_ADDRESS", old)  # the SuperLink inherits it
+        shared = stack.enter_context(simulation_superlink(work, work / "superlink.log"))
         yield shared
     assert not any(_alive(p) for p in shared[1].known), "the shared SuperLink left processes"
+
+
+def _restore(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
 
 
 def test_every_family_has_a_representative():
@@ -98,8 +114,9 @@ def test_flwr_run_simulation_end_to_end(strategy, tmp_path, superlink):
         assert all(float(r["sigma0_sq"]) >= 0 for r in server)
 
 
-def test_private_superlink_run_stops_everything(tmp_path):
-    """`flower-pfl run`'s own path: a private SuperLink, stopped with the run."""
+def test_private_superlink_run_stops_everything(tmp_path, monkeypatch):
+    """`flower-pfl run`'s own path: a private SuperLink and Ray, stopped with the run."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     path = _write(tmp_path, {**TINY, "rounds": 1})
     out = run_simulation(config.load(path), path, [], tmp_path / "res", echo=False,
                          timeout_s=600)

@@ -100,3 +100,65 @@ def test_personalized_eval_is_global_plus_train_steps_and_both_are_reported(tmp_
 def test_alpha_zero_is_rejected():
     with pytest.raises(ConfigError, match="alpha = 0 is FedAvg"):
         small_config(strategy="perfedavg", **{"hyper.perfedavg.alpha": 0.0})
+
+
+def _meta_fit_by_hand(w0, x, y, groups, alpha, beta, variant):
+    """Algorithm 1's local loop in float64 with plain autograd: for each group of batches
+    (D, D'[, D'']), w <- w - beta (g' - [alpha H'' g']) with g' = grad f(w - alpha grad f(w; D);
+    D') and H'' g' the exact Hessian-vector product on D'' (double backprop)."""
+    x = x.flatten(1).double()
+    w = [torch.tensor(a, dtype=torch.float64) for a in w0]  # MCLR: fc.weight, fc.bias
+
+    def grad(params, idx, create_graph=False):
+        params = [p if p.requires_grad else p.detach().requires_grad_(True) for p in params]
+        loss = F.cross_entropy(x[idx] @ params[0].T + params[1], y[idx])
+        return list(torch.autograd.grad(loss, params, create_graph=create_graph)), params
+
+    for group in groups:
+        g_in, _ = grad(w, group[0])
+        g_out, _ = grad([p - alpha * g for p, g in zip(w, g_in)], group[1])
+        direction = [g.detach() for g in g_out]
+        if variant == "hf":
+            g3, leaf = grad([p.clone().requires_grad_(True) for p in w], group[2],
+                            create_graph=True)
+            hv = torch.autograd.grad(sum((a * b).sum() for a, b in zip(g3, direction)), leaf)
+            direction = [d - alpha * h for d, h in zip(direction, hv)]
+        w = [(p - beta * d).detach() for p, d in zip(w, direction)]
+    return [p.numpy() for p in w]
+
+
+@pytest.mark.parametrize("variant", ["fo", "hf"])
+def test_client_fit_moves_w_by_minus_beta_times_the_meta_gradient(variant):
+    """The real client's fit on real FMNIST data: two meta-updates of MCLR, each exactly
+    w - beta * (the FO or HF meta-gradient on its own consecutive batches D, D'[, D''])."""
+    from clients.perfedavg import PerFedAvgClient
+    from flower_pfl.models import initial_arrays
+    from flower_pfl.training import batches
+    from tests.test_baselines import make_client
+
+    alpha, beta, steps, size = 0.5, 0.3, 2, 16
+    cfg = small_config(strategy="perfedavg", **TINY, **{
+        "train.lr": beta, "train.steps": steps, "train.batch-size": size,
+        "hyper.perfedavg.variant": variant, "hyper.perfedavg.alpha": alpha})
+    client = make_client(PerFedAvgClient, pid=1)
+    w0 = initial_arrays(cfg)
+    got, _, metrics = client.fit([a.copy() for a in w0], {
+        "cfg": cfg.to_json(), "round": 1, "variant": variant, "alpha": alpha, "delta": 1e-4})
+    assert metrics["local_steps"] == steps
+    # the client's seeded mini-batch order, cut into groups of 2 (FO) or 3 (HF) batches
+    per = 2 if variant == "fo" else 3
+    order = list(batches(client.data.num_train, size, steps * per, client.generator(),
+                         client.spec.drop_last))
+    groups = [order[i:i + per] for i in range(0, len(order), per)]
+    x, y = client.data.x_train, client.data.y_train
+    expected = _meta_fit_by_hand(w0, x, y, groups, alpha, beta, variant)
+    error = max(float(np.abs(a - b).max()) for a, b in zip(got, expected))
+    # what the client would upload with plain SGD on D, and with the other variant
+    sgd = _meta_fit_by_hand(w0, x, y, [[g[0], g[0]] for g in groups], 0.0, beta, "fo")
+    other = (_meta_fit_by_hand(w0, x, y, [g + [g[1]] for g in groups], alpha, beta, "hf")
+             if variant == "fo" else _meta_fit_by_hand(w0, x, y, groups, alpha, beta, "fo"))
+    gap_sgd = max(float(np.abs(a - b).max()) for a, b in zip(sgd, expected))
+    gap_other = max(float(np.abs(a - b).max()) for a, b in zip(other, expected))
+    tol = 1e-5 if variant == "fo" else 5e-4  # HF: the client's finite-difference product
+    assert error < tol, (error, gap_sgd, gap_other)
+    assert gap_sgd > 100 * tol and gap_other > 100 * tol, (error, gap_sgd, gap_other)

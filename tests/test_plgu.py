@@ -205,8 +205,9 @@ def test_fedrep_head_is_personal_and_body_is_shared(tmp_path):
 
 
 def test_grep_scores_follow_eq10(tmp_path):
-    from clients.plgu import PLGUGRepClient
     from flwr.common import Context, RecordDict
+
+    from clients.plgu import PLGUGRepClient
 
     cfg = _cfg("plgu-grep")
     ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
@@ -280,3 +281,143 @@ def test_every_strategy_reports_five_percent_tails(tmp_path):
     for key in ("personal_worst5_mean", "personal_top5_mean", "global_worst5_mean",
                 "global_top5_mean"):
         assert 0.0 <= float(row[key]) <= 1.0
+
+
+# ------------------------------------------- the layers chosen follow the scores (eq. 6)
+def test_plgu_lf_keeps_the_layer_that_differs_personal_even_when_it_is_the_last():
+    """A client whose personal model differs from the global one only in fc2 (the LAST of
+    the DNN's two layers) has xi = (0, 1): with D = 1 it keeps fc2 personal -- starts it
+    from its own fc2, uploads no delta for it -- and shares fc1. Lambda = L xi = (0, 2)
+    gives the universal fc1 no perturbation: the fit equals the rho = 0 fit bit for bit,
+    while a client whose fc1 also differs gets one."""
+    from clients.plgu import PLGULFClient
+    from tests.test_baselines import make_client
+
+    cfg = _cfg("plgu-lf", model="dnn", **{"train.steps": 5})
+    w = initial_arrays(cfg)  # fc1.weight, fc1.bias, fc2.weight, fc2.bias
+    rng = np.random.default_rng(0)
+    later = [a.copy() for a in w]
+    for i in (2, 3):
+        later[i] = later[i] + rng.normal(0, 0.1, size=w[i].shape).astype(np.float32)
+
+    def fit(personal, rho):
+        client = make_client(PLGULFClient)
+        client.state.set_arrays("personal", personal)
+        upload, _, metrics = client.fit([a.copy() for a in w], {
+            "cfg": cfg.to_json(), "round": 2, "rho": rho, "personal-layers": 1})
+        client.state.resolve(accepted_round=2)
+        return upload, metrics, client.state.get_arrays("personal")
+
+    upload, metrics, kept = fit(later, 0.05)
+    assert metrics["personal_layers"] == "fc2" and metrics["shared"] == "1100"
+    assert metrics["xi_min"] == 0.0 and metrics["xi_max"] == 1.0
+    assert not upload[2].any() and not upload[3].any() and upload[0].any()
+    moved = lambda a, b: float(np.sqrt(sum(((x - y) ** 2).sum() for x, y in zip(a, b))))  # noqa: E731
+    start_gap = moved(later[2:], w[2:])
+    assert moved(kept[2:], later[2:]) < 0.2 * start_gap < moved(kept[2:], w[2:])
+    # Lambda_fc1 = 0: no perturbation on the shared layer
+    plain, _, _ = fit(later, 0.0)
+    assert _same(upload, plain)
+    both = [a.copy() for a in later]
+    both[0] = both[0] + rng.normal(0, 0.01, size=w[0].shape).astype(np.float32)
+    assert not _same(fit(both, 0.05)[0], fit(both, 0.0)[0])
+
+
+def test_grep_and_ghn_scores_single_out_a_later_layer():
+    """Eq. 10 (PLGU-GRep, over the body) and PLGU-GHN's eq. 6 put all of Lambda = L xi on
+    the one layer that differs -- here the last body layer (fc1) / the last layer (fc2)."""
+    from clients.plgu import PLGUGHNClient, PLGUGRepClient
+    from tests.test_baselines import make_client
+
+    cfg = _cfg("plgu-grep")
+    grep = make_client(PLGUGRepClient)
+    grep.setup({"cfg": cfg.to_json(), "round": 2})
+    body = initial_arrays(cfg)[:6]  # conv1, conv2, fc1 (weight + bias each)
+    mine = [b.copy() for b in body]
+    mine[4] = mine[4] + 0.01
+    grep.state.set_arrays("body", mine)
+    assert grep.body_scales(body, [None] * 3) == pytest.approx([0.0, 0.0, 3.0])
+
+    cfg = _cfg("plgu-ghn")
+    ghn = make_client(PLGUGHNClient)
+    ghn.setup({"cfg": cfg.to_json(), "round": 2})
+    generated = initial_arrays(cfg)
+    model = ghn.new_model(generated)
+    assert ghn.scales(generated, model) == pytest.approx([1.0] * 4)  # nothing trained yet
+    trained = [a.copy() for a in generated]
+    trained[7] = trained[7] + 0.01  # fc2's bias
+    ghn.state.set_arrays("trained", trained)
+    assert ghn.scales(generated, model) == pytest.approx([0.0, 0.0, 0.0, 4.0])
+
+
+# ---------------------------------------------------------------- FedSAM, client and server
+def test_fedsam_client_runs_sam_and_uploads_its_delta():
+    """One local step of the real FedSAM client on its first mini-batch, by hand: g at w,
+    eps = rho g/||g||, g~ at w + eps, upload Delta = -lr g~."""
+    from clients.fedsam import FedSAMClient
+    from flower_pfl.training import batches
+    from tests.test_baselines import make_client
+
+    rho, lr = 0.5, 0.05
+    cfg = _cfg("fedsam", model="mclr", **{"train.steps": 1, "train.lr": lr})
+    w = initial_arrays(cfg)
+
+    def fit(r):
+        client = make_client(FedSAMClient)
+        delta, _, _ = client.fit([a.copy() for a in w], {"cfg": cfg.to_json(), "round": 1,
+                                                         "rho": r})
+        return client, delta
+
+    client, delta = fit(rho)
+    idx = next(batches(client.data.num_train, 32, 1, client.generator(), False))
+    xb, yb = client.data.x_train[idx], client.data.y_train[idx]
+    ref = build_model("mclr", (1, 28, 28), 10, seed=0)
+    params = list(ref.parameters())
+    with torch.no_grad():
+        for p, a in zip(params, w):
+            p.copy_(torch.as_tensor(a))
+    g = torch.autograd.grad(F.cross_entropy(ref(xb), yb), params)
+    norm = torch.sqrt(sum((x ** 2).sum() for x in g))
+    with torch.no_grad():
+        for p, gi in zip(params, g):
+            p.add_(rho * gi / norm)
+    g_sam = torch.autograd.grad(F.cross_entropy(ref(xb), yb), params)
+    for d, gs in zip(delta, g_sam):
+        np.testing.assert_allclose(d, -lr * gs.numpy(), rtol=1e-4, atol=1e-7)
+    _, plain = fit(0.0)
+    assert not _same(delta, plain)  # rho reaches the optimizer
+
+
+def test_mean_delta_moves_each_array_by_the_mean_of_those_who_shared_it():
+    from strategies.fedsam import apply_mean_delta
+
+    w = [np.zeros(2, np.float32), np.ones(3, np.float32)]
+    ups = [ClientUpdate(0, [np.array([1.0, 2.0]), np.full(3, 3.0)], 10, {"shared": "11"}),
+           ClientUpdate(1, [np.array([3.0, 0.0]), np.zeros(3)], 90, {"shared": "10"}),
+           ClientUpdate(2, [np.array([5.0, 5.0]), np.full(3, 9.0)], 5, {"shared": "00"})]
+    out, counts = apply_mean_delta(w, ups)  # PLGU-LF: per array, over those who shared it
+    assert counts.tolist() == [2, 1]
+    np.testing.assert_allclose(out[0], [2.0, 1.0])  # unweighted mean of (1, 2) and (3, 0)
+    np.testing.assert_allclose(out[1], [4.0, 4.0, 4.0])
+    out, counts = apply_mean_delta(w, [ClientUpdate(u.pid, u.arrays, u.num_examples, {})
+                                       for u in ups])  # FedSAM: every array shared
+    assert counts.tolist() == [3, 3]
+    np.testing.assert_allclose(out[0], [3.0, 7 / 3], rtol=1e-6)
+    np.testing.assert_allclose(out[1], [5.0, 5.0, 5.0])
+
+
+@pytest.mark.parametrize("name, sends", [("fedsam", True), ("plgu-lf", True), ("plgu-grep", True),
+                                         ("plgu-ghn", True), ("fedrep", False),
+                                         ("pfedhn", False)])
+def test_each_strategy_sends_its_rho_to_the_clients(name, sends, tmp_path):
+    """The perturbation radius the clients get: the strategy's rho for FedSAM and the PLGU
+    variants (a non-default value here, so nothing can hard-code the default), 0 (plain
+    SGD) for FedRep and pFedHN."""
+    from flower_pfl import registry
+
+    over = {f"hyper.{name}.rho": 0.07} if sends else {}
+    cfg = _cfg(name, model="dnn", **over)
+    s = registry.get(name).strategy_cls()(cfg, results_dir=tmp_path)
+    s.initialize_parameters(None)
+    _, extra = s.fit_payload(0, 1)
+    assert extra["rho"] == (0.07 if sends else 0.0)
