@@ -24,6 +24,7 @@ from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
 from torch.nn import functional as F
 
+from flower_pfl import devices
 from flower_pfl.config import RunConfig
 from flower_pfl.data import ClientData, load_client_data
 from flower_pfl.models import NamedLayers, get_arrays, model_for, resolve_device, set_arrays
@@ -213,16 +214,21 @@ class PFLClient(NumPyClient):
         self.setup(config)
         self.state.begin(self.round)  # kept only if the server accepts this round's upload
         try:
+            devices.start_fit(self.device)  # CUDA: this fit's peak memory, not the process'
             arrays, metrics = self.fit_round(parameters, config)
+            device = devices.fit_report(self.device)  # where it trained (flower_pfl.devices)
             meta = self.state.get_values("meta") or {"fit-rounds": 0}
             meta["fit-rounds"] = int(meta["fit-rounds"]) + 1  # survives rounds: context.state
             meta["last-round"] = self.round
+            for key in devices.KEYS:  # the last fit's device, reported with evaluations
+                meta.pop(key, None)
+            meta.update(device)
             self.state.set_values("meta", meta)
         except BaseException:
             self.state.abort()
             raise
         self.state.end()
-        metrics = {"partition-id": self.pid, **metrics}
+        metrics = {"partition-id": self.pid, **metrics, **device}
         return arrays, self.data.num_train, metrics
 
     def evaluate(self, parameters: NDArrays, config: Mapping[str, Scalar]):
@@ -234,6 +240,8 @@ class PFLClient(NumPyClient):
         metrics: dict[str, Scalar] = {"partition-id": self.pid, metric: score,
                                       "num-train": self.data.num_train,
                                       "fit-rounds": int(meta["fit-rounds"])}
+        # the device of its last accepted fit; one that has not trained yet: where it evaluated
+        metrics.update(devices.select(meta) or devices.fit_report(self.device, peak=False))
         if config.get("eval-global") and parameters:
             g_loss, g_score = self.test(self.new_model(parameters))
             metrics.update({f"global_{metric}": g_score, "global_loss": g_loss})

@@ -3,10 +3,12 @@
 * ``config.json``   -- the validated configuration of the run
 * ``rounds.csv``    -- one row per evaluation round: statistics of the personalized (and,
                        where the strategy has one, global) accuracies over ALL clients
-* ``clients.csv``   -- one row per client per evaluation round
-* ``fit.csv``       -- one row per accepted upload: round, partition-id, num-examples and the
-                       client's numeric fit metrics (train_loss, local_steps, APFL's alpha,
-                       SCAFFOLD's ci_norm, ...)
+* ``clients.csv``   -- one row per client per evaluation round (with ``device``,
+                       ``gpu_name``, ``gpu_peak_mib`` of its last fit: flower_pfl.devices)
+* ``fit.csv``       -- one row per accepted upload: round, partition-id, num-examples, the
+                       device it trained on (``device``; on CUDA ``gpu_name`` and
+                       ``gpu_peak_mib``) and the client's numeric fit metrics (train_loss,
+                       local_steps, APFL's alpha, SCAFFOLD's ci_norm, ...)
 * ``server.csv``    -- per-round server-side quantities a strategy logs (e.g. FedACS delta)
 * ``summary.json``  -- everything above plus BMTA, rewritten after every round so that a
                        crash loses nothing already measured

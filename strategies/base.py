@@ -12,7 +12,9 @@
   ``aggregate_updates`` as :class:`ClientUpdate` objects;
 * every ``eval-every`` rounds (and in the last round) asks ALL clients to evaluate their
   personalized model (and the global model where there is one), then writes the
-  statistics of :mod:`flower_pfl.metrics` to the results folder and Flower's log.
+  statistics of :mod:`flower_pfl.metrics` to the results folder and Flower's log, with
+  the devices the clients trained on (:mod:`flower_pfl.devices`; string metrics, kept out
+  of every numeric summary).
 
 Subclasses implement the paper's Algorithm box: ``fit_payload``, ``aggregate_updates``
 and, if needed, ``eval_payload`` and ``prepare_round``.
@@ -64,7 +66,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from flower_pfl import reliability
+from flower_pfl import devices, reliability
 from flower_pfl.config import RunConfig
 from flower_pfl.metrics import summarize
 from flower_pfl.params import ParamSpec
@@ -260,10 +262,12 @@ class PersonalizedStrategy(Checkpointing, Strategy):
                         fit_failed_ids=" ".join(str(p) for p, _ in sorted(failed)),
                         server_peak_rss_mb=round(resource.getrusage(
                             resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
-        self.results.log_table("fit", [
+        self.results.log_table("fit", [  # numeric metrics, and the device it trained on
             {"round": server_round, "partition-id": u.pid, "num-examples": u.num_examples,
+             **devices.select(u.metrics),
              **{k: v for k, v in sorted(u.metrics.items())
-                if k != "partition-id" and isinstance(v, (int, float))}}
+                if k != "partition-id" and k not in devices.KEYS
+                and isinstance(v, (int, float))}}
             for u in sorted(updates, key=lambda u: u.pid)])
         train_losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
         metrics: dict[str, Scalar] = {"fit_clients": len(updates), "fit_failures": len(failed)}
@@ -318,10 +322,11 @@ class PersonalizedStrategy(Checkpointing, Strategy):
         best = (min if lower_is_better else max)(h["mean"] for h in self.eval_history)
         log(INFO, "[flower-pfl] round %d: personalized %s mean %.4f weighted %.4f std %.4f "
             "worst10%% %.4f top10%% %.4f min %.4f | best mean %.4f%s | %d clients answered, "
-            "%d did not", server_round, m, personal["mean"], personal["weighted_mean"],
-            personal["std"], personal["worst10_mean"], personal["top10_mean"], personal["min"],
-            best, f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
-            self.num_clients - len(rows))
+            "%d did not | devices %s", server_round, m, personal["mean"],
+            personal["weighted_mean"], personal["std"], personal["worst10_mean"],
+            personal["top10_mean"], personal["min"], best,
+            f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
+            self.num_clients - len(rows), devices.describe(rows))
         if server_round >= self.cfg["rounds"]:
             self.results.finish("completed")
             log(INFO, "[flower-pfl] final per-round table: %s", self.results.dir / "rounds.csv")
@@ -427,6 +432,7 @@ def _client_row(res: EvaluateRes, metric: str) -> dict[str, Any]:
     if f"global_{metric}" in m:
         row[f"global_{metric}"] = float(m[f"global_{metric}"])
         row["global_loss"] = float(m["global_loss"])
+    row.update(devices.select(m))  # the device of its last fit (flower_pfl.devices)
     return row
 
 
