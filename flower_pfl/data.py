@@ -67,11 +67,12 @@ _POOLED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 def _prepare_fmnist_raw(root: Path, cache: Path) -> Path:
     """Return a torchvision root whose FashionMNIST/raw holds the four un-gzipped IDX files.
 
-    Looks in ``root`` (if given) and in the Debian package's directory; gunzips the
-    ``.gz`` files into the cache (torchvision refuses the Debian copies' checksums).
+    Looks in ``root`` if given (never elsewhere: a ``data.root`` or node ``data-root``
+    without the files must not silently read the Debian copy instead), else in the Debian
+    package's directory; gunzips the ``.gz`` files into the cache (torchvision refuses the
+    Debian copies' checksums).
     """
-    search = [p for p in (root, root / "FashionMNIST" / "raw" if root else None,
-                          DEBIAN_FMNIST_DIR) if p is not None]
+    search = [root, root / "FashionMNIST" / "raw"] if root else [DEBIAN_FMNIST_DIR]
     for directory in search:
         if all((directory / f).is_file() for f in FMNIST_FILES):
             return directory.parent.parent if directory.name == "raw" else _link_raw(directory,

@@ -125,6 +125,24 @@ def test_missing_dataset_folder_is_named(tmp_path):
         data.load_pooled("fmnist", root=str(tmp_path / "nowhere"), cache_dir=str(tmp_path))
 
 
+def test_a_data_root_without_the_files_is_not_replaced_by_the_debian_copy(tmp_path,
+                                                                          monkeypatch):
+    """A node's data-root that holds no IDX files (e.g. the shards' parent folder instead
+    of its own shard) goes to torchvision's loader for THAT folder (offline: a clear
+    error), never silently to the Debian package's full copy."""
+    asked = []
+
+    def no_network(cls, root, dataset):
+        asked.append(root)
+        raise data.DataError(f"could not load dataset '{dataset}' (offline)")
+
+    monkeypatch.setattr(data, "_download", no_network)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(data.DataError, match="could not load dataset 'fmnist'"):
+        data.load_pooled("fmnist", root=str(tmp_path / "empty"), cache_dir=str(tmp_path))
+    assert asked == [tmp_path / "empty"]
+
+
 def test_corrupt_dataset_file_is_named(tmp_path):
     import shutil
 
