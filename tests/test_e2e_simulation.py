@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -58,20 +57,12 @@ def superlink(tmp_path_factory):
     runs attach to Ray through RAY_ADDRESS, as `flower-pfl bench --ray shared` does);
     stopped by PID at the end."""
     work = tmp_path_factory.mktemp("superlink")
-    old = os.environ.get("RAY_ADDRESS")
     with ExitStack() as stack:
-        os.environ["RAY_ADDRESS"] = stack.enter_context(shared_ray(work, work / "ray.log"))
-        stack.callback(_restore, "RAY_ADDRESS", old)  # the SuperLink inherits it
+        env = stack.enter_context(pytest.MonkeyPatch.context())  # restored at the end
+        env.setenv("RAY_ADDRESS", stack.enter_context(shared_ray(work, work / "ray.log")))
         shared = stack.enter_context(simulation_superlink(work, work / "superlink.log"))
-        yield shared
+        yield shared  # the SuperLink inherited RAY_ADDRESS
     assert not any(_alive(p) for p in shared[1].known), "the shared SuperLink left processes"
-
-
-def _restore(key: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(key, None)
-    else:
-        os.environ[key] = value
 
 
 def test_every_family_has_a_representative():
