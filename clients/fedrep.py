@@ -49,6 +49,16 @@ class FedRepClient(LWSAMClientMixin, PFLClient):
         """Lambda per body layer: FedRep perturbs nothing (rho = 0), so any value works."""
         return [1.0] * len(body_layers)
 
+    def train_body(self, model, body_layers, scales, rho, num_steps, config):
+        """Step 3: the body with the head frozen (LWSAM when rho > 0, plain SGD at rho = 0);
+        returns (metrics, the body arrays to upload)."""
+        perturbed = [p for layer in body_layers for p in layer]
+        per_tensor = [s for layer, s in zip(body_layers, scales) for _ in layer]
+        metrics = self.lwsam_train(model, perturbed, per_tensor, rho, num_steps=num_steps,
+                                   salt=1)
+        arrays = get_arrays(model)
+        return metrics, [arrays[i] for i in self.split(model)[1]]
+
     def fit_round(self, parameters, config):
         model = self.assemble(parameters)
         layers = layer_tensors(model)
@@ -59,14 +69,12 @@ class FedRepClient(LWSAMClientMixin, PFLClient):
         m_head = self.lwsam_train(model, [], [], 0.0, plain=head_t,
                                   num_steps=int(config["head-epochs"]) * n_batches, salt=0)
         scales = self.body_scales(parameters, body_layers)
-        perturbed = [p for layer in body_layers for p in layer]
-        per_tensor = [s for layer, s in zip(body_layers, scales) for _ in layer]
-        m_body = self.lwsam_train(model, perturbed, per_tensor, float(config["rho"]),
-                                  num_steps=int(config["body-epochs"]) * n_batches, salt=1)
+        m_body, body_arrays = self.train_body(
+            model, body_layers, scales, float(config["rho"]),
+            int(config["body-epochs"]) * n_batches, config)
         arrays = get_arrays(model)
         head, body = self.split(model)
         self.state.set_arrays("head", [arrays[i] for i in head])
-        body_arrays = [arrays[i] for i in body]
         self.state.set_arrays("body", body_arrays)  # phi_i: eq. 10 needs it next round
         metrics = {"train_loss": m_body["train_loss"] if body else m_head["train_loss"],
                    "head_loss": m_head["train_loss"], "head_steps": m_head["local_steps"],

@@ -16,7 +16,8 @@ from torch.nn import functional as F
 
 from clients.base import PFLClient
 from flower_pfl.models import NamedLayers, get_arrays, layer_groups
-from flower_pfl.training import gaussian_nll, train_lwsam
+from flower_pfl.plgu_math import two_model_train
+from flower_pfl.training import batches, gaussian_nll, train_lwsam
 
 
 def layer_tensors(model: NamedLayers) -> list[list[torch.Tensor]]:
@@ -37,16 +38,32 @@ def per_layer(arrays: Sequence[np.ndarray], groups: list[tuple[str, list[int]]]
 
 
 class LWSAMClientMixin:
-    """Runs :func:`flower_pfl.training.train_lwsam` on the client's data."""
+    """Runs :func:`flower_pfl.training.train_lwsam` (one model) or
+    :func:`flower_pfl.plgu_math.two_model_train` (Algorithm 1's two models) on the client's
+    data, with the same mini-batch schedule as :func:`flower_pfl.training.train`."""
+
+    def loss_fn(self: PFLClient):
+        return F.cross_entropy if self.data.task == "classification" else \
+            gaussian_nll(self.data.noise_sq)
 
     def lwsam_train(self: PFLClient, model: NamedLayers, perturbed: Sequence[torch.Tensor],
                     scales: Sequence[float], rho: float, plain: Sequence[torch.Tensor] = (),
                     num_steps: int | None = None, salt: int = 0) -> dict[str, float]:
-        loss_fn = F.cross_entropy if self.data.task == "classification" else \
-            gaussian_nll(self.data.noise_sq)
         return train_lwsam(model, self.data.x_train, self.data.y_train, self.spec,
                            self.generator(salt), self.device, perturbed, scales, rho, plain,
-                           num_steps=num_steps, loss_fn=loss_fn)
+                           num_steps=num_steps, loss_fn=self.loss_fn())
+
+    def two_model_train(self: PFLClient, theta_model: NamedLayers,
+                        theta: Sequence[torch.Tensor], w: Sequence[torch.Tensor],
+                        scales: Sequence[float], rho: float, num_steps: int | None = None,
+                        salt: int = 0) -> dict[str, float]:
+        x, y = self.data.x_train, self.data.y_train
+        steps = num_steps if num_steps is not None else self.spec.num_steps(len(y))
+        order = batches(len(y), self.spec.batch_size, steps, self.generator(salt),
+                        self.spec.drop_last)
+        data = ((x[idx].to(self.device), y[idx].to(self.device)) for idx in order)
+        return two_model_train(theta_model, theta, w, data, scales, rho, self.spec.lr,
+                               self.spec.momentum, self.spec.weight_decay, self.loss_fn())
 
     def groups(self, model: NamedLayers) -> list[tuple[str, list[int]]]:
         return layer_groups(model)

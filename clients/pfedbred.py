@@ -1,10 +1,11 @@
 """pFedBreD_ns / pFedMe client -- Shi et al. (NeurIPS 2023), Algorithm 1 lines 5-10.
 
-    line 5   w_{i,0} <- w^(t-1) (received),  theta_{i,0} <- theta_{i,R}^(t-1) (context.state)
-    lines 6-10  for r = 1..R, one mini-batch each:
-             mu     <- meta-step of eq. 14 (lg / meg / mh; pFedMe: mu = w)
+    line 5   w_{i,0} <- w^(t-1) (received),  theta_{i,0} <- theta_{i,R}^(t-1) (context.state;
+             ``theta-init: carry``) or <- w^(t-1) (``restart``: pFedMe's rule)
+    lines 6-10  for r = 1..R, one mini-batch each (two for mh-lookahead):
+             mu     <- meta-step of eq. 14 (lg / meg / mh / mh-lookahead; pFedMe: mu = w)
              theta  <- K SGD steps (step alpha) on f_i(theta) + lambda/2 ||theta - mu||^2
-             w      <- w - alpha_m lambda (w - theta)
+             w      <- w - alpha_m lambda (mu - theta)   (eq. 13; ``envelope: w``: w - theta)
     upload   w_{i,R}
 
 context.state (mirrored to the node's state-dir in deployment) keeps theta_{i,R} (key
@@ -31,13 +32,15 @@ class PFedBreDClient(PersonalStateClient):
     def fit_round(self, parameters, config):
         prior = str(config["prior"])
         w = self.new_model(parameters)                                   # w_{i,0} = w^(t-1)
-        theta = self.new_model(self.state.get_arrays("personal") or parameters)  # theta_{i,0}
+        carried = self.state.get_arrays("personal") if config["theta-init"] == "carry" else None
+        theta = self.new_model(carried or parameters)                    # theta_{i,0}
         memory = None
         if pm.uses_memory(prior):                                       # w_{i,R}^(t-1)
             mem = self.state.get_arrays(MEMORY_KEY) or parameters
             memory = [p.detach().clone() for p in self.new_model(mem).parameters()]
         x, y = self.data.x_train, self.data.y_train
-        order = batches(len(y), int(config["batch-size"]), int(config["local-iterations"]),
+        order = batches(len(y), int(config["batch-size"]),
+                        int(config["local-iterations"]) * pm.batches_per_iteration(prior),
                         self.generator(), self.spec.drop_last)
         data = ((x[idx].to(self.device), y[idx].to(self.device)) for idx in order)
         loss_fn = F.cross_entropy if self.data.task == "classification" else \
@@ -46,7 +49,8 @@ class PFedBreDClient(PersonalStateClient):
             w, theta, memory, data, prior=prior, lam=float(config["lambda"]),
             alpha=float(config["alpha"]), alpha_m=float(config["alpha-m"]),
             prox_iters=int(config["prox-steps"]), eta=float(config["eta"]),
-            eta_alpha=float(config["eta-alpha"]), loss_fn=loss_fn)
+            eta_alpha=float(config["eta-alpha"]), loss_fn=loss_fn,
+            envelope=str(config["envelope"]))
         w_arrays = get_arrays(w)
         self.save_personal(theta)                                        # theta_{i,R}
         if memory is not None:

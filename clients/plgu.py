@@ -4,21 +4,22 @@
 PLGU-LF, one round of sampled client i (Algorithm 2, lines 6-10):
   6  xi_i by eq. 6 between its personal model theta_i^t and the global w^t
      (no personal model yet: theta_i^t = w^t, all distances 0, uniform scores);
-     Lambda_i = diag(L * xi_i) (flower_pfl/plgu_math.py: mean 1, uniform = SAM)
+     Lambda_i = diag(L * xi_i) (flower_pfl/plgu_math.py: uniform = SAM, ||eps|| = rho)
   7  L^Per = the D layers with the largest xi, L^Uni = the others
   8  theta~^0: L^Uni layers <- w^t, L^Per layers <- theta_i^t (kept local: "frozen")
-  9  Algorithm 1 for K local steps on theta~: gradient g at theta~; the personal layers
-     take the plain step theta_Per -= eta g (line 5); the universal layers take the LWSAM
-     step w~ -= eta g~, g~ the gradient at theta~ + eps, eps = rho Lambda g/||g|| on the
-     universal layers (lines 6-8)
-  10 upload Delta = w~^K - w~^0 of the universal layers (the personal layers' Delta is not
-     sent: a mask says which arrays are shared); keep theta~^K as theta_i^{t+1}.
-  Our reading of Algorithm 1 on ONE model: its two outputs, "personalized model theta~"
-  (plain SGD, line 5) and "global model w~" (LWSAM, lines 6-8), are the L^Per and L^Uni
-  parts of theta~ (Algorithm 2 builds theta~^0 from exactly these two parts). Limits
-  (tested): |L^Per| = 0 is FedSAM (exactly, while Lambda = I), |L^Per| = L is Local.
+  9  Algorithm 1, ``reading: two-model`` (the default, as printed): theta~ and a global copy
+     w~^0 = w^t; each step theta~ takes plain SGD, w~ the LWSAM gradient at theta~ + eps,
+     eps over ALL layers (flower_pfl/plgu_math.two_model_train)
+  10 upload Delta = w~^K - w~^0 of every layer; keep theta~^K as theta_i^{t+1}.
+  ``reading: one-model`` (the earlier reading): Algorithm 1's two outputs are the L^Per and
+  L^Uni parts of ONE model theta~: the personal layers take the plain step, the universal
+  layers the LWSAM step (eps on the universal layers only); Delta of the universal layers
+  only (a mask says which arrays are shared).  Limits (tested): |L^Per| = 0 is FedSAM
+  (while Lambda = I), |L^Per| = L is Local.
 
-PLGU-GRep: FedRep (clients/fedrep.py) whose body update uses LWSAM with Lambda from eq. 10,
+PLGU-GRep: FedRep (clients/fedrep.py) whose body update is Algorithm 1 with Lambda from eq. 10
+  (``reading: two-model``: the body phi~ by plain SGD, a copy w~ by the LWSAM gradient at
+  phi~ + eps, w~ uploaded as the generalized representation; ``one-model``: one LWSAM body),
   xi_l = ||phi_{i,l} - phi_l|| / dim(phi_l) over the body layers, phi_i the body this client
   uploaded last time, phi the received global body. rho = 0 is FedRep (tested).
 
@@ -59,17 +60,26 @@ class PLGULFClient(LWSAMClientMixin, PFLClient):
                 start[i] = personal[i]
         model = self.new_model(start)
         layers = layer_tensors(model)
-        perturbed = [p for l in uni for p in layers[l]]
-        scales = [float(lam[l]) for l in uni for _ in layers[l]]
-        plain = [p for l in per for p in layers[l]]
-        metrics = self.lwsam_train(model, perturbed, scales, float(config["rho"]),
-                                   plain=plain)  # line 9 (Algorithm 1)
+        rho = float(config["rho"])
+        if config["reading"] == "two-model":  # line 9: Algorithm 1 as printed
+            w_model = self.new_model(parameters)  # w~^0 = w^t
+            theta = [p for layer in layers for p in layer]
+            w = [p for layer in layer_tensors(w_model) for p in layer]
+            scales = [float(lam[l]) for l, layer in enumerate(layers) for _ in layer]
+            metrics = self.two_model_train(model, theta, w, scales, rho)
+            shared = np.ones(len(start), dtype=bool)
+            delta = deltas(get_arrays(w_model), parameters)  # line 10: the whole w~
+        else:  # one-model reading
+            perturbed = [p for l in uni for p in layers[l]]
+            scales = [float(lam[l]) for l in uni for _ in layers[l]]
+            plain = [p for l in per for p in layers[l]]
+            metrics = self.lwsam_train(model, perturbed, scales, rho, plain=plain)
+            shared = np.zeros(len(start), dtype=bool)
+            for l in uni:
+                shared[groups[l][1]] = True
+            delta = deltas(get_arrays(model), start)  # universal layers start at w^t
         trained = get_arrays(model)
         self.state.set_arrays("personal", trained)
-        shared = np.zeros(len(trained), dtype=bool)
-        for l in uni:
-            shared[groups[l][1]] = True
-        delta = deltas(trained, start)  # line 10: universal layers start at w^t
         upload = [d if s else np.zeros_like(d) for d, s in zip(delta, shared)]
         return upload, {**metrics, "shared": "".join("1" if s else "0" for s in shared),
                         "personal_layers": ",".join(groups[l][0] for l in per),
@@ -81,6 +91,22 @@ class PLGULFClient(LWSAMClientMixin, PFLClient):
 
 
 class PLGUGRepClient(FedRepClient):
+    def train_body(self, model, body_layers, scales, rho, num_steps, config):
+        """``reading: two-model``: Algorithm 1 on the body -- phi~ (in ``model``) by plain
+        SGD, a copy w~ of the received body by the LWSAM gradient at phi~ + eps; w~ (the
+        generalized representation) is uploaded.  ``one-model``: FedRep's LWSAM body."""
+        if config["reading"] != "two-model" or not body_layers:  # (mclr: no body)
+            return super().train_body(model, body_layers, scales, rho, num_steps, config)
+        w_model = self.new_model(get_arrays(model))
+        w_layers = layer_tensors(w_model)[:-1]
+        theta = [p for layer in body_layers for p in layer]
+        w = [p for layer in w_layers for p in layer]
+        per_tensor = [s for layer, s in zip(body_layers, scales) for _ in layer]
+        metrics = self.two_model_train(model, theta, w, per_tensor, rho, num_steps=num_steps,
+                                       salt=1)
+        arrays = get_arrays(w_model)
+        return metrics, [arrays[i] for i in self.split(w_model)[1]]
+
     def body_scales(self, received_body, body_layers):
         """Eq. 10 over the body layers, Lambda = L_phi * xi (uniform on first participation)."""
         if not body_layers:

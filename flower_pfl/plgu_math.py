@@ -11,21 +11,36 @@ Layer personalization score, eq. 6 (PLGU-LF) / eq. 10 (PLGU-GRep, on the body la
   its first participation) -- eq. 6 is 0/0; we return uniform scores 1/L (no layer is
   more personal than another).
 
-LWSAM perturbation, eq. 5 with p = q = 2 (Algorithm 1, line 6):
+LWSAM perturbation, eq. 5 with p = q = 2 (Algorithm 1, line 6), normalised on the layers
+it is applied to:
 
-    eps_l = rho * Lambda_l * g_l / ||g||,   Lambda = diag(lambda_1, ..., lambda_L)
+    eps_l = rho * Lambda_l * g_l / ||Lambda g||,   Lambda = diag(lambda_1, ..., lambda_L)
 
-  Eq. 5 as printed divides by (||g||_q^q)^(p-1) = ||g||^2; the dual-norm solution of the
-  SAM inner problem (Foret et al.) is (||g||_q^q)^(1/p) = ||g|| at p = q = 2, so we read the
-  exponent p-1 as the typo it is (with ||g||^2 the radius would depend on the gradient's
-  scale). ``||g||`` is the norm over all perturbed layers together. With Lambda = I this is
-  SAM's eps = rho g/||g|| (norm rho): FedSAM's local optimizer.
+  Eq. 5 as printed divides by (||g||_q^q)^(p-1) = ||g||^2, which makes the radius depend on
+  the gradient's scale; Foret et al.'s dual-norm solution divides by ||g||.  We divide by
+  ||Lambda g|| over the perturbed layers, so that (tested on the CNN):
+    * ||eps|| = rho exactly, whatever the scores (the same radius as FedSAM's rho);
+    * uniform scores give SAM's eps = rho g/||g|| exactly (FedSAM);
+    * a higher score means more perturbation: ||eps_l|| / ||eps_l^SAM|| is proportional to
+      lambda_l ("a higher value of xi_{i,l} scales more perturbation", section 3.2).
+  The overall scale of Lambda cancels, so eq. 6's normalisation (sum xi = 1) does not
+  matter; we still use Lambda_l = L * xi_l (mean 1).  (The earlier rule, rho Lambda g/||g||
+  with Lambda normalised over ALL layers but applied to the shared ones only, gave the
+  CNN's big layers 3-8% of SAM's perturbation and a radius of ~0.55 rho.)
 
-  Scaling Lambda from the scores: the paper's Lambda = diag(xi) with sum xi = 1 would make
-  PLGU's radius ~rho/L while FedSAM (same rho = 0.05 in the paper's tables) gets rho. We
-  use Lambda_l = L * xi_l (mean 1 over the layers): uniform scores give Lambda = I
-  (exactly SAM), and a layer with an above-average score gets a larger share of the
-  perturbation -- "a higher value of xi_{i,l} scales more perturbation" (section 3.2).
+Algorithm 1 as printed (``reading: two-model``, PLGU-LF's default): TWO models per client,
+the personalized theta~ and a full global copy w~ (w~^{t,0} = w^t); per step k on a
+mini-batch B:
+
+    4  g   = grad F_B(theta~^{t,k})
+    5  theta~^{t,k+1} = theta~^{t,k} - eta g                    (plain SGD)
+    6  eps = eq. 5 from g over ALL layers, Lambda from eq. 6
+    7  g~  = grad F_B(theta~^{t,k} + eps)                       (at the perturbed theta~)
+    8  w~^{t,k+1} = w~^{t,k} - eta g~
+
+  :func:`two_model_train`.  The client uploads Delta = w~^{t,K} - w~^{t,0} of every layer
+  (Algorithm 2 line 10) and keeps theta~^{t,K}.  ``reading: one-model`` keeps the earlier
+  reading (one model: personal layers plain SGD, shared layers the LWSAM step).
 
 pFedHN (Shamsian et al., ICML 2021): theta_i = h(v_i; phi), a hypernetwork of 3 fully
 connected layers (PLGU section 6.1: "The HN includes 3 fully connected layers") from a
@@ -38,11 +53,14 @@ autograd with ``grad_outputs = theta_i - theta~_i``.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _flat(arrays) -> np.ndarray:
@@ -91,18 +109,73 @@ def split_layers(scores: Sequence[float], num_personal: int) -> tuple[list[int],
 
 def lwsam_perturbation(grads: Sequence[torch.Tensor], scales: Sequence[float], rho: float
                        ) -> list[torch.Tensor]:
-    """Eq. 5 (p = q = 2): eps_k = rho * scales[k] * g_k / ||g|| over all given tensors.
+    """Eq. 5 (p = q = 2): eps_k = rho * scales[k] * g_k / ||Lambda g|| over all given tensors.
 
-    ``scales[k]`` is Lambda of the layer tensor k belongs to. A zero gradient gives a zero
-    perturbation (SAM's ascent direction is undefined there)."""
+    ``scales[k]`` is Lambda of the layer tensor k belongs to; ||eps|| = rho.  A zero
+    gradient (or all-zero scales) gives a zero perturbation (SAM's ascent direction is
+    undefined there)."""
     if len(grads) != len(scales):
         raise ValueError(f"{len(grads)} gradients vs {len(scales)} scales")
     if not grads:
         return []
-    norm = torch.sqrt(sum((g.detach().double() ** 2).sum() for g in grads))
+    norm = torch.sqrt(sum(((g.detach().double() * float(s)) ** 2).sum()
+                          for g, s in zip(grads, scales)))
     if rho == 0 or float(norm) == 0.0:
         return [torch.zeros_like(g) for g in grads]
     return [(rho * float(s) / norm).to(g.dtype) * g.detach() for g, s in zip(grads, scales)]
+
+
+def two_model_step(theta_model: nn.Module, theta: Sequence[torch.Tensor],
+                   w: Sequence[torch.Tensor], opt_theta: torch.optim.Optimizer,
+                   opt_w: torch.optim.Optimizer, xb: torch.Tensor, yb: torch.Tensor,
+                   scales: Sequence[float], rho: float, loss_fn: LossFn) -> float:
+    """Lines 4-8 of Algorithm 1 on one mini-batch; returns F_B(theta~^{t,k}).
+
+    ``theta``: the trained tensors of ``theta_model`` (theta~), ``w``: the matching tensors
+    of the global copy w~ (never run forward: only its update uses g~).  theta~ is restored
+    bit for bit after the perturbed pass, so its update is plain SGD exactly."""
+    loss = loss_fn(theta_model(xb), yb)
+    g = torch.autograd.grad(loss, list(theta))
+    g_tilde = g
+    if rho > 0:
+        eps = lwsam_perturbation(g, scales, rho)
+        saved = [p.detach().clone() for p in theta]
+        with torch.no_grad():
+            for p, e in zip(theta, eps):
+                p.add_(e)
+        g_tilde = torch.autograd.grad(loss_fn(theta_model(xb), yb), list(theta))
+        with torch.no_grad():
+            for p, s in zip(theta, saved):
+                p.copy_(s)
+    for p, gi in zip(theta, g):
+        p.grad = gi.detach()
+    opt_theta.step()
+    opt_theta.zero_grad(set_to_none=True)
+    for p, gi in zip(w, g_tilde):
+        p.grad = gi.detach()
+    opt_w.step()
+    opt_w.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def two_model_train(theta_model: nn.Module, theta: Sequence[torch.Tensor],
+                    w: Sequence[torch.Tensor], batches: Iterable[tuple[torch.Tensor,
+                                                                       torch.Tensor]],
+                    scales: Sequence[float], rho: float, lr: float, momentum: float = 0.0,
+                    weight_decay: float = 0.0, loss_fn: LossFn = F.cross_entropy
+                    ) -> dict[str, float]:
+    """Algorithm 1's K steps (:func:`two_model_step`), one per given mini-batch, both models
+    with SGD at the same settings (as :func:`flower_pfl.training.train`)."""
+    theta_model.train()
+    opt_theta = torch.optim.SGD(list(theta), lr=lr, momentum=momentum,
+                                weight_decay=weight_decay)
+    opt_w = torch.optim.SGD(list(w), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    total, steps = 0.0, 0
+    for xb, yb in batches:
+        total += two_model_step(theta_model, theta, w, opt_theta, opt_w, xb, yb, scales, rho,
+                                loss_fn)
+        steps += 1
+    return {"train_loss": total / max(steps, 1), "reg_loss": 0.0, "local_steps": float(steps)}
 
 
 # --------------------------------------------------------------------------- pFedHN

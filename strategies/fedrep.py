@@ -42,7 +42,8 @@ class FedRep(PersonalizedStrategy):
 
     def fit_payload(self, pid, server_round):
         return self.body, {"head-epochs": int(self.hyper["head-epochs"]),
-                           "body-epochs": int(self.hyper["body-epochs"]), "rho": self.rho()}
+                           "body-epochs": int(self.hyper["body-epochs"]), "rho": self.rho(),
+                           "reading": str(self.hyper.get("reading", "one-model"))}
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         if not self.body:

@@ -5,6 +5,8 @@ Personalized Prior", NeurIPS 2023, Algorithm 1 (server side); and pFedMe -- Dinh
     line 3   send w^(t-1) to the sampled clients (with prior, lambda, alpha, alpha_m, R, K,
              eta, eta_alpha, batch size)
     line 12  w^(t) = (1 - beta) w^(t-1) + beta E_I w_{i,R}^(t)
+The client side (line 9's envelope gradient, theta's start, the mh-lookahead variant) is
+documented in flower_pfl/pfedbred_math.py.
 
 beta = 1 is plain averaging; beta > 1 extrapolates (pFedMe's trick); beta = 0 would freeze
 the global model and is rejected by config validation (flower_pfl/catalog/pfedbred.py).
@@ -25,7 +27,8 @@ from flwr.common.logger import log
 from flower_pfl import pfedbred_math as pm
 from strategies.base import PersonalizedStrategy
 
-CLIENT_KEYS = ("lambda", "alpha", "alpha-m", "local-iterations", "prox-steps", "batch-size")
+CLIENT_KEYS = ("lambda", "alpha", "alpha-m", "local-iterations", "prox-steps", "batch-size",
+               "theta-init")
 
 
 class PFedBreD(PersonalizedStrategy):
@@ -35,7 +38,8 @@ class PFedBreD(PersonalizedStrategy):
     def __init__(self, cfg, initial_arrays=None, results_dir=None) -> None:
         super().__init__(cfg, initial_arrays, results_dir)
         self.prior = self.fixed_prior or str(self.hyper["prior"])
-        off = {"lg": ["eta-alpha"], "meg": ["eta"], "mh": ["eta", "eta-alpha"]}.get(self.prior, [])
+        off = {"lg": ["eta-alpha"], "meg": ["eta"], "mh": ["eta", "eta-alpha"],
+               "mh-lookahead": ["eta", "eta-alpha"]}.get(self.prior, [])
         if off and all(float(self.hyper[k]) == 0.0 for k in off):
             log(WARNING, "[flower-pfl] %s: %s = 0 switches the meta-step off (mu = w): this "
                 "run is pFedMe, not pFedBreD-%s", cfg.strategy, " = ".join(off), self.prior)
@@ -43,6 +47,7 @@ class PFedBreD(PersonalizedStrategy):
     def fit_payload(self, pid, server_round):
         extra = {k: self.hyper[k] for k in CLIENT_KEYS}
         extra.update(prior=self.prior, eta=float(self.hyper.get("eta", 0.0)),
+                     envelope=str(self.hyper.get("envelope", "mu")),
                      **{"eta-alpha": float(self.hyper.get("eta-alpha", 0.0))})
         return self.global_arrays, extra
 
@@ -67,6 +72,10 @@ class PFedBreDMEG(PFedBreD):
 
 class PFedBreDMH(PFedBreD):
     fixed_prior = "mh"
+
+
+class PFedBreDMHLookahead(PFedBreD):
+    fixed_prior = "mh-lookahead"
 
 
 class PFedMe(PFedBreD):

@@ -45,7 +45,8 @@ class PLGULF(FedSAM):
 
     def fit_payload(self, pid, server_round):
         return self.global_arrays, {"rho": float(self.hyper["rho"]),
-                                    "personal-layers": int(self.hyper["personal-layers"])}
+                                    "personal-layers": int(self.hyper["personal-layers"]),
+                                    "reading": str(self.hyper["reading"])}
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         self.global_arrays, counts = apply_mean_delta(self.global_arrays, updates)

@@ -96,11 +96,72 @@ def test_prox_steps_by_hand(steps):
 
 def test_envelope_gradient_and_main_step_by_hand():
     w, theta = np.array([[1.0, -2.0], [0.5, 0.0]]), np.array([[0.5, -1.0], [0.5, 1.0]])
-    g = pm.envelope_gradient(T(w), T(theta), 15.0)
-    np.testing.assert_allclose(g[0].numpy(), 15.0 * (w - theta), rtol=1e-12)
+    mu = np.array([[0.8, -1.5], [0.2, 0.4]])
+    g = pm.envelope_gradient(T(mu), T(theta), 15.0)
+    np.testing.assert_allclose(g[0].numpy(), 15.0 * (mu - theta), rtol=1e-12)
     model = _tiny(w)
-    pm.main_step(model, T(theta), 15.0, 0.01)  # w <- w - alpha_m lambda (w - theta)
+    pm.main_step(model, T(mu), T(theta), 15.0, 0.01)  # eq. 13: w <- w - alpha_m lambda (mu - theta)
+    np.testing.assert_allclose(model.weight.detach().numpy(), w - 0.15 * (mu - theta), rtol=1e-12)
+    model = _tiny(w)
+    pm.main_step(model, T(w), T(theta), 15.0, 0.01)  # envelope w: w - alpha_m lambda (w - theta)
     np.testing.assert_allclose(model.weight.detach().numpy(), w - 0.15 * (w - theta), rtol=1e-12)
+
+
+def _prox_by_hand(theta, mu, lam, alpha, k):
+    for _ in range(k):
+        theta = theta - alpha * (_ce_grad(theta) + lam * (theta - mu))
+    return theta
+
+
+@pytest.mark.parametrize("envelope", ["mu", "w"])
+def test_line_9_of_one_local_iteration_is_eq_13_by_hand(envelope):
+    """lg, one local iteration on the tiny model: mu = w - eta_a grad f(w), theta = K prox
+    steps from theta_0, then line 9 with eq. 13's lambda (mu - theta) (or lambda (w - theta))."""
+    w_model, theta0 = _tiny(W0), np.array([[0.1, 0.0], [0.3, 0.2]])
+    theta_model = _tiny(theta0)
+    lam, alpha, alpha_m, k, eta_a = 15.0, 0.01, 0.02, 3, 0.3
+    pm.local_round(w_model, theta_model, None, [(XB, YB)], prior="lg", lam=lam, alpha=alpha,
+                   alpha_m=alpha_m, prox_iters=k, eta=0.0, eta_alpha=eta_a,
+                   loss_fn=F.cross_entropy, envelope=envelope)
+    mu = W0 - eta_a * _ce_grad(W0)
+    theta = _prox_by_hand(theta0, mu, lam, alpha, k)
+    centre = mu if envelope == "mu" else W0
+    np.testing.assert_allclose(theta_model.weight.detach().numpy(), theta, rtol=1e-12)
+    np.testing.assert_allclose(w_model.weight.detach().numpy(),
+                               W0 - alpha_m * lam * (centre - theta), rtol=1e-12)
+    # the two envelopes give different w here (mu != w): the option is not inert
+    assert not np.allclose(mu, W0)
+
+
+def test_mh_lookahead_by_hand():
+    """The authors' code's mh: look-ahead gradient on b2 at w - eta_a grad f(w; b1), applied
+    to w, then the meg term around the new w, prox on b2, line 9 with mu."""
+    x2, y2 = np.array([[0.3, -0.7], [1.2, 0.4]]), np.array([1, 0])
+
+    def grad(w, x, y):
+        logits = x @ w.T
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        p[np.arange(len(y)), y] -= 1.0
+        return p.T @ x / len(y)
+
+    lam, alpha, alpha_m, k, eta, eta_a = 15.0, 0.01, 0.02, 2, 0.05, 0.3
+    memory, theta0 = np.array([[0.25, -0.05], [0.35, 0.3]]), np.array([[0.1, 0.0], [0.3, 0.2]])
+    w_model, theta_model = _tiny(W0), _tiny(theta0)
+    b1, b2 = (XB, YB), (torch.tensor(x2), torch.tensor(y2))
+    stats = pm.local_round(w_model, theta_model, T(memory), [b1, b2], prior="mh-lookahead",
+                           lam=lam, alpha=alpha, alpha_m=alpha_m, prox_iters=k, eta=eta,
+                           eta_alpha=eta_a, loss_fn=F.cross_entropy)
+    g_hat = grad(W0 - eta_a * grad(W0, X, Y), x2, y2)
+    w1 = W0 - eta_a * g_hat
+    mu = w1 - eta * (memory - theta0)
+    theta = theta0
+    for _ in range(k):
+        theta = theta - alpha * (grad(theta, x2, y2) + lam * (theta - mu))
+    np.testing.assert_allclose(theta_model.weight.detach().numpy(), theta, rtol=1e-12)
+    np.testing.assert_allclose(w_model.weight.detach().numpy(),
+                               w1 - alpha_m * lam * (mu - theta), rtol=1e-12)
+    assert stats["local_iterations"] == 1.0 and stats["local_steps"] == 2.0 + k
 
 
 def test_server_update_line_12():
@@ -152,11 +213,12 @@ def _personal(state):
     return ClientState(state).get_arrays("personal")
 
 
-def test_pfedme_equals_pfedbred_with_meta_step_off_bit_for_bit(tmp_path, caplog):
-    me, me_states = _tiny_run(tmp_path / "me", "pfedme")
+@pytest.mark.parametrize("rule", ["restart", "carry"])
+def test_pfedme_equals_pfedbred_with_meta_step_off_bit_for_bit(rule, tmp_path, caplog):
+    me, me_states = _tiny_run(tmp_path / "me", "pfedme", **{"theta-init": rule})
     with caplog.at_level(logging.WARNING):
         off, off_states = _tiny_run(tmp_path / "off", "pfedbred", prior="mh", eta=0.0,
-                                    **{"eta-alpha": 0.0})
+                                    **{"eta-alpha": 0.0, "theta-init": rule})
     assert "switches the meta-step off" in caplog.text
     for a, b in zip(me.global_arrays, off.global_arrays):
         assert np.array_equal(a, b)
@@ -168,7 +230,19 @@ def test_pfedme_equals_pfedbred_with_meta_step_off_bit_for_bit(tmp_path, caplog)
     assert any(not np.array_equal(a, b) for a, b in zip(me.global_arrays, on.global_arrays))
 
 
-@pytest.mark.parametrize("prior", ["lg", "meg", "mh"])
+def test_theta_rules_differ_and_defaults_are_the_papers(tmp_path):
+    """pfedme restarts theta from the received w each round (Dinh et al.), pFedBreD carries
+    theta_iR (Algorithm 1 line 5); the two rules give different runs from round 2 on."""
+    assert config.validate({"strategy": "pfedme"}).hyper["theta-init"] == "restart"
+    assert config.validate({"strategy": "pfedbred-mh"}).hyper["theta-init"] == "carry"
+    assert config.validate({"strategy": "pfedbred-mh"}).hyper["envelope"] == "mu"
+    restart, _ = _tiny_run(tmp_path / "r", "pfedme", rounds=2)
+    carry, _ = _tiny_run(tmp_path / "c", "pfedme", rounds=2, **{"theta-init": "carry"})
+    assert any(not np.array_equal(a, b)
+               for a, b in zip(restart.global_arrays, carry.global_arrays))
+
+
+@pytest.mark.parametrize("prior", ["lg", "meg", "mh", "mh-lookahead"])
 def test_each_prior_runs_and_differs_from_pfedme(prior, tmp_path):
     s, states = _tiny_run(tmp_path / prior, f"pfedbred-{prior}", rounds=1)
     me, _ = _tiny_run(tmp_path / "me", "pfedme", rounds=1)
@@ -190,7 +264,7 @@ def test_client_state_carries_theta_and_memory_across_rounds():
         "data.partition": "pathological", "data.subsample": 2000})
     ins = {"cfg": cfg.to_json(), "prior": "meg", "lambda": 15.0, "alpha": 0.01,
            "alpha-m": 0.01, "local-iterations": 5, "prox-steps": 5, "batch-size": 20,
-           "eta": 0.05, "eta-alpha": 0.01}
+           "eta": 0.05, "eta-alpha": 0.01, "theta-init": "carry", "envelope": "mu"}
     w0 = initial_arrays(cfg)
 
     def client(state):

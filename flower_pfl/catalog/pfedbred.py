@@ -17,6 +17,14 @@ _BETA = Hyper(1.0, NUM, lambda v: v > 0,
               "beta > 1 extrapolates as pFedMe does)",
               f"beta of line 12, w(t) = (1-beta) w(t-1) + beta mean_i w_iR; 1 ({_PAPER})")
 
+def _theta_init(default: str) -> Hyper:
+    return Hyper(default, (str,), lambda v: v in ("carry", "restart"),
+                 "one of ['carry', 'restart']",
+                 f"theta's start each round: carry = theta_iR of the client's last round "
+                 f"(pFedBreD's Algorithm 1 line 5), restart = the received w (Dinh et al.'s "
+                 f"pFedMe); {default} here")
+
+
 COMMON = {
     "lambda": Hyper(15.0, NUM, POS, "a number > 0",
                     f"lambda, prox / prior weight of eq. 12; 15 ({_PAPER}: chosen from 15-60; "
@@ -34,6 +42,7 @@ COMMON = {
     "batch-size": Hyper(20, (int,), POS, "an integer >= 1",
                         f"mini-batch size of each local iteration; 20 ({_PAPER}, non-Sent140). "
                         f"train.batch-size/lr/epochs/steps are not used by this family"),
+    "theta-init": _theta_init("carry"),
     "weighting": Hyper("uniform", (str,), lambda v: v in ("uniform", "samples"),
                        "one of ['uniform', 'samples']",
                        "E_I of line 12: uniform mean over the sampled clients (the paper's "
@@ -46,7 +55,10 @@ _ETA = Hyper(0.05, NUM, lambda v: v >= 0, "a number >= 0",
 _ETA_ALPHA = Hyper(0.01, NUM, lambda v: v >= 0, "a number >= 0",
                    f"eta_alpha, meta-step size of the loss gradient in eq. 14 (lg, mh); "
                    f"0.01 ({_PAPER}). 0 switches lg off (= pFedMe; warned)")
-META = {"eta": _ETA, "eta-alpha": _ETA_ALPHA}
+_ENVELOPE = Hyper("mu", (str,), lambda v: v in ("mu", "w"), "one of ['mu', 'w']",
+                  "line 9's envelope gradient: lambda (mu - theta), eq. 13 as printed and as "
+                  "the authors' code, or lambda (w - theta), pFedMe's form")
+META = {"eta": _ETA, "eta-alpha": _ETA_ALPHA, "envelope": _ENVELOPE}
 
 
 def _stability(values, hyper) -> list[str]:
@@ -63,22 +75,28 @@ def _stability(values, hyper) -> list[str]:
 
 _SUMMARY = ("pFedBreD_ns (Shi et al., NeurIPS 2023, Alg. 1, spherical Gaussian prior): per local "
             "iteration mu = meta-step (eq. 14), theta = K-step prox of f_i around mu, "
-            "w -= alpha_m lambda (w - theta); server w = (1-beta) w + beta mean w_i.")
+            "w -= alpha_m lambda (mu - theta) (eq. 13); server w = (1-beta) w + beta mean w_i.")
 
 ENTRIES = [
     Entry("pfedbred", "strategies.pfedbred:PFedBreD", "clients.pfedbred:PFedBreDClient",
           _SUMMARY + " prior: lg | meg | mh.",
-          {"prior": Hyper("mh", (str,), lambda v: v in ("lg", "meg", "mh"),
-                          "one of ['lg', 'meg', 'mh']",
+          {"prior": Hyper("mh", (str,), lambda v: v in ("lg", "meg", "mh", "mh-lookahead"),
+                          "one of ['lg', 'meg', 'mh', 'mh-lookahead']",
                           "meta-step of eq. 14: loss gradient, memorized envelope gradient, or "
-                          "memorized hybrid (both); mh is the paper's main method (Table 1)"),
+                          "memorized hybrid (both); mh is the paper's main method (Table 1); "
+                          "mh-lookahead: the authors' code's mh (a look-ahead gradient on a "
+                          "second batch applied to w, then the meg term)"),
            **META, **COMMON},
           cross_check=_stability),
     *[Entry(f"pfedbred-{p}", f"strategies.pfedbred:PFedBreD{p.upper()}",
             "clients.pfedbred:PFedBreDClient", _SUMMARY + f" Fixed prior = {p}.",
             {**META, **COMMON}, cross_check=_stability) for p in ("lg", "meg", "mh")],
+    Entry("pfedbred-mh-lookahead", "strategies.pfedbred:PFedBreDMHLookahead",
+          "clients.pfedbred:PFedBreDClient", _SUMMARY + " Fixed prior = mh-lookahead (the "
+          "authors' public code's mh).", {**META, **COMMON}, cross_check=_stability),
     Entry("pfedme", "strategies.pfedbred:PFedMe", "clients.pfedbred:PFedBreDClient",
           "pFedMe (Dinh et al., NeurIPS 2020): pFedBreD's framework with mu = w (Moreau "
           "envelope, no meta-step; the paper's 'Non-PP' row).",
-          dict(COMMON), cross_check=_stability),
+          {**COMMON, "theta-init": _theta_init("restart")},
+          cross_check=_stability),
 ]

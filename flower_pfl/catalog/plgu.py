@@ -16,6 +16,12 @@ HEAD = Hyper(5, (int,), POS, "an integer >= 1",
 BODY = Hyper(1, (int,), POS, "an integer >= 1",
              "epochs of body (representation) training with the head frozen after the head "
              "(FedRep: one pass; PLGU-GRep: the same number of LWSAM steps, eqs. 11-13)")
+READING = Hyper("two-model", (str,), lambda v: v in ("two-model", "one-model"),
+                "one of ['two-model', 'one-model']",
+                "Algorithm 1's reading: two-model = as printed (theta~ by plain SGD, a global copy "
+                "w~ by the LWSAM gradient at theta~ + eps, Delta of w~ uploaded); one-model = the "
+                "personal layers plain SGD and the shared layers LWSAM in ONE model "
+                "(docs/algorithms/plgu.md)")
 HN = {
     "embed-dim": Hyper(16, (int,), POS, "an integer >= 1",
                        "size of the client embedding v_i (our choice)"),
@@ -39,8 +45,9 @@ ENTRIES = [
     Entry(
         "plgu-lf", "strategies.plgu:PLGULF", "clients.plgu:PLGULFClient",
         "PLGU-LF (Qu et al., CVPR 2023, Alg. 2): eq. 6 layer scores, top-D layers kept "
-        "personal, LWSAM on the shared layers, w += mean Delta of the shared layers.",
-        {"rho": RHO,
+        "personal; Alg. 1's two models (theta~ by SGD, w~ by LWSAM at theta~ + eps), "
+        "w += mean Delta of w~.",
+        {"rho": RHO, "reading": READING,
          "personal-layers": Hyper(1, (int,), lambda v: v >= 0, "an integer >= 0",
                                   "D = |L^Per| of Alg. 2: layers kept personal. 1 of the CNN's 4 "
                                   "(PLGU's Fig. 2 example keeps 1 of 3; its ResNet-18 uses 5 of "
@@ -56,7 +63,7 @@ ENTRIES = [
         "plgu-grep", "strategies.plgu:PLGUGRep", "clients.plgu:PLGUGRepClient",
         "PLGU-GRep (Qu et al., CVPR 2023, Alg. 3): FedRep whose body update is LWSAM with the "
         "eq. 10 layer scores.",
-        {"head-epochs": HEAD, "body-epochs": BODY, "rho": RHO},
+        {"head-epochs": HEAD, "body-epochs": BODY, "rho": RHO, "reading": READING},
     ),
     Entry(
         "pfedhn", "strategies.pfedhn:PFedHN", "clients.pfedhn:PFedHNClient",
