@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sim_overhead import peak_pss  # benchmarks/, this script's directory
 
-from flower_pfl.bench import RAY_SHORT_TMP_DIR, RAY_SHORT_TMP_PREFIX, _pids_naming
-from flower_pfl.procs import process_tree
+from flower_pfl.procs import pids_naming, process_tree
+from flower_pfl.rayhead import RAY_SHORT_TMP_DIR, RAY_SHORT_TMP_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,7 +68,7 @@ def run_mode(mode: str, matrix_path: Path, work: Path) -> dict:
         cmd = [sys.executable, str(ROOT / "benchmarks" / "matrix_inprocess.py"),
                str(matrix_path), "--out", str(out), "--jobs", "1"]
     else:
-        cmd = [sys.executable, "-m", "flower_pfl.launch", "bench", str(matrix_path), "--out",
+        cmd = [sys.executable, "-m", "flower_pfl.cli", "bench", str(matrix_path), "--out",
                str(out), "--retries", "0", *MODES[mode]]
     env = dict(os.environ, TMPDIR=str(tmp))
     t0 = time.perf_counter()
@@ -76,14 +76,14 @@ def run_mode(mode: str, matrix_path: Path, work: Path) -> dict:
                             stderr=subprocess.STDOUT, text=True)
     # The shared Ray instance daemonizes (re-parented to init) and its workers rename
     # themselves (`ray::ClientAppActor`); its temp dir is the private TMPDIR or, where that
-    # path is too long for Ray's sockets, a new short one (flower_pfl.bench.ray_temp_dir).
+    # path is too long for Ray's sockets, a new short one (flower_pfl.rayhead.ray_temp_dir).
     # Count every process naming one of those (gcs, raylet, agents) with its descendants.
     short = os.path.join(RAY_SHORT_TMP_DIR, RAY_SHORT_TMP_PREFIX + "*")
     ray_dirs_before = set(glob.glob(short))
 
     def processes() -> set[int]:
         names = [str(tmp), *(set(glob.glob(short)) - ray_dirs_before)]
-        named = set().union(*(_pids_naming(n) for n in names))
+        named = set().union(*(pids_naming(n) for n in names))
         return process_tree(proc.pid).union(*(process_tree(p) for p in named))
 
     with peak_pss(processes) as peak:

@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flower_pfl import bench
 from flower_pfl import config as config_mod
+from flower_pfl.matrix import Cell, MatrixError, load_matrix
+from flower_pfl.results import read_summary
 
 
 def run_cell(cell_dir: Path, t0: float) -> int:
@@ -60,13 +62,9 @@ def run_cell(cell_dir: Path, t0: float) -> int:
     return 0 if status == "completed" else 1
 
 
-def projected_end(cell: bench.Cell, now: float) -> float | None:
+def projected_end(cell: Cell, now: float) -> float | None:
     """When the cell will finish at the pace of its last rounds (None: too early to tell)."""
-    try:
-        summary = json.loads((cell.dir / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    rows = summary.get("rounds") or []
+    rows = (read_summary(cell.dir) or {}).get("rounds") or []
     if len(rows) < 2:
         return None
     a, b = rows[max(0, len(rows) - 4)], rows[-1]
@@ -104,8 +102,8 @@ def main() -> int:
     if not (args.matrix and args.out):
         p.error("MATRIX and --out are required")
     try:
-        matrix = bench.load_matrix(args.matrix, config_mod.parse_overrides(args.set))
-    except (bench.MatrixError, config_mod.ConfigError) as exc:
+        matrix = load_matrix(args.matrix, config_mod.parse_overrides(args.set))
+    except (MatrixError, config_mod.ConfigError) as exc:
         print(f"matrix_inprocess: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
@@ -121,7 +119,7 @@ def main() -> int:
                                           os.environ.get("PYTHONPATH", "")])}
     start = time.time()
     deadline = start + args.deadline if args.deadline else None
-    running: dict[str, tuple[bench.Cell, subprocess.Popen]] = {}
+    running: dict[str, tuple[Cell, subprocess.Popen]] = {}
     stopped: list[str] = []
     last_stop, last_check, ticks = 0.0, 0.0, 0
     queue = list(todo)
@@ -130,7 +128,7 @@ def main() -> int:
         while queue or running:
             while queue and len(running) < args.jobs:
                 cell = queue.pop(0)
-                bench._prepare(cell)
+                bench.prepare(cell)
                 log = open(cell.dir / "inprocess.log", "w")
                 running[cell.key] = (cell, subprocess.Popen(
                     [sys.executable, __file__, "--cell", str(cell.dir), "--started",

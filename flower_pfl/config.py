@@ -21,6 +21,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from flower_pfl.hyper import check_value
+
 DATASETS = ("fmnist", "mnist", "emnist", "cifar10", "cifar100", "synthetic-gaussian")
 PARTITIONS = ("iid", "dirichlet", "pathological", "practical")
 MODELS = ("mclr", "dnn", "cnn", "resnet18", "scalar")
@@ -114,22 +116,18 @@ FIELDS: dict[str, Field] = {
     "client-resources.num-cpus": Field((int,), 1, _POS, "an integer >= 1"),
     "client-resources.num-gpus": Field((float, int), 0.0, _NONNEG,
                                        "a number >= 0 (a GPU fraction)"),
+    # server-side model store (flower_pfl/model_store.py)
+    "server.model-store": Field((str,), "auto", _in(("auto", "memory", "disk")),
+                                "one of ['auto', 'memory', 'disk'] (auto: memory below "
+                                "server.memory-budget-mb, else a file in <results>/state)"),
+    "server.store-dtype": Field((str,), "float32", _in(("float32", "float16")),
+                                "one of ['float32', 'float16'] (the stored client models)"),
+    "server.memory-budget-mb": Field((float, int), None, _POS, "a number > 0 or null (half "
+                                     "the machine's memory): the model store's budget",
+                                     nullable=True),
 }
 
-SECTIONS = {"data", "train", "client-resources", "hyper"}
-
-
-def _type_ok(value: Any, field: Field) -> bool:
-    if value is None:
-        return field.nullable
-    if isinstance(value, bool) and bool not in field.types:
-        return False
-    return isinstance(value, field.types)
-
-
-def _type_names(field: Field) -> str:
-    names = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
-    return " or ".join(dict.fromkeys(names[t.__name__] for t in field.types))
+SECTIONS = {"data", "train", "client-resources", "server", "hyper"}
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -169,17 +167,24 @@ def parse_overrides(overrides: str | Sequence[str] | None) -> dict[str, Any]:
     return parsed
 
 
-def _apply_overrides(tree: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    tree = copy.deepcopy(tree)
-    for dotted, value in overrides.items():
-        parts = dotted.split(".")
-        node = tree
+def merge(tree: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``tree`` (a copy) with ``overrides`` set: keys are dotted paths (``data.alpha``) and/or
+    nested mappings; a mapping set onto a mapping merges into it, anything else replaces.
+    The one dotted-key merge: config overrides, bench matrices, resumed configurations."""
+    out = copy.deepcopy(dict(tree))
+    for key, value in (overrides or {}).items():
+        parts = str(key).split(".")
+        node = out
         for part in parts[:-1]:
             if not isinstance(node.get(part), dict):
                 node[part] = {}
             node = node[part]
-        node[parts[-1]] = value
-    return tree
+        last = parts[-1]
+        if isinstance(value, Mapping) and isinstance(node.get(last), Mapping):
+            node[last] = merge(node[last], value)
+        else:
+            node[last] = copy.deepcopy(value)
+    return out
 
 
 @dataclass(frozen=True)
@@ -228,17 +233,16 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
         if key not in FIELDS:
             problems.append(f"unknown key '{key}'{_suggest(key, list(FIELDS))}")
     for key, field in FIELDS.items():
-        value = flat.get(key, field.default)
-        if key in flat and not _type_ok(value, field):
-            problems.append(f"'{key}' = {value!r} has the wrong type: expected {_type_names(field)}"
-                            f" ({field.allowed})")
+        if key not in flat:  # the default (a float where the field is a number)
+            values[key], problem = check_value(key, field.default, field.types, nullable=True)
+            assert problem is None, problem  # FIELDS' defaults fit their own types
             continue
-        if value is not None and field.check is not None and key in flat and not field.check(value):
-            problems.append(f"'{key}' = {value!r} is out of range: allowed is {field.allowed}")
-            continue
-        if isinstance(value, int) and not isinstance(value, bool) and float in field.types:
-            value = float(value)
-        values[key] = value
+        value, problem = check_value(key, flat[key], field.types, field.check, field.allowed,
+                                     field.nullable)
+        if problem:
+            problems.append(problem)
+        else:
+            values[key] = value
 
     name = values.get("strategy")
     if name not in REGISTRY:
@@ -345,7 +349,7 @@ def load(path: str | Path, overrides: str | Sequence[str] | Mapping[str, Any] | 
         raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
     if overrides:
         mapping = overrides if isinstance(overrides, Mapping) else parse_overrides(overrides)
-        tree = _apply_overrides(tree, mapping)
+        tree = merge(tree, mapping)
     return validate(tree, source=str(path))
 
 

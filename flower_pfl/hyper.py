@@ -53,19 +53,37 @@ class Entry:
                 problems.append(f"'{prefix}.{key}' is not a hyper-parameter of '{self.name}' "
                                 f"(allowed: {allowed})")
         for key, spec in self.hyper.items():
-            value = params.get(key, spec.default)
-            is_bool = isinstance(value, bool) and bool not in spec.types
-            if is_bool or not isinstance(value, spec.types):
-                problems.append(f"'{prefix}.{key}' = {value!r} has the wrong type ({spec.allowed})")
-                continue
-            if spec.check is not None and not spec.check(value):
-                problems.append(f"'{prefix}.{key}' = {value!r} is out of range: allowed is "
-                                f"{spec.allowed}")
-                continue
-            if isinstance(value, int) and not isinstance(value, bool) and float in spec.types:
-                value = float(value)
-            values[key] = value
+            value, problem = check_value(f"{prefix}.{key}", params.get(key, spec.default),
+                                         spec.types, spec.check, spec.allowed)
+            if problem:
+                problems.append(problem)
+            else:
+                values[key] = value
         return values, problems
+
+
+TYPE_NAMES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
+
+
+def check_value(name: str, value: Any, types: tuple[type, ...],
+                check: Callable[[Any], bool] | None = None, allowed: str = "",
+                nullable: bool = False) -> tuple[Any, str | None]:
+    """One configuration value against its types and range: ``(value, None)`` -- an integer
+    given for a number becomes a float -- or ``(None, the problem in words)``.  A boolean is
+    not an integer here; None passes only where ``nullable``.  The one validator of the run
+    configuration (config.py's FIELDS) and of every hyper-parameter (catalog's Hyper)."""
+    if value is None and nullable:
+        return None, None
+    if value is None or (isinstance(value, bool) and bool not in types) \
+            or not isinstance(value, types):
+        expected = " or ".join(dict.fromkeys(TYPE_NAMES.get(t.__name__, t.__name__)
+                                             for t in types))
+        return None, f"'{name}' = {value!r} has the wrong type: expected {expected} ({allowed})"
+    if check is not None and not check(value):
+        return None, f"'{name}' = {value!r} is out of range: allowed is {allowed}"
+    if isinstance(value, int) and not isinstance(value, bool) and float in types:
+        value = float(value)
+    return value, None
 
 
 def _load(path: str) -> type:

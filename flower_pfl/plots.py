@@ -3,7 +3,7 @@
 Pure drawing: every function takes plain numbers (rows of ``rounds.csv``/``summary.json``,
 per-client accuracies, a weight matrix) and writes one PNG. Nothing here reads results
 folders or knows about Flower, so :mod:`flower_pfl.results` (one run) and
-:mod:`flower_pfl.bench` (a matrix of runs) share it.
+:mod:`flower_pfl.tables` (a bench matrix of runs) share it.
 
 * :func:`curves`       -- accuracy vs round per strategy: mean (solid) and worst-10% (dashed),
                           the two views the papers report (FedAMP BMTA curves, PLGU fairness);
@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from flower_pfl.atomic import atomic_write
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 import matplotlib
@@ -40,10 +42,11 @@ def _num(value: object) -> float:
 def _save(fig, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=110, bbox_inches="tight"),
+                     mode="wb")
+    finally:
+        plt.close(fig)
     return path
 
 

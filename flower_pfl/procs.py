@@ -4,7 +4,11 @@
 both start Flower processes (SuperLink, SuperNodes, ``flwr run``) and must stop every one
 of them -- and everything those start (SuperExec, ServerApp, Ray) -- by PID, also on
 failure, Ctrl-C, SIGTERM or SIGHUP.  That machinery lives here, so the imports run one
-way: launch -> procs, deploy -> procs, launch -> deploy (lazily, for the CLI).
+way: launch -> procs, deploy -> procs, bench -> procs; the command line
+(``flower_pfl.cli``) sits above them all.  :func:`flwr_run` is the one way a federation is
+run here: write its ``run-config.toml``, ``flwr run --stream`` it with the watchdog
+(:func:`stream_run`), and check its FINAL status (``flwr run --stream`` exits 0 even when
+the run failed).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 APP_DIR = Path(__file__).resolve().parent.parent
 
@@ -69,6 +73,20 @@ def process_tree(root: int) -> set[int]:
     return tree
 
 
+def pids_naming(text: str) -> set[int]:
+    """Processes whose command line contains ``text`` (e.g. a Ray instance's temp dir)."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if text.encode() in fh.read():
+                        pids.add(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
 def stop_tree(pids: set[int], grace_s: float = 10.0) -> None:
     """SIGTERM, wait, then SIGKILL whatever is left."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -79,14 +97,15 @@ def stop_tree(pids: set[int], grace_s: float = 10.0) -> None:
                 pass
         deadline = time.time() + (grace_s if sig == signal.SIGTERM else 5.0)
         while time.time() < deadline:
-            alive = {p for p in pids if _alive(p)}
+            alive = {p for p in pids if is_alive(p)}
             if not alive:
                 return
             time.sleep(0.2)
         pids = alive
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -152,7 +171,8 @@ def flwr_env(flwr_home: Path, port: int) -> dict:
     return env
 
 
-def _bin(name: str) -> str:
+def bin_path(name: str) -> str:
+    """A console script of this environment (beside its python), else the one on PATH."""
     path = Path(sys.executable).parent / name
     return str(path) if path.exists() else (shutil.which(name) or name)
 
@@ -186,7 +206,7 @@ def toml_string(value: str) -> str:
 
 
 def run_status(run_id: str, env: dict) -> str:
-    out = subprocess.run([_bin("flwr"), "ls", "--run-id", run_id, "--format", "json"],
+    out = subprocess.run([bin_path("flwr"), "ls", "--run-id", run_id, "--format", "json"],
                          env=env, capture_output=True, text=True, timeout=60)
     try:
         runs = json.loads(out.stdout).get("runs", [])
@@ -203,11 +223,47 @@ class RunOutcome:
     pids: set[int]  # every process the run started (all stopped when this returns)
 
 
+def toml_value(value: str | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return toml_string(str(value))
+
+
+def flwr_run(run_config: Mapping[str, str | bool], workdir: Path, env: dict, procs: ProcessSet,
+             log_path: Path, *, federation: str = "local", federation_config: str | None = None,
+             app_dir: Path = APP_DIR, echo: bool = True, timeout_s: float | None = None,
+             on_line=None, stall_s: float | None = None, append: bool = False,
+             see: Sequence[Path] = ()) -> RunOutcome:
+    """Run a federation through ``flwr run`` and return its final status.
+
+    Writes ``run_config`` (the app's run-config keys: strings and booleans) to
+    ``workdir/run-config.toml``, runs ``flwr run APP FEDERATION --stream`` on the SuperLink
+    that ``env`` names (``--federation-config`` where given), streams its log to ``log_path``
+    (:func:`stream_run`: ``timeout_s``, the ``stall_s`` watchdog, ``on_line``), remembers
+    the processes it started in ``procs`` and checks the run's FINAL status: a LaunchError
+    (naming ``log_path`` and ``see``) unless ``finished:completed``.  The outcome's ``pids``
+    are every process ``procs`` knows by then."""
+    path = Path(workdir) / "run-config.toml"
+    path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
+    cmd = [bin_path("flwr"), "run", str(app_dir), federation, "--stream"]
+    if federation_config is not None:
+        cmd += ["--federation-config", federation_config]
+    cmd += ["--run-config", str(path)]
+    run_id = stream_run(cmd, env, log_path, echo, timeout_s, procs, on_line=on_line,
+                        stall_s=stall_s, append=append)
+    procs.snapshot()
+    status = run_status(run_id, env) if run_id else "unknown"
+    if status != "finished:completed":
+        where = " and ".join(str(p) for p in (log_path, *see))
+        raise LaunchError(f"run {run_id or '?'} ended with status '{status}'; see {where}")
+    return RunOutcome(status, run_id, set(procs.known))
+
+
 PROGRESS = re.compile(r"\[flower-pfl\]|aggregate_fit|aggregate_evaluate|configure_fit|"
                       r"configure_evaluate|\[ROUND|\[INIT\]|Successfully started run")
 
 
-def _stream(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s: float | None,
+def stream_run(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s: float | None,
             procs: ProcessSet, on_line=None, stall_s: float | None = None,
             append: bool = False) -> str | None:
     """Run ``flwr run --stream``, tee its output, return the run id; ``on_line(line)`` is
@@ -292,3 +348,9 @@ def stop_on_signals() -> None:
     started is stopped by PID on the way out (call once, from the main thread)."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_terminated)
+
+
+# kept until deploy.py switches (and sites.py, tests/test_reliability.py): the old private names
+_alive = is_alive
+_bin = bin_path
+_stream = stream_run

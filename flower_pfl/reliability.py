@@ -37,6 +37,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from flower_pfl.atomic import atomic_write
+
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "state.pkl"
 CLIENT_STATE = "client-state"
@@ -124,11 +126,8 @@ def write_checkpoint(results_dir: str | Path, server_round: int, state: Mapping[
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    with open(tmp / (STATE_FILE + ".tmp"), "wb") as fh:
-        pickle.dump(dict(state), fh, protocol=pickle.HIGHEST_PROTOCOL)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp / (STATE_FILE + ".tmp"), tmp / STATE_FILE)
+    atomic_write(tmp / STATE_FILE, lambda fh: pickle.dump(
+        dict(state), fh, protocol=pickle.HIGHEST_PROTOCOL), mode="wb", fsync=True)
     if client_state_dir is not None and client_state_dir.is_dir():
         link_tree(client_state_dir, tmp / CLIENT_STATE)
     shutil.rmtree(final, ignore_errors=True)
@@ -164,12 +163,11 @@ def rewind_csv(path: Path, last_round: int) -> int:
     keep = [r for r in rows if r["round"] == "" or int(float(r["round"])) <= last_round]
     if len(keep) == len(rows):
         return 0
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as fh:
+    def write(fh) -> None:
         w = csv.DictWriter(fh, fieldnames=header, restval="")
         w.writeheader()
         w.writerows(keep)
-    os.replace(tmp, path)
+    atomic_write(path, write)
     return len(rows) - len(keep)
 
 

@@ -17,19 +17,23 @@
 * ``curves.png``    -- personalized mean and worst-10% vs round, written when the run ends
 
 Everything is appended/rewritten as it happens, not only at the end.
+
+Reading a run back (the bench, benchmark scripts, tests): :func:`read_summary`,
+:func:`read_values`, :func:`read_rows`, :func:`metric_of` and :func:`client_failures`,
+beside the writer so that both sides know one layout.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from flower_pfl.atomic import atomic_write_text
 from flower_pfl.metrics import STAT_KEYS, best_mean
 
 
@@ -119,9 +123,7 @@ class ResultsWriter:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_jsonable))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable))
 
 
 def _jsonable(obj: Any) -> Any:
@@ -169,3 +171,60 @@ def write_heatmap_png(path: Path, matrix: np.ndarray, groups: Sequence[int] | No
     from flower_pfl import plots
 
     plots.heatmap(np.asarray(matrix, dtype=np.float64), Path(path), title=title, groups=groups)
+
+
+# ------------------------------------------------------------------------- reading
+def read_json(path: Path) -> Any | None:
+    """A JSON file's content; None where it is missing or not (yet) whole JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``summary.json`` (None: none yet)."""
+    return read_json(Path(run_dir) / "summary.json")
+
+
+def read_values(run_dir: Path) -> dict[str, Any]:
+    """The run's configuration values (dotted keys) from ``config.json``; {} without one
+    (a results folder copied by hand)."""
+    conf = read_json(Path(run_dir) / "config.json")
+    return dict(conf.get("values", {})) if isinstance(conf, dict) else {}
+
+
+def read_rows(run_dir: Path, name: str) -> list[dict[str, str]]:
+    """The rows of ``<name>.csv`` (rounds, clients, fit, server, ...) as strings; [] without
+    the file."""
+    path = Path(run_dir) / f"{name}.csv"
+    if not path.is_file():
+        return []
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def metric_of(values: Mapping[str, Any]) -> str:
+    """What a run's per-client numbers are: ``accuracy``, or ``mse`` (lower is better) for
+    the synthetic Gaussian task."""
+    return "mse" if values.get("data.dataset") == "synthetic-gaussian" else "accuracy"
+
+
+def client_failures(run_dir: Path) -> str | None:
+    """Why a completed run's numbers are not its configuration's, or None.
+
+    A run can reach ``completed`` while clients failed (e.g. Ray killed workers for memory):
+    the strategy then trains with fewer clients than configured and evaluates fewer than all.
+    Such a run is not its setting (the bench gives it no number and reruns it)."""
+    if not (Path(run_dir) / "config.json").is_file():
+        return None
+    n = int(read_values(run_dir).get("clients", 0))
+    fit_failed = sum(int(float(r.get("fit_failed") or 0)) for r in read_rows(run_dir, "server"))
+    per_round: dict[str, int] = {}
+    for r in read_rows(run_dir, "clients"):
+        per_round[r["round"]] = per_round.get(r["round"], 0) + 1
+    short = {k: v for k, v in per_round.items() if v < n}
+    if not fit_failed and not short:
+        return None
+    return (f"{fit_failed} failed client fit(s); {len(short)} evaluation round(s) with fewer "
+            f"than all {n} clients")

@@ -22,10 +22,4 @@ def small_config(**overrides):
     tree = {"rounds": 3, "clients": 10, "fraction-fit": 1.0, "model": "cnn", "seed": 0,
             "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 6000},
             "train": {"epochs": 1, "batch-size": 32, "lr": 0.05}}
-    for key, value in overrides.items():
-        node = tree
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return config.validate(tree, source="test")
+    return config.validate(config.merge(tree, overrides), source="test")

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flower_pfl import bench
+from flower_pfl import bench, matrix, rayhead, results, tables
+from flower_pfl.config import merge
 
 STRATEGIES = ["fedavg", "fedacs"]
 UNREGISTERED = "not-registered-yet"
@@ -28,7 +29,7 @@ SEEDS = [0, 1]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
-    matrix = {
+    spec = {
         "name": "tiny",
         "set": {"rounds": 2, "clients": 4, "fraction-fit": 1.0, "model": "mclr",
                 "data": {"dataset": "fmnist", "partition": "practical", "groups": 2,
@@ -39,10 +40,10 @@ def tiny(tmp_path_factory):
         "compare": "bmta",
     }
     path = root / "tiny.yaml"
-    path.write_text(yaml.safe_dump(matrix))
+    path.write_text(yaml.safe_dump(spec))
     out = root / "out"
     lines: list[str] = []
-    m = bench.load_matrix(path)
+    m = matrix.load_matrix(path)
     records = bench.run_bench(m, out, timeout_s=600, log=lambda s, **_: lines.append(s))
     return m, out, records, lines
 
@@ -63,9 +64,9 @@ def test_every_cell_ran_through_flwr_and_table_matches_summaries(tiny):
         for seed in SEEDS:
             cell = out / "runs" / "prac" / strategy / f"seed-{seed}"
             assert "Successfully started run" in (cell / "flwr-run.log").read_text()
-            summary = json.loads((cell / "summary.json").read_text())
+            summary = results.read_summary(cell)
             assert summary["status"] == "completed" and len(summary["rounds"]) == 2
-            assert json.loads((cell / "config.json").read_text())["values"]["seed"] == seed
+            assert results.read_values(cell)["seed"] == seed
             finals.append(100 * summary["final"]["personal_mean"])
             bmtas.append(100 * summary["bmta"])
             worst.append(100 * summary["final"]["personal_worst10_mean"])
@@ -117,9 +118,9 @@ def test_plots_survive_a_cell_without_its_config_json(tiny, tmp_path):
         (copy / "runs" / "prac" / "fedacs" / f"seed-{seed}" / "config.json").unlink()
     (copy / "heatmap-prac-fedacs-attention.png").unlink()
     cells = m.cells(copy)
-    recs = bench.collect(m, cells)
-    bench.write_table(m, recs, copy)
-    bench.write_plots(m, cells, recs, copy)
+    recs = tables.collect(m, cells)
+    tables.write_table(m, recs, copy)
+    tables.write_plots(m, cells, recs, copy)
     assert (copy / "heatmap-prac-fedacs-attention.png").read_bytes()[:4] == b"\x89PNG"
     assert _table(copy)["fedacs"]["seeds_done"] == "2"
 
@@ -131,7 +132,7 @@ def test_rerun_skips_finished_cells(tiny):
     assert len(summaries) == len(STRATEGIES) * len(SEEDS)
     stamps = [p.stat().st_mtime_ns for p in summaries]
     again: list[str] = []
-    bench.run_bench(bench.load_matrix(m.path), out, log=lambda s, **_: again.append(s))
+    bench.run_bench(matrix.load_matrix(m.path), out, log=lambda s, **_: again.append(s))
     assert sum("done, skipped" in s for s in again) == len(STRATEGIES) * len(SEEDS)
     assert [p.stat().st_mtime_ns for p in summaries] == stamps  # nothing was rerun
     assert "0 to run" in again[0]
@@ -142,7 +143,7 @@ def test_cell_state_detects_unfinished_and_changed_cells(tiny, tmp_path):
     m, out, records, lines = tiny
     cell = next(c for c in m.cells(out) if c.strategy == "fedavg" and c.seed == 0)
     assert bench.cell_state(cell) == "done"
-    copy = bench.Cell(cell.setting, cell.strategy, cell.seed, cell.tree, tmp_path / cell.dir.name)
+    copy = matrix.Cell(cell.setting, cell.strategy, cell.seed, cell.tree, tmp_path / cell.dir.name)
     shutil.copytree(cell.dir, copy.dir)
     (copy.dir / "cell.yaml").write_text((copy.dir / "cell.yaml").read_text()
                                         .replace(str(cell.dir.parent), str(copy.dir.parent)))
@@ -157,16 +158,16 @@ def test_cell_state_detects_unfinished_and_changed_cells(tiny, tmp_path):
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(r for r in rows if not (r["round"] == "1" and r["partition-id"] == "0"))
-    assert bench.client_failures(copy.dir) is not None
-    assert bench.cell_state(copy) == "todo" and bench.cell_numbers(copy.dir) is None
+    assert results.client_failures(copy.dir) is not None
+    assert bench.cell_state(copy) == "todo" and tables.cell_numbers(copy.dir) is None
     clients_csv.write_text(good)
     assert bench.cell_state(copy) == "done"
     summary = json.loads((copy.dir / "summary.json").read_text())
     summary["status"] = "running"  # an interrupted run
     (copy.dir / "summary.json").write_text(json.dumps(summary))
     assert bench.cell_state(copy) == "todo"
-    changed = bench.Cell(cell.setting, cell.strategy, cell.seed,
-                         bench.merge(cell.tree, {"rounds": 3}), cell.dir)
+    changed = matrix.Cell(cell.setting, cell.strategy, cell.seed,
+                         merge(cell.tree, {"rounds": 3}), cell.dir)
     assert bench.cell_state(changed) == "todo"  # a changed configuration reruns
 
 
@@ -177,7 +178,7 @@ def test_a_changed_registry_default_reruns_the_cell(tiny, tmp_path):
     since the run is not a change."""
     m, out, records, lines = tiny
     cell = next(c for c in m.cells(out) if c.strategy == "fedacs" and c.seed == 0)
-    copy = bench.Cell(cell.setting, cell.strategy, cell.seed, cell.tree, tmp_path / cell.dir.name)
+    copy = matrix.Cell(cell.setting, cell.strategy, cell.seed, cell.tree, tmp_path / cell.dir.name)
     shutil.copytree(cell.dir, copy.dir)
     (copy.dir / "cell.yaml").write_text((copy.dir / "cell.yaml").read_text()
                                         .replace(str(cell.dir.parent), str(copy.dir.parent)))
@@ -199,8 +200,8 @@ def test_matrix_errors_are_reported_together(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"strategies": [], "seeds": "0", "compare": "best",
                                     "typo": 1}))
-    with pytest.raises(bench.MatrixError) as err:
-        bench.load_matrix(path)
+    with pytest.raises(matrix.MatrixError) as err:
+        matrix.load_matrix(path)
     msg = str(err.value)
     assert "typo" in msg and "no strategy" in msg and "seeds" in msg and "compare" in msg
 
@@ -213,12 +214,12 @@ def test_the_shared_ray_temp_dir_fits_the_socket_path_limit(tmp_path):
 
     deep = tmp_path / ("long-tmpdir-" * 5)
     deep.mkdir()
-    chosen = bench.ray_temp_dir(deep)
-    assert chosen.is_dir() and len(str(chosen) + bench.RAY_SOCKET_SUFFIX) <= 107
+    chosen = rayhead.ray_temp_dir(deep)
+    assert chosen.is_dir() and len(str(chosen) + rayhead.RAY_SOCKET_SUFFIX) <= 107
     chosen.rmdir()
     short = Path(tempfile.mkdtemp(prefix="w", dir="/tmp"))
     try:
-        assert bench.ray_temp_dir(short) == short / "ray"  # kept inside the work folder
+        assert rayhead.ray_temp_dir(short) == short / "ray"  # kept inside the work folder
     finally:
         short.rmdir()
 
@@ -245,12 +246,12 @@ def test_inprocess_cells_land_in_the_bench_layout_marked_as_such(tiny, tmp_path)
         assert not (cell / "flwr-run.log").exists()
         assert bench.cell_state(next(c for c in m.cells(dest) if c.dir == cell)) == "done"
     cells = m.cells(dest)
-    recs = bench.collect(m, cells)
-    bench.write_table(m, recs, dest)
+    recs = tables.collect(m, cells)
+    tables.write_table(m, recs, dest)
     row = _table(dest)["fedavg"]
     assert row["engine"] == "inprocess" and row["seeds_done"] == "2"
-    bmtas = [100 * json.loads((dest / "runs" / "prac" / "fedavg" / f"seed-{s}" /
-                               "summary.json").read_text())["bmta"] for s in SEEDS]
+    bmtas = [100 * results.read_summary(dest / "runs" / "prac" / "fedavg" / f"seed-{s}")["bmta"]
+             for s in SEEDS]
     assert float(row["bmta"]) == pytest.approx(sum(bmtas) / 2, abs=1e-9)
     md = (dest / "table.md").read_text()
     assert "| fedavg (in-process) |" in md and "flower_pfl.inprocess" in md
@@ -283,25 +284,133 @@ def test_inprocess_deadline_stops_the_lowest_priority_cell_first(tmp_path):
     (cell_dir / "summary.json").write_text(json.dumps({"rounds": [
         {"round": 1, "elapsed_s": 30.0}, {"round": 2, "elapsed_s": 40.0},
         {"round": 3, "elapsed_s": 50.0}]}))
-    cell = bench.Cell("s", "fedavg", 0, {"rounds": 60}, cell_dir)
+    cell = matrix.Cell("s", "fedavg", 0, {"rounds": 60}, cell_dir)
     assert mi.projected_end(cell, now=1000.0) == pytest.approx(1000.0 + 57 * 10.0)
     (cell_dir / "summary.json").write_text(json.dumps({"rounds": [{"round": 1,
                                                                    "elapsed_s": 30.0}]}))
     assert mi.projected_end(cell, now=1000.0) is None  # one round: too early to tell
 
 
-@pytest.mark.parametrize("matrix", sorted(p.name for p in
+@pytest.mark.parametrize("matrix_file", sorted(p.name for p in
                                           (Path(__file__).resolve().parent.parent /
                                            "benchmarks").glob("*.yaml")))
-def test_shipped_matrices_give_valid_cells(matrix, tmp_path):
+def test_shipped_matrices_give_valid_cells(matrix_file, tmp_path):
     """Every cell of every shipped matrix is a valid run configuration (e.g. a per-strategy
     override such as SCAFFOLD's lr, PLGU's drop-last) with every strategy registered."""
     from flower_pfl import config as config_mod
 
-    m = bench.load_matrix(Path(__file__).resolve().parent.parent / "benchmarks" / matrix)
+    m = matrix.load_matrix(Path(__file__).resolve().parent.parent / "benchmarks" / matrix_file)
     cells = list(m.cells(tmp_path))
     assert cells
     for cell in cells:
         assert cell.tree is not None, cell.key
         cfg = config_mod.validate(cell.tree, source=cell.key)
-        assert cfg.strategy == cell.strategy
+        assert cfg.strategy == m.strategies[cell.strategy].get("strategy", cell.strategy)
+
+
+def test_an_alias_runs_its_registered_strategy_under_its_own_label(tmp_path):
+    """`label: {strategy: NAME, ...}`: a second column of a registered strategy with its own
+    overrides -- its own cells' folders and row, NAME's run configuration."""
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({
+        "strategies": ["fedprox", {"fedprox-mu0": {"strategy": "fedprox",
+                                                   "hyper": {"fedprox": {"mu": 0.0}}}}],
+        "pairs": [["fedprox", "fedprox-mu0"]]}))
+    m = matrix.load_matrix(path)
+    plain, alias = m.cells(tmp_path / "out")
+    assert alias.strategy == "fedprox-mu0" and alias.dir.parent.name == "fedprox-mu0"
+    assert alias.tree["strategy"] == "fedprox" and "strategy" not in alias.tree["hyper"]
+    assert alias.tree["hyper"] == {"fedprox": {"mu": 0.0}} and "hyper" not in plain.tree
+    records = tables.collect(m, m.cells(tmp_path / "out"))
+    assert [r["status"] for r in records] == ["not run", "not run"]  # registered, not run
+
+
+def _finished_cell(cell_dir: Path, mean: float, worst10: float, global_: float | None = None,
+                   dataset: str = "fmnist") -> None:
+    """A finished cell's files as a run writes them (the fields the table reads)."""
+    cell_dir.mkdir(parents=True)
+    final = {"personal_mean": mean, "personal_weighted_mean": mean,
+             "personal_worst10_mean": worst10, "personal_top10_mean": mean, "elapsed_s": 4.0}
+    if global_ is not None:
+        final["global_mean"] = global_
+    rounds = [{"round": 1, "elapsed_s": 2.0}, {"round": 2, "elapsed_s": 4.0}]
+    (cell_dir / "summary.json").write_text(json.dumps(
+        {"status": "completed", "rounds": rounds, "final": final, "bmta": mean}))
+    (cell_dir / "config.json").write_text(json.dumps(
+        {"values": {"clients": 4, "data.dataset": dataset}, "hyper": {}}))
+
+
+def test_paired_comparisons_from_finished_cells(tmp_path):
+    """`pairs:` -> A - B per seed over the seeds both finished, the 95% Student-t interval
+    and the verdict, personalized with personalized and global with global; for an error
+    metric (the synthetic task) lower is better."""
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "pairs", "strategies": ["fedavg", "fedprox", "local"], "seeds": [0, 1, 2],
+        "settings": {"acc": {}, "syn": {"set": {"data": {"dataset": "synthetic-gaussian"},
+                                                "model": "scalar"}}},
+        "pairs": [["fedavg", "fedprox"], ["fedavg", "local"]]}))
+    m = matrix.load_matrix(path)
+    assert m.pairs == [("fedavg", "fedprox"), ("fedavg", "local")]
+    out = tmp_path / "out"
+    runs = out / "runs"
+    for s, (mean, worst, glob) in enumerate([(0.80, 0.50, 0.70), (0.82, 0.52, 0.71),
+                                             (0.81, 0.51, 0.72)]):
+        _finished_cell(runs / "acc" / "fedavg" / f"seed-{s}", mean, worst, glob)
+    for s, (mean, worst, glob) in enumerate([(0.78, 0.40, 0.75), (0.79, 0.41, 0.76),
+                                             (0.80, 0.42, 0.78)]):
+        _finished_cell(runs / "acc" / "fedprox" / f"seed-{s}", mean, worst, glob)
+    _finished_cell(runs / "acc" / "local" / "seed-1", 0.70, 0.30)  # one seed, no global model
+    for s, (a, b) in enumerate([(1.0, 2.0), (1.1, 2.1), (1.2, 2.3)]):  # squared errors
+        _finished_cell(runs / "syn" / "fedavg" / f"seed-{s}", a, a, dataset="synthetic-gaussian")
+        _finished_cell(runs / "syn" / "fedprox" / f"seed-{s}", b, b, dataset="synthetic-gaussian")
+    records = tables.collect(m, m.cells(out))
+    tables.write_table(m, records, out)
+    with open(out / "pairs.csv") as fh:
+        rows = {(r["setting"], r["a"], r["b"], r["column"], r["model"]): r
+                for r in csv.DictReader(fh)}
+    half3 = 4.302653 / math.sqrt(3)  # t_{0.975, 2} * s_d / sqrt(3) with s_d = 1
+    mean_row = rows[("acc", "fedavg", "fedprox", "final mean", "personalized")]
+    assert [float(d) for d in mean_row["diffs"].split()] == pytest.approx([2.0, 3.0, 1.0])
+    assert float(mean_row["mean"]) == pytest.approx(2.0)
+    assert float(mean_row["half"]) == pytest.approx(half3, abs=1e-5)
+    assert mean_row["seeds"] == "0 1 2" and mean_row["verdict"] == "tie"
+    worst_row = rows[("acc", "fedavg", "fedprox", "worst-10%", "personalized")]
+    assert float(worst_row["mean"]) == pytest.approx(10.0)
+    assert float(worst_row["low"]) == pytest.approx(10.0 - half3, abs=1e-5)
+    assert worst_row["verdict"] == "holds"
+    glob_row = rows[("acc", "fedavg", "fedprox", "final mean", "global")]  # global vs global
+    assert [float(d) for d in glob_row["diffs"].split()] == pytest.approx([-5.0, -5.0, -6.0])
+    assert glob_row["verdict"] == "does not hold"
+    one = rows[("acc", "fedavg", "local", "final mean", "personalized")]
+    assert one["n"] == "1" and one["seeds"] == "1" and one["half"] == ""
+    assert float(one["mean"]) == pytest.approx(12.0) and one["verdict"] == "n/a (1 seed)"
+    assert ("acc", "fedavg", "local", "final mean", "global") not in rows  # local: no global
+    syn = rows[("syn", "fedavg", "fedprox", "final mean", "personalized")]
+    assert float(syn["mean"]) == pytest.approx(-1.0 - 0.1 / 3)  # errors, not scaled to %
+    assert syn["verdict"] == "holds"  # A's error is lower: A better
+    none = rows[("syn", "fedavg", "local", "final mean", "personalized")]
+    assert none["n"] == "0" and none["verdict"].startswith("n/a (no seed")
+    md = (out / "table.md").read_text()
+    section = md[md.index("## Paired comparisons"):]
+    assert "| fedavg − fedprox | worst-10% (personalized) | 0,1,2 | +10.00, +11.00, +9.00 " \
+           f"| +10.00 | [{10 - half3:+.2f}, {10 + half3:+.2f}] | holds |" in section
+    assert "| fedavg − local | final mean (personalized) | 1 | +12.00 | +12.00 | – (1 seed) " \
+           "| n/a (1 seed) |" in section
+    assert "error: lower is better" in section
+    # mean ± sample std over seeds in every finished group's row (s/round included)
+    row = next(ln for ln in md.splitlines() if ln.startswith("| fedprox |"))
+    assert "79.00 ± 1.00" in row and "2.0 ± 0.0" in row
+    assert "| 70.00 |" in next(ln for ln in md.splitlines() if ln.startswith("| local |"))
+
+
+def test_pairs_must_name_strategies_of_the_matrix(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"strategies": ["fedavg", "fedprox"],
+                                    "pairs": [["fedavg", "fedsam"], ["fedavg"],
+                                              ["fedprox", "fedprox"]]}))
+    with pytest.raises(matrix.MatrixError) as err:
+        matrix.load_matrix(path)
+    msg = str(err.value)
+    assert "['fedsam'], not a strategy of this matrix" in msg
+    assert "['fedavg'] is not a pair [A, B]" in msg and "with itself" in msg

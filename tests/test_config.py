@@ -90,7 +90,7 @@ def test_json_round_trip():
 def test_cli_validate_reports_error_before_anything_starts(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("strategy: fedamq\nrounds: 0\n")
-    out = subprocess.run([sys.executable, "-m", "flower_pfl.launch", "run", "--config", str(bad)],
+    out = subprocess.run([sys.executable, "-m", "flower_pfl.cli", "run", "--config", str(bad)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "unknown strategy 'fedamq'" in out.stderr and "'rounds' = 0" in out.stderr

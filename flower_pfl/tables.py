@@ -1,0 +1,361 @@
+"""A bench's report: its table, its paired comparisons and its figures.
+
+From the finished cells of a :class:`~flower_pfl.matrix.Matrix` (read back through
+:mod:`flower_pfl.results`), writes into the bench's output folder:
+
+* ``table.md`` and ``table.csv`` -- per setting and strategy, mean +- sample std over the
+  finished seeds of the final-round mean, weighted mean, worst-10%, top-10%, worst-5%,
+  BMTA, the global model's final mean where the strategy has one, and seconds per round;
+  the paper's number and our gap to it (ours − paper).  Accuracies in percent; the
+  synthetic task's squared error as it is.  A strategy with no finished cell shows its
+  status ("not run", "failed", "invalid: ..."), never a number.
+* ``pairs.csv`` and table.md's "Paired comparisons" -- for each ``pairs:`` entry [A, B] and
+  setting: d_s = A − B on each seed s where both finished, for the final personalized mean,
+  the personalized worst-10% and, where both have a global model, the global final mean
+  (like with like); mean d and the 95% Student-t interval d +- t_{0.975, n-1} s_d / sqrt(n)
+  (:func:`flower_pfl.stats.paired_interval`); verdict: holds (the interval excludes 0 on
+  A's better side), does not hold (on B's), tie (contains 0), n/a (1 seed).  Lower is
+  better for an error metric.
+* per setting ``curves-<setting>.png``, ``clients-<setting>.png`` and
+  ``heatmap-<setting>-<strategy>-<matrix>.png`` (:mod:`flower_pfl.plots`; clients ordered
+  by their true group where the partition has groups).
+
+Choices left open: a cell counts only where its run completed with every client (see
+:func:`flower_pfl.results.client_failures`); s/round is measured after the first
+evaluation (the start is not a round's cost).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from flower_pfl import config as config_mod
+from flower_pfl.matrix import COMPARE, Cell, Matrix
+from flower_pfl.results import (
+    client_failures,
+    metric_of,
+    read_json,
+    read_rows,
+    read_summary,
+    read_values,
+    true_groups,
+)
+from flower_pfl.stats import mean_std, paired_interval, verdict
+
+# The table's columns: (record key, header)
+COLUMNS = (
+    ("final_mean", "final mean"),
+    ("final_weighted", "weighted"),
+    ("final_worst10", "worst-10%"),
+    ("final_top10", "top-10%"),
+    ("final_worst5", "worst-5%"),
+    ("bmta", "BMTA"),
+    ("global_final", "global"),
+    ("s_per_round", "s/round"),
+)
+
+
+def cell_numbers(cell_dir: Path) -> dict[str, float] | None:
+    """The table's numbers for one finished run, read from its summary.json (accuracies in
+    percent); None for a run that did not complete or in which clients failed."""
+    summary = read_summary(cell_dir)
+    if not summary or summary.get("status") != "completed" or not summary.get("rounds"):
+        return None
+    if client_failures(cell_dir) is not None:
+        return None
+    rounds = summary["rounds"]
+    final = summary["final"]
+    # accuracies in percent; the synthetic task's metric is a squared error: left as it is
+    scale = 1.0 if lower_is_better(cell_dir) else 100.0
+    first, last = rounds[0], rounds[-1]
+    if last["round"] > first["round"]:
+        per_round = (last["elapsed_s"] - first["elapsed_s"]) / (last["round"] - first["round"])
+    else:
+        per_round = last["elapsed_s"] / max(last["round"], 1)
+    nums = {"final_mean": scale * final["personal_mean"],
+            "final_weighted": scale * final["personal_weighted_mean"],
+            "final_worst10": scale * final["personal_worst10_mean"],
+            "final_top10": scale * final["personal_top10_mean"],
+            "bmta": scale * summary["bmta"],
+            **({"final_worst5": scale * final["personal_worst5_mean"]}
+               if "personal_worst5_mean" in final else {}),
+            "s_per_round": per_round,
+            "rounds": float(last["round"])}
+    if "global_mean" in final:
+        nums["global_final"] = scale * final["global_mean"]
+    bench = read_json(cell_dir / "bench-cell.json")
+    if isinstance(bench, dict):
+        nums["wall_s"] = bench.get("wall_s", float("nan"))
+    return nums
+
+
+def lower_is_better(cell_dir: Path) -> bool:
+    """Whether the run's metric is an error (lower is better), not an accuracy (a cell
+    without its config.json: an accuracy)."""
+    return metric_of(read_values(cell_dir)) == "mse"
+
+
+def cell_engine(cell_dir: Path) -> str:
+    """``flwr`` (the bench's `flwr run`) or ``inprocess`` (benchmarks/matrix_inprocess.py)."""
+    bench = read_json(cell_dir / "bench-cell.json")
+    return str(bench.get("engine", "flwr")) if isinstance(bench, dict) else "flwr"
+
+
+def collect(matrix: Matrix, cells: Sequence[Cell]) -> list[dict[str, Any]]:
+    """One record per (setting, strategy): status and mean/std over the finished seeds."""
+    records = []
+    for setting, spec in matrix.settings.items():
+        for strategy in matrix.strategies:
+            mine = [c for c in cells if c.setting == setting and c.strategy == strategy]
+            per_seed = {c.seed: cell_numbers(c.dir) for c in mine}
+            done = {s: v for s, v in per_seed.items() if v is not None}
+            rec: dict[str, Any] = {"setting": setting, "strategy": strategy,
+                                   "seeds_done": len(done), "seeds_total": len(mine),
+                                   "seeds": sorted(done)}
+            if all(c.tree is None for c in mine):  # (an alias names its registered one)
+                rec["status"] = "not run (not registered)"
+            elif not done:
+                failed = any((c.dir / "bench-error.txt").is_file() for c in mine)
+                broken = [why for c in mine if (why := client_failures(c.dir))]
+                rec["status"] = f"invalid: {broken[0]}" if broken else (
+                    "failed" if failed else "not run")
+            else:
+                rec["status"] = "done" if len(done) == len(mine) else "partial"
+                rec["engine"] = "+".join(sorted({cell_engine(c.dir) for c in mine
+                                                 if per_seed[c.seed] is not None}))
+                rec["per_seed"] = done  # seed -> that cell's numbers (for the pairs)
+                rec["lower_is_better"] = any(lower_is_better(c.dir) for c in mine
+                                             if per_seed[c.seed] is not None)
+                for col, _ in COLUMNS:
+                    vals = [v[col] for v in done.values() if col in v]
+                    if vals and len(vals) == len(done):
+                        rec[col], rec[col + "_std"] = mean_std(vals)
+            paper = (spec.get("paper") or {}).get(strategy)
+            if paper is not None:
+                rec["paper"] = float(paper)
+                ours = rec.get(COMPARE[matrix.compare])
+                if ours is not None:
+                    rec["gap"] = ours - float(paper)
+            paper_g = (spec.get("paper-global") or {}).get(strategy)
+            if paper_g is not None:
+                rec["paper_global"] = float(paper_g)
+                if rec.get("global_final") is not None:
+                    rec["gap_global"] = rec["global_final"] - float(paper_g)
+            records.append(rec)
+    return records
+
+
+# What a pair compares, like with like: (column, its name, which model)
+PAIRED = (("final_mean", "final mean", "personalized"),
+          ("final_worst10", "worst-10%", "personalized"),
+          ("global_final", "final mean", "global"))
+PAIR_FIELDS = ("setting", "a", "b", "column", "model", "n", "seeds", "diffs", "mean", "half",
+               "low", "high", "verdict")
+
+
+def pair_records(matrix: Matrix, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per setting, pair (A, B) and compared column: A - B on each seed where both finished,
+    its mean, the 95% Student-t interval and the verdict (:mod:`flower_pfl.stats`).  The
+    global column only where both strategies have a global model."""
+    by_key = {(r["setting"], r["strategy"]): r for r in records}
+    rows = []
+    for setting in matrix.settings:
+        for a, b in matrix.pairs:
+            ra, rb = by_key[(setting, a)], by_key[(setting, b)]
+            sa, sb = ra.get("per_seed") or {}, rb.get("per_seed") or {}
+            lower = bool(ra.get("lower_is_better") or rb.get("lower_is_better"))
+            for col, name, model in PAIRED:
+                seeds = sorted(s for s in set(sa) & set(sb) if col in sa[s] and col in sb[s])
+                if model == "global" and not seeds:
+                    continue  # one of them has no global model (or none finished)
+                row: dict[str, Any] = {"setting": setting, "a": a, "b": b, "column": name,
+                                       "model": model, "lower_is_better": lower,
+                                       "n": len(seeds),
+                                       "seeds": " ".join(map(str, seeds))}
+                if not seeds:
+                    row["verdict"] = "n/a (no seed where both finished)"
+                else:
+                    iv = paired_interval([sa[s][col] for s in seeds], [sb[s][col] for s in seeds])
+                    row.update(mean=iv.mean, half=iv.half, low=iv.low, high=iv.high,
+                               per_seed=iv.diffs, diffs=" ".join(f"{d:.10g}" for d in iv.diffs),
+                               verdict=verdict(iv, lower_is_better=lower))
+                rows.append(row)
+    return rows
+
+
+def pairs_md(matrix: Matrix, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = ["## Paired comparisons", "",
+             "A − B on the same seed (only seeds where both finished), per seed and its mean, "
+             "with the 95% Student-t interval (t quantile for n − 1 degrees of freedom; no "
+             "interval with one seed). Personalized is compared with personalized, global with "
+             "global. Verdict: **holds** = the interval excludes 0 on A's better side, **does "
+             "not hold** = it excludes 0 on B's better side, **tie** = it contains 0 (for an "
+             "error metric, marked so, lower is better).", ""]
+    for setting in matrix.settings:
+        mine = [r for r in rows if r["setting"] == setting]
+        if not mine:
+            continue
+        lines += [f"### {setting}", "",
+                  "| A − B | compared | seeds | per seed | mean | 95% interval | verdict |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in mine:
+            if r["n"] == 0:
+                nums = ["–", "–", "–"]
+            else:
+                per = ", ".join(f"{d:+.2f}" for d in r["per_seed"])
+                ci = "– (1 seed)" if r["half"] is None else \
+                    f"[{r['low']:+.2f}, {r['high']:+.2f}]"
+                nums = [per, f"{r['mean']:+.2f}", ci]
+            kind = r["model"] + (", error: lower is better" if r["lower_is_better"] else "")
+            lines.append(f"| {r['a']} − {r['b']} | {r['column']} ({kind}) | "
+                         f"{r['seeds'].replace(' ', ',') or '–'} | " + " | ".join(nums)
+                         + f" | {r['verdict']} |")
+        lines.append("")
+    return lines
+
+
+SHOWN = ("clients", "rounds", "fraction-fit", "eval-every", "model", "data.partition",
+         "data.alpha", "data.classes-per-client", "data.groups", "data.max-train-samples",
+         "data.subsample", "train.epochs", "train.steps", "train.batch-size", "train.lr")
+
+
+def setting_line(matrix: Matrix, setting: str) -> str:
+    """The main run settings of a setting's cells (from the first registered cell's config)."""
+    cell = next((c for c in matrix.cells(Path("/nonexistent")) if c.setting == setting
+                 and c.tree is not None), None)
+    if cell is None:
+        return ""
+    try:
+        values = config_mod.validate(copy.deepcopy(cell.tree)).values
+    except config_mod.ConfigError:
+        return ""
+    shown = [f"{k}={values[k]}" for k in SHOWN if k in values and values[k] is not None
+             and not (k.startswith("data.") and k.split(".")[1] in ("alpha",) and
+                      values["data.partition"] != "dirichlet")
+             and not (k == "data.classes-per-client" and values["data.partition"] != "pathological")
+             and not (k == "data.groups" and values["data.partition"] != "practical")]
+    if values.get("data.subsample") is None:
+        shown.append("data.subsample=null (all samples)")
+    return "Settings: " + ", ".join(f"`{x}`" for x in shown)
+
+
+def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path) -> None:
+    fields = ["setting", "strategy", "status", "engine", "seeds_done", "seeds_total"]
+    for col, _ in COLUMNS:
+        fields += [col, col + "_std"]
+    fields += ["paper", "gap", "paper_global", "gap_global"]
+    with open(out / "table.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore", restval="")
+        w.writeheader()
+        w.writerows(records)
+
+    compared = {"bmta": "BMTA", "final": "final mean", "weighted": "weighted"}[matrix.compare]
+    lines = [f"# {matrix.name}", "",
+             f"Matrix `{matrix.path.name}` on base `{matrix.base_path.name}`; seeds "
+             f"{matrix.seeds}. Personalized accuracy in % over ALL clients (final = last "
+             f"evaluated round), mean ± sample std over the finished seeds (a single value "
+             f"where one seed finished); `global` = the "
+             f"global model's final mean where the strategy has one; s/round = wall seconds per "
+             f"round after the first evaluation. The paper's number sits beside our "
+             f"**{compared}**; gap = ours − paper.", ""]
+    for setting, spec in matrix.settings.items():
+        lines.append(f"## {setting}")
+        line = setting_line(matrix, setting)
+        if line:
+            lines += ["", line]
+        if matrix.overrides:
+            lines += ["", "Overridden for this bench (`--set`): " + ", ".join(
+                f"`{k}={v}`" for k, v in matrix.overrides.items())]
+        if spec.get("note"):
+            lines += ["", str(spec["note"]).strip()]
+        lines += ["", "| strategy | paper name | seeds | " + " | ".join(h for _, h in COLUMNS)
+                  + " | paper | gap |", "|---" * (len(COLUMNS) + 5) + "|"]
+        for rec in (r for r in records if r["setting"] == setting):
+            if rec["status"].startswith(("not run", "failed", "invalid")):
+                cells_ = [rec["status"]] + [""] * (len(COLUMNS) - 1)  # never a number
+            else:
+                cells_ = []
+                for col, _ in COLUMNS:
+                    if col not in rec:
+                        cells_.append("–")
+                    else:
+                        digits = 1 if col == "s_per_round" else 2
+                        cells_.append(f"{rec[col]:.{digits}f}" if rec["seeds_done"] == 1 else
+                                      f"{rec[col]:.{digits}f} ± {rec[col + '_std']:.{digits}f}")
+            paper = rec.get("paper")
+            paper_s = "" if paper is None else f"{paper:.2f}"
+            gap = rec.get("gap")
+            gap_s = "" if gap is None else f"{gap:+.2f}"
+            if rec.get("paper_global") is not None:
+                paper_s += f" (global {rec['paper_global']:.2f})"
+                if rec.get("gap_global") is not None:
+                    gap_s += f" (global {rec['gap_global']:+.2f})"
+            mark = " (in-process)" if "inprocess" in rec.get("engine", "") else ""
+            lines.append(f"| {rec['strategy']}{mark} | "
+                         f"{matrix.paper_names.get(rec['strategy'], '')} | "
+                         f"{rec['seeds_done']}/{rec['seeds_total']} | " + " | ".join(cells_)
+                         + f" | {paper_s} | {gap_s} |")
+        lines.append("")
+    if matrix.pairs:
+        pairs = pair_records(matrix, records)
+        with open(out / "pairs.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=PAIR_FIELDS, extrasaction="ignore", restval="")
+            w.writeheader()
+            w.writerows(pairs)
+        lines += pairs_md(matrix, pairs)
+    if any("inprocess" in r.get("engine", "") for r in records):
+        lines += ["Rows marked (in-process) ran their cells through `flower_pfl.inprocess` "
+                  "(benchmarks/matrix_inprocess.py: the same cell.yaml, Strategy and client "
+                  "classes, direct calls instead of `flwr run`; s/round is then not the "
+                  "simulation's).", ""]
+    if matrix.notes.strip():
+        lines += ["## Settings chosen where the paper is silent", "", matrix.notes.strip(), ""]
+    (out / "table.md").write_text("\n".join(lines))
+
+
+def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> list[Path]:
+    """Per setting: curves over rounds, per-client distribution of the final round, and the
+    heatmaps of the matrices a strategy saved (first finished seed)."""
+    from flower_pfl import plots  # matplotlib: imported only when figures are drawn
+
+    written = []
+    for setting in matrix.settings:
+        curves: dict[str, list] = {}
+        dist: dict[str, list[float]] = {}
+        metric = "accuracy"
+        for strategy in matrix.strategies:
+            done = [c for c in cells if c.setting == setting and c.strategy == strategy
+                    and cell_numbers(c.dir) is not None]
+            if not done:
+                continue
+            curves[strategy] = []
+            dist[strategy] = []
+            for c in done:
+                curves[strategy].append((read_summary(c.dir) or {}).get("rounds", []))
+                rows = read_rows(c.dir, "clients")
+                if rows:
+                    metric = "mse" if "mse" in rows[0] else "accuracy"  # the column it wrote
+                    last = max(int(r["round"]) for r in rows)
+                    dist[strategy] += [float(r[metric]) for r in rows if int(r["round"]) == last]
+            for name in ("attention", "selection"):
+                npy = done[0].dir / f"{name}.npy"
+                if npy.is_file():
+                    # a cell copied without its config.json (e.g. committed by hand) still
+                    # gets its heatmap, without the group order
+                    values = read_values(done[0].dir)
+                    written.append(plots.heatmap(
+                        np.load(npy), out / f"heatmap-{setting}-{strategy}-{name}.png",
+                        title=f"{strategy} {name}, {setting}, seed {done[0].seed}",
+                        groups=true_groups(values) if values else None))
+        if curves:
+            written.append(plots.curves(curves, out / f"curves-{setting}.png",
+                                        title=f"{matrix.name} / {setting}", metric=metric))
+            written.append(plots.distribution(dist, out / f"clients-{setting}.png",
+                                              title=f"{matrix.name} / {setting}: per-client, "
+                                              f"final round, all seeds", metric=metric))
+    return written
