@@ -11,7 +11,8 @@ From the finished cells of a :class:`~flower_pfl.matrix.Matrix` (read back throu
   status ("not run", "failed", "invalid: ..."), never a number.
 * ``pairs.csv`` and table.md's "Paired comparisons" -- for each ``pairs:`` entry [A, B] and
   setting: d_s = A − B on each seed s where both finished, for the final personalized mean,
-  the personalized worst-10% and, where both have a global model, the global final mean
+  the personalized worst-10% and worst-5% and, where both have a global model, the global
+  final mean and worst-5%
   (like with like); mean d and the 95% Student-t interval d +- t_{0.975, n-1} s_d / sqrt(n)
   (:func:`flower_pfl.stats.paired_interval`); verdict: holds (the interval excludes 0 on
   A's better side), does not hold (on B's), tie (contains 0), n/a (1 seed).  Lower is
@@ -88,6 +89,10 @@ def cell_numbers(cell_dir: Path) -> dict[str, float] | None:
             "rounds": float(last["round"])}
     if "global_mean" in final:
         nums["global_final"] = scale * final["global_mean"]
+        for key, col in (("global_worst10_mean", "global_worst10"),
+                         ("global_worst5_mean", "global_worst5")):
+            if key in final:
+                nums[col] = scale * final[key]
     bench = read_json(cell_dir / "bench-cell.json")
     if isinstance(bench, dict):
         nums["wall_s"] = bench.get("wall_s", float("nan"))
@@ -153,7 +158,9 @@ def collect(matrix: Matrix, cells: Sequence[Cell]) -> list[dict[str, Any]]:
 # What a pair compares, like with like: (column, its name, which model)
 PAIRED = (("final_mean", "final mean", "personalized"),
           ("final_worst10", "worst-10%", "personalized"),
-          ("global_final", "final mean", "global"))
+          ("final_worst5", "worst-5%", "personalized"),
+          ("global_final", "final mean", "global"),
+          ("global_worst5", "worst-5%", "global"))
 PAIR_FIELDS = ("setting", "a", "b", "column", "model", "n", "seeds", "diffs", "mean", "half",
                "low", "high", "verdict")
 
