@@ -55,19 +55,23 @@ class PLGULF(FedSAM):
                         personal_layer_choices=";".join(sorted(set(per))))
 
 
-class PLGUGRep(FedRep):
+class PerturbedVariant:
+    """PLGU-GRep / PLGU-GHN: the base method's server with the clients' LWSAM radius rho
+    (``rho = 0`` is the base method: warned)."""
+
+    base_name = ""
+
     def setup(self, initial_arrays):
         super().setup(initial_arrays)
-        warn_rho_zero(self.hyper, "plgu-grep", "FedRep")
+        warn_rho_zero(self.hyper, self.cfg.strategy, self.base_name)
 
     def rho(self) -> float:
         return float(self.hyper["rho"])
 
 
-class PLGUGHN(PFedHN):
-    def setup(self, initial_arrays):
-        super().setup(initial_arrays)
-        warn_rho_zero(self.hyper, "plgu-ghn", "pFedHN")
+class PLGUGRep(PerturbedVariant, FedRep):
+    base_name = "FedRep"
 
-    def rho(self) -> float:
-        return float(self.hyper["rho"])
+
+class PLGUGHN(PerturbedVariant, PFedHN):
+    base_name = "pFedHN"
