@@ -20,8 +20,9 @@ import pytest
 import yaml
 
 from flower_pfl import config, registry
-from flower_pfl.bench import shared_ray
-from flower_pfl.launch import LaunchError, _alive, run_simulation, simulation_superlink
+from flower_pfl.launch import run_simulation, simulation_superlink
+from flower_pfl.procs import LaunchError, is_alive
+from flower_pfl.rayhead import shared_ray
 from strategies.base import PersonalizedStrategy
 from strategies.message_passing import MessagePassingStrategy
 
@@ -62,7 +63,7 @@ def superlink(tmp_path_factory):
         env.setenv("RAY_ADDRESS", stack.enter_context(shared_ray(work, work / "ray.log")))
         shared = stack.enter_context(simulation_superlink(work, work / "superlink.log"))
         yield shared  # the SuperLink inherited RAY_ADDRESS
-    assert not any(_alive(p) for p in shared[1].known), "the shared SuperLink left processes"
+    assert not any(is_alive(p) for p in shared[1].known), "the shared SuperLink left processes"
 
 
 def test_every_family_has_a_representative():
@@ -79,9 +80,9 @@ def test_flwr_run_simulation_end_to_end(strategy, tmp_path, superlink):
                          timeout_s=600, superlink=superlink)
     assert out.status == "finished:completed"
     deadline = time.time() + 30  # the run's own processes (ServerApp, Ray) end with it
-    while any(_alive(p) for p in out.pids) and time.time() < deadline:
+    while any(is_alive(p) for p in out.pids) and time.time() < deadline:
         time.sleep(0.5)
-    assert out.pids and not any(_alive(p) for p in out.pids), "processes left running"
+    assert out.pids and not any(is_alive(p) for p in out.pids), "processes left running"
     summary = json.loads((tmp_path / "res" / "summary.json").read_text())
     assert summary["status"] == "completed" and len(summary["rounds"]) == 3
     assert json.loads((tmp_path / "res" / "config.json").read_text())["values"]["strategy"] \
@@ -112,7 +113,7 @@ def test_private_superlink_run_stops_everything(tmp_path, monkeypatch):
     out = run_simulation(config.load(path), path, [], tmp_path / "res", echo=False,
                          timeout_s=600)
     assert out.status == "finished:completed"
-    assert out.pids and not any(_alive(p) for p in out.pids), "processes left running"
+    assert out.pids and not any(is_alive(p) for p in out.pids), "processes left running"
 
 
 def test_failed_run_is_reported_not_hidden(tmp_path, superlink):

@@ -296,7 +296,7 @@ def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, t
     import torch
 
     from flower_pfl import config
-    from flower_pfl.procs import _alive, process_tree
+    from flower_pfl.procs import is_alive, process_tree
 
     # 10 rounds, SIGTERM after the round-2 checkpoint: on an idle machine an MCLR round takes
     # well under a second, and with 4 rounds the run could finish before the signal landed
@@ -322,7 +322,7 @@ def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, t
     stop.set()
     assert launcher.returncode == 128 + signal.SIGTERM, "".join(log[-30:]) + rest
     assert "SIGTERM; every process of the run stopped" in rest
-    assert len(seen) > 3 and not [p for p in seen if _alive(p)], "processes left running"
+    assert len(seen) > 3 and not [p for p in seen if is_alive(p)], "processes left running"
     done = [int(r["round"]) for r in _read(results / "rounds.csv")]
     assert 2 <= max(done) < 10, "the run finished before SIGTERM landed"
 
@@ -393,7 +393,7 @@ def test_cli_refuses_bad_input_before_starting(tmp_path):
 
 
 def test_flower_processes_get_one_blas_thread_and_the_watchdog_fires(tmp_path):
-    from flower_pfl.procs import LaunchError, ProcessSet, _stream, flwr_env
+    from flower_pfl.procs import LaunchError, ProcessSet, flwr_env, stream_run
 
     env = flwr_env(tmp_path / "home", 1)
     assert env["OPENBLAS_NUM_THREADS"] == "1"  # no OpenBLAS thread pool: no exec_blas spin
@@ -404,7 +404,7 @@ def test_flower_processes_get_one_blas_thread_and_the_watchdog_fires(tmp_path):
     started = time.time()
     with pytest.raises(LaunchError, match=r"watchdog: no progress for 3s .* the last progress "
                                           r"line was: '\[flower-pfl\] started'"):
-        _stream(cmd, env, tmp_path / "log", False, None, procs, stall_s=3)
+        stream_run(cmd, env, tmp_path / "log", False, None, procs, stall_s=3)
     procs.stop()
     assert time.time() - started < 120
     assert all(p.poll() is not None for p in procs.procs)
