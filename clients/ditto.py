@@ -4,14 +4,16 @@ Given the global model w^t:
     personal:  s steps of SGD on  f_i(v) + lambda/2 ||v - w^t||^2   (v_i kept in context.state)
     global:    the configured local SGD on f_i(w) from w^t, uploaded (FedAvg's client update)
 The prox centre is the w^t received this round (detached: it does not move while v
-trains).  v_i starts at the first global model the client receives.  Personalized
-evaluation uses v_i (Ditto-P); the base evaluates the global model beside it (Ditto-G).
+trains); the term is a ``training.Prox`` (its gradient added to the data gradient before
+each step, bit for bit autograd's; tests/test_prox_fused.py).  v_i starts at the first
+global model the client receives.  Personalized evaluation uses v_i (Ditto-P); the base
+evaluates the global model beside it (Ditto-G).
 """
 
 from __future__ import annotations
 
 from clients.fedavg import FedAvgClient
-from flower_pfl.training import params_of, prox_penalty
+from flower_pfl.training import Prox, params_of
 
 
 class DittoClient(FedAvgClient):
@@ -20,7 +22,7 @@ class DittoClient(FedAvgClient):
         lam = float(config["lambda"])
         v = self._personal(parameters)
         steps = int(config["personal-steps"]) or None  # 0: the configured local steps
-        personal = self.local_train(v, regularizer=lambda m: prox_penalty(m, center, lam),
+        personal = self.local_train(v, regularizer=Prox(center, lam),
                                     num_steps=steps, salt=1)
         self.save_personal(v, "ditto-v")
         arrays, metrics = super().fit_round(parameters, config)  # w: FedAvg's local update

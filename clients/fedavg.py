@@ -15,7 +15,8 @@ from flower_pfl.models import get_arrays
 
 class FedAvgClient(PFLClient):
     def regularizer(self, model, config):
-        """Extra loss term ``f(model) -> tensor`` of the local objective (FedProx's prox)."""
+        """Extra term of the local objective: a ``training.Prox`` (FedProx) or a callable
+        ``f(model) -> tensor`` added to the loss; None: the data loss alone."""
         return None
 
     def fit_round(self, parameters, config):

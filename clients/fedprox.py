@@ -2,11 +2,11 @@
 
 Each round the client approximately minimises
     h_i(w; w^t) = F_i(w) + mu/2 ||w - w^t||^2
-with the configured local SGD started from the global model w^t (``training.prox_penalty``,
-squared and differentiated with the data loss: its gradient is mu (w - w^t);
-tests/test_fedprox.py checks it against autograd).  The paper's variable amount of work
-per device (gamma-inexact solutions, stragglers) is not simulated: every client runs the
-configured epochs/steps.
+with the configured local SGD started from the global model w^t (``training.Prox``: its
+gradient mu (w - w^t) is added to the data loss's gradient before each step, bit for bit
+autograd's for the squared term; tests/test_fedprox.py, tests/test_prox_fused.py).  The
+paper's variable amount of work per device (gamma-inexact solutions, stragglers) is not
+simulated: every client runs the configured epochs/steps.
 
 FedProx-FT (FedAMP's baseline, after Wang et al. 2019): the same training, then before
 personalized evaluation the global model is fine-tuned for ``finetune-steps`` SGD steps
@@ -16,14 +16,14 @@ on the client's training data -- exactly FedAvg-FT's evaluation path (inherited)
 from __future__ import annotations
 
 from clients.fedavg import FedAvgClient, FedAvgFTClient
-from flower_pfl.training import params_of, prox_penalty
+from flower_pfl.training import Prox, params_of
 
 
 class FedProxClient(FedAvgClient):
     def regularizer(self, model, config):
         center = params_of(model)  # w^t: training starts there; detached, it does not move
         mu = float(config["mu"])
-        return lambda m: prox_penalty(m, center, mu)
+        return Prox(center, mu)
 
 
 class FedProxFTClient(FedProxClient, FedAvgFTClient):

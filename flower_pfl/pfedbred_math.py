@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flower_pfl.training import prox_penalty
+from flower_pfl.training import add_prox_grad_
 
 PRIORS = ("lg", "meg", "mh", "mh-lookahead", "none")  # "none": pFedMe (mu = w)
 ENVELOPES = ("mu", "w")
@@ -117,8 +117,8 @@ def prox_steps(theta_model: nn.Module, mu: Tensors, lam: float, alpha: float, st
     for _ in range(steps):
         data_loss = loss_fn(theta_model(xb), yb)
         total += float(data_loss.detach())
-        loss = data_loss + prox_penalty(theta_model, mu, lam)
-        grads = torch.autograd.grad(loss, params)
+        grads = list(torch.autograd.grad(data_loss, params))
+        add_prox_grad_(params, mu, lam, grads)  # + lambda (theta - mu), autograd's bits
         with torch.no_grad():
             for p, g in zip(params, grads):
                 p.sub_(alpha * g)

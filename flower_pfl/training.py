@@ -2,9 +2,26 @@
 
 Data stays in memory as tensors (client datasets are small), so mini-batches are
 index slices of a seeded permutation -- no DataLoader workers to start per round.
-Regularisers are added to the loss, so they are differentiated like the data term:
-``prox_penalty`` is the squared proximal term ``coef/2 * ||w - center||^2`` used by
-FedAMP (coef = lambda/alpha_k), FedProx, pFedMe and Ditto.
+A regulariser callable is added to the loss and differentiated with the data term.  The
+squared proximal term ``coef/2 * ||w - center||^2`` of FedAMP (coef = lambda/alpha_k),
+FedProx, pFedMe and Ditto is a :class:`Prox` instead: ``train`` differentiates the data
+loss only and then adds the prox gradient ``coef * (w - center)`` to every parameter's
+``.grad`` with three ``torch._foreach_*`` passes (:func:`add_prox_grad_`), before the
+optimizer step.  That is the same floating-point work autograd does for
+``prox_penalty`` (``0.5*coef*sum((w-c)**2)``): its backward is ``float32(0.5*coef) *
+(2 * (w - c))``, which rounds exactly like ``float32(coef) * (w - c)`` (scaling by 2 is
+exact), and the engine sums the data and prox contributions of a parameter in one
+addition, which is commutative.  So the optimizer sees the same gradient bit for bit
+(plain SGD, momentum and weight decay alike; tests/test_prox_fused.py) at about a
+third of the cost (docs/BENCHMARKS.md, issue 29).  Not fused on purpose:
+``grad + coef*d`` as one ``add(alpha=coef)``/``addcmul`` (an FMA on CPU: one rounding
+instead of two, so not the autograd result).  A parameter the model uses twice gets its
+data gradient summed by autograd first here, and possibly in another order in the old
+single backward; no model in flower_pfl/models.py shares a parameter.  A Prox's
+``reg_loss`` is the mean of ``0.5*coef*sum ||w - c||^2`` over every ``PROX_VALUE_EVERY``-th
+step (the first included), from ``torch._foreach_norm`` (the autograd value up to float
+rounding): the value at every step would cost one more pass over the parameters per
+step, a third again of the fused gradient's own three (docs/BENCHMARKS.md, issue 29).
 
 ``lwsam_step`` is the one local optimizer step of SAM / LWSAM (PLGU Algorithm 1, eqs. 4-5,
 p = q = 2; the perturbation itself is :func:`flower_pfl.plgu_math.lwsam_perturbation`):
@@ -84,6 +101,53 @@ def prox_penalty(model: nn.Module, center: Sequence[torch.Tensor], coef: float) 
     return 0.5 * coef * torch.stack(terms).sum()
 
 
+@torch.no_grad()
+def add_prox_grad_(params: Sequence[torch.Tensor], center: Sequence[torch.Tensor],
+                   coef: float, grads: Sequence[torch.Tensor] | None = None,
+                   value: bool = False) -> float | None:
+    """Add the gradient of ``prox_penalty`` -- ``coef * (p - c)`` -- to the gradients of
+    ``params`` in place, bit for bit what autograd adds for it.
+
+    ``grads``: the data loss's gradients (e.g. ``torch.autograd.grad``'s output), updated
+    in place; by default each parameter's ``.grad`` (set to the prox gradient where it is
+    None).  ``value``: also return ``coef/2 * sum ||p - c||^2`` (one more read pass).
+    """
+    params = params if isinstance(params, list) else list(params)
+    diff = torch._foreach_sub(params, list(center))  # w - c, as autograd's sub
+    out = None
+    if value:
+        out = 0.5 * coef * sum(float(n) ** 2 for n in torch._foreach_norm(diff))
+    torch._foreach_mul_(diff, coef)  # float32(coef) * (w - c): autograd's rounding
+    if grads is None:
+        grads = [p.grad for p in params]
+        if any(g is None for g in grads):  # no data gradient: the prox gradient alone
+            for p, d in zip(params, diff):
+                if p.grad is None:
+                    p.grad = d
+            kept = [i for i, g in enumerate(grads) if g is not None]
+            grads, diff = [grads[i] for i in kept], [diff[i] for i in kept]
+    if grads:
+        torch._foreach_add_(list(grads), diff)  # data + prox: one addition, as the engine's
+    return out
+
+
+PROX_VALUE_EVERY = 10  # train(): a Prox's value (reg_loss) is sampled every 10th step
+
+
+@dataclass(frozen=True)
+class Prox:
+    """The proximal term ``coef/2 * ||w - center||^2`` as a regularizer for :func:`train`.
+
+    ``train`` applies it as a gradient (:func:`add_prox_grad_`) after the data loss's
+    backward pass; calling it gives the autograd term (:func:`prox_penalty`)."""
+
+    center: Sequence[torch.Tensor]
+    coef: float
+
+    def __call__(self, model: nn.Module) -> torch.Tensor:
+        return prox_penalty(model, self.center, self.coef)
+
+
 def params_of(model: nn.Module) -> list[torch.Tensor]:
     """Detached copies of the trainable parameters (e.g. a prox center)."""
     return [p.detach().clone() for p in model.parameters()]
@@ -97,36 +161,49 @@ def gaussian_nll(noise_sq: float) -> Callable[[torch.Tensor, torch.Tensor], torc
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
           generator: torch.Generator, device: torch.device,
-          regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
+          regularizer: Callable[[nn.Module], torch.Tensor] | Prox | None = None,
           num_steps: int | None = None, lr: float | None = None,
           loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
           stop: Callable[[nn.Module], bool] | None = None) -> dict[str, float]:
     """Mini-batch SGD on ``loss_fn`` (+ ``regularizer(model)``); returns mean losses.
 
-    ``stop(model)``, if given, is called after each step's backward pass (gradients in
-    ``model``); True ends training after that step (an early-stop rule; ``num_steps`` is
-    then the cap and ``local_steps`` the steps actually taken)."""
+    A :class:`Prox` regularizer is applied as its gradient after the data loss's backward
+    pass (:func:`add_prox_grad_`, the same gradient as autograd's); any other callable is
+    added to the loss.  ``stop(model)``, if given, is called after each step's backward
+    pass (gradients in ``model``, prox term included); True ends training after that step
+    (an early-stop rule; ``num_steps`` is then the cap and ``local_steps`` the steps
+    actually taken)."""
     model.to(device).train()
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr if lr is None else lr,
                           momentum=spec.momentum, weight_decay=spec.weight_decay)
     steps = num_steps if num_steps is not None else spec.num_steps(len(y))
-    total, total_reg, done = 0.0, 0.0, 0
+    prox = regularizer if isinstance(regularizer, Prox) else None
+    if prox is not None:  # the trainable parameters and their centres
+        pairs = [(p, c) for p, c in zip(model.parameters(), prox.center) if p.requires_grad]
+        prox_params, prox_center = [p for p, _ in pairs], [c for _, c in pairs]
+    total, total_reg, done, valued = 0.0, 0.0, 0, 0
     for idx in batches(len(y), spec.batch_size, steps, generator, spec.drop_last):
         xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
         loss = loss_fn(model(xb), yb)
         total += float(loss.detach())
-        if regularizer is not None:
+        if regularizer is not None and prox is None:
             reg = regularizer(model)
             total_reg += float(reg.detach())
             loss = loss + reg
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if prox is not None:
+            value = done % PROX_VALUE_EVERY == 0
+            out = add_prox_grad_(prox_params, prox_center, prox.coef, value=value)
+            if value:
+                total_reg, valued = total_reg + out, valued + 1
         halt = stop is not None and stop(model)
         opt.step()
         done += 1
         if halt:
             break
-    return {"train_loss": total / max(done, 1), "reg_loss": total_reg / max(done, 1),
+    reg_steps = valued if prox is not None else done
+    return {"train_loss": total / max(done, 1), "reg_loss": total_reg / max(reg_steps, 1),
             "local_steps": float(done)}
 
 
