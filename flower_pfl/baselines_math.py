@@ -1,7 +1,7 @@
 """The update rules of the baselines, as pure functions (torch/numpy, no Flower).
 
 FedProx (Li et al., MLSys 2020), local objective
-    h_i(w) = F_i(w) + mu/2 ||w - w^t||^2          -> ``training.training.Prox`` (not here).
+    h_i(w) = F_i(w) + mu/2 ||w - w^t||^2          -> ``training.Prox`` (not here).
 
 SCAFFOLD (Karimireddy et al., ICML 2020), Algorithm 1, option II
     client step   y <- y - eta_l (g_i(y) + c - c_i)                       (line 10)
