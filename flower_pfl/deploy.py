@@ -8,8 +8,17 @@
 SuperNode authentication), one SuperNode per client with ``partition-id``,
 ``num-partitions``, ``data-root`` and ``state-dir`` in ``--node-config``, its own
 ``CUDA_VISIBLE_DEVICES`` and its registered key; then ``flwr run`` with the same YAML as
-simulation; it checks the run's final status and stops every process by PID.  The
-README's deployment section explains the same steps on separate machines.
+simulation; it checks the run's final status and stops every process by PID.
+
+On separate machines the same pieces are started one machine at a time by
+``flower-pfl superlink`` / ``supernode`` / ``submit`` (flower_pfl/sites.py); both use the
+building blocks below (SuperLink and SuperNode command lines, the ``flwr`` connection
+file, key registration, submitting a run and checking its status), so a deployment on
+one machine and one on many start Flower the same way.
+
+Certificates: the server certificate names the given hosts AND the loopback names. A
+SuperLink listening on 0.0.0.0 starts its ServerApp process against 127.0.0.1 (Flower
+1.42, ``resolve_bind_address``), which checks the certificate like any client.
 """
 
 from __future__ import annotations
@@ -28,22 +37,25 @@ from flower_pfl.procs import (
     LaunchError,
     ProcessSet,
     RunOutcome,
-    _bin,
-    _stream,
+    bin_path,
     flwr_env,
+    flwr_run,
     free_port,
     process_tree,
-    run_status,
     stop_tree,
     toml_string,
     wait_http,
 )
 
-
 # ----------------------------------------------------------------------- certificates
-def make_ca(directory: str | Path, hosts: Sequence[str] = ("127.0.0.1", "localhost", "::1"),
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def make_ca(directory: str | Path, hosts: Sequence[str] = LOOPBACK,
             days: int = 30) -> dict[str, Path]:
-    """A throwaway CA and a server certificate for ``hosts`` (for testing only)."""
+    """A throwaway CA and a server certificate for ``hosts`` plus the loopback names (for
+    testing only); the first host is the certificate's common name."""
+    hosts = list(dict.fromkeys([*hosts, *LOOPBACK]))
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -103,6 +115,144 @@ def make_node_key(directory: str | Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
+# ------------------------------------------------------------------ building blocks
+# One function per piece of a deployment; ``Deployment`` (one machine) and the per-machine
+# commands in flower_pfl/sites.py (``flower-pfl superlink/supernode/submit``) both use them.
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 as ``[::1]:9092``) -> (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise LaunchError(f"{address!r} is not HOST:PORT (e.g. 10.0.0.1:9092)")
+    return host.strip("[]"), int(port)
+
+
+def join_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def connect_host(host: str) -> str:
+    """Where to reach a server bound to ``host`` from its own machine (Flower does the same
+    for the SuperLink's own ServerApp: 0.0.0.0 -> 127.0.0.1)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def cert_paths(certs_dir: str | Path) -> dict[str, Path]:
+    """ca.crt, server.pem, server.key of ``certs_dir`` (absolute); a missing one is an error."""
+    root = Path(certs_dir).expanduser().resolve()
+    certs = {"ca": root / "ca.crt", "cert": root / "server.pem", "key": root / "server.key"}
+    missing = [str(p) for p in certs.values() if not p.is_file()]
+    if missing:
+        raise LaunchError(f"missing certificate files: {missing} (make test ones with "
+                          f"`flower-pfl certs {certs_dir}`)")
+    return certs
+
+
+def write_connection(flwr_home: Path, name: str, address: str, ca: Path | None) -> Path:
+    """``$FLWR_HOME/config.toml`` with one connection ``name`` (the default) to ``address``:
+    what the ``flwr`` CLI (run, ls, supernode register) reads. Paths absolute (Flower
+    refuses relative ones)."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    lines = [f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]',
+             f"address = {toml_string(address)}"]
+    if ca is not None:
+        lines.append(f"root-certificates = {toml_string(str(Path(ca).resolve()))}")
+    else:
+        lines.append("insecure = true")
+    path = flwr_home / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def superlink_command(host: str, port: int, certs: dict[str, Path] | None,
+                      database: Path) -> list[str]:
+    """``flower-superlink`` with TLS and SuperNode authentication (``certs``), or insecure."""
+    cmd = [bin_path("flower-superlink"), "--host", host, "--port", str(port),
+           "--disable-runtime-dependency-installation", "--isolation", "subprocess",
+           "--database", str(database)]
+    if certs:
+        cmd += ["--ssl-ca-certfile", str(certs["ca"]), "--ssl-certfile", str(certs["cert"]),
+                "--ssl-keyfile", str(certs["key"]), "--enable-supernode-auth"]
+    else:
+        cmd.append("--insecure")
+    return cmd
+
+
+def wait_superlink(proc: subprocess.Popen, host: str, port: int, ca: Path | None,
+                   timeout_s: float = 120) -> None:
+    scheme = "https" if ca else "http"
+    wait_http(f"{scheme}://{join_address(connect_host(host), port)}/health", timeout_s, proc,
+              cafile=str(ca) if ca else None)
+
+
+def register_key(public_key: Path, name: str, connection: str, env: dict) -> str:
+    """Register a SuperNode's public key on the SuperLink of ``connection``; returns
+    ``"registered"`` or ``"already registered"`` (a SuperLink restarted on its database)."""
+    out = subprocess.run([bin_path("flwr"), "supernode", "register", str(public_key), connection,
+                          "--name", name], env=env, capture_output=True, text=True, timeout=120)
+    text = out.stdout + out.stderr
+    if out.returncode == 0:
+        return "registered"
+    if "already in use" in text:
+        return "already registered"
+    raise LaunchError(f"registering {name} ({public_key}) failed: {text[-1200:]}")
+
+
+def node_data_root(data_root: str | None, pid: int) -> str | None:
+    """The ``data-root`` of node ``pid``: ``<data_root>/<pid>`` when that is a shard folder
+    (``flower-pfl partition --out <data_root>``), else ``data_root`` itself (a dataset)."""
+    from flower_pfl.shards import is_shard_folder
+
+    if data_root and is_shard_folder(Path(data_root) / str(pid)):
+        return str(Path(data_root) / str(pid))
+    return data_root
+
+
+def node_config(pid: int, num_partitions: int, state_dir: str | Path,
+                data_root: str | Path | None = None) -> str:
+    """The SuperNode's ``--node-config``: its identity, its disk, its data."""
+    items = {"state-dir": str(state_dir)}
+    if data_root:
+        items["data-root"] = str(data_root)
+    for key, value in items.items():
+        if '"' in value or "\\" in value:
+            raise LaunchError(f"{key} {value!r}: a path with a quote or backslash cannot go "
+                              f"into Flower's --node-config")
+    return " ".join([f"partition-id={pid}", f"num-partitions={num_partitions}",
+                     *(f'{k}="{v}"' for k, v in items.items())])
+
+
+def supernode_command(superlink: str, port: int, config: str, ca: Path | None,
+                      key: Path | None, max_retries: int | None = None) -> list[str]:
+    """``flower-supernode`` for ``superlink`` (TLS with root ``ca`` and node-auth ``key``,
+    or insecure without ``ca``); ``port``: its local ClientApp API port."""
+    cmd = [bin_path("flower-supernode"), "--superlink", superlink, "--host", "127.0.0.1",
+           "--port", str(port), "--node-config", config]
+    if max_retries is not None:
+        cmd += ["--max-retries", str(max_retries)]
+    if ca is not None:
+        cmd += ["--root-certificates", str(ca)]
+        if key is not None:
+            cmd += ["--auth-supernode-private-key", str(key)]
+    else:
+        cmd.append("--insecure")
+    return cmd
+
+
+def submit_run(env: dict, connection: str, config_path: Path, overrides: Sequence[str],
+               results_dir: Path, workdir: Path, procs: ProcessSet, app_dir: Path = APP_DIR,
+               timeout_s: float | None = None, echo: bool = False, on_line=None,
+               stall_s: float | None = None, see: Sequence[Path] = ()) -> RunOutcome:
+    """``flwr run`` the app with this YAML on the SuperLink of ``connection``, streamed to
+    ``<results_dir>/flwr-run.log``; a LaunchError unless it finished ``completed``."""
+    results_dir = Path(results_dir).resolve()
+    results_dir.mkdir(parents=True, exist_ok=True)
+    run_config = {"config-file": str(Path(config_path).resolve()),
+                  "overrides": " ".join(overrides), "results-dir": str(results_dir)}
+    return flwr_run(run_config, workdir, env, procs, results_dir / "flwr-run.log",
+                    federation=connection, app_dir=app_dir, echo=echo, timeout_s=timeout_s,
+                    on_line=on_line, stall_s=stall_s, see=see)
+
+
 # ------------------------------------------------------------------------- processes
 @dataclass
 class Node:
@@ -121,7 +271,7 @@ class Deployment:
     workdir: Path
     num_partitions: int
     certs: dict[str, Path] | None  # None: insecure (only when asked for)
-    data_root: str | None = None
+    data_root: str | None = None  # a dataset folder, or the folder `flower-pfl partition` wrote
     procs: ProcessSet = field(default_factory=ProcessSet)
     nodes: dict[str, Node] = field(default_factory=dict)
 
@@ -136,37 +286,18 @@ class Deployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.env = flwr_env(self.workdir / "flwr-home", self.port)
-        (self.workdir / "flwr-home").mkdir(parents=True, exist_ok=True)
-        conn = ['[superlink]\ndefault = "deploy"\n\n[superlink.deploy]',
-                f'address = "127.0.0.1:{self.port}"']
-        if self.certs:
-            conn.append(f"root-certificates = {toml_string(str(self.certs['ca']))}")
-        else:
-            conn.append("insecure = true")
-        (self.workdir / "flwr-home" / "config.toml").write_text("\n".join(conn) + "\n")
+        write_connection(self.workdir / "flwr-home", "deploy", f"127.0.0.1:{self.port}",
+                         self.certs["ca"] if self.certs else None)
 
     # -- SuperLink
     def start_superlink(self) -> None:
-        cmd = [_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port),
-               "--disable-runtime-dependency-installation", "--isolation", "subprocess",
-               "--database", str(self.workdir / "superlink.db")]
-        if self.certs:
-            cmd += ["--ssl-ca-certfile", str(self.certs["ca"]), "--ssl-certfile",
-                    str(self.certs["cert"]), "--ssl-keyfile", str(self.certs["key"]),
-                    "--enable-supernode-auth"]
-        else:
-            cmd.append("--insecure")
+        cmd = superlink_command("127.0.0.1", self.port, self.certs,
+                                self.workdir / "superlink.db")
         proc = self.procs.start(cmd, self.env, self.workdir / "superlink.log")
-        scheme = "https" if self.certs else "http"
-        wait_http(f"{scheme}://127.0.0.1:{self.port}/health", 120, proc,
-                  cafile=str(self.certs["ca"]) if self.certs else None)
+        wait_superlink(proc, "127.0.0.1", self.port, self.certs["ca"] if self.certs else None)
 
     def register(self, public_key: Path, name: str) -> None:
-        out = subprocess.run([_bin("flwr"), "supernode", "register", str(public_key), "deploy",
-                              "--name", name], env=self.env, capture_output=True, text=True,
-                             timeout=120)
-        if out.returncode != 0:
-            raise LaunchError(f"registering {name} failed: {out.stdout[-800:]}{out.stderr[-800:]}")
+        register_key(public_key, name, "deploy", self.env)
 
     # -- SuperNodes
     def add_node(self, pid: int, name: str | None = None, key: Path | None = None,
@@ -176,24 +307,23 @@ class Deployment:
         self.nodes[name] = node
         return node
 
-    def start_node(self, node: Node) -> subprocess.Popen:
-        state_dir = self.workdir / "client-state" / node.name  # the client machine's disk
-        node_config = (f"partition-id={node.pid} num-partitions={self.num_partitions} "
-                       f"state-dir=\"{state_dir}\"")
-        if self.data_root:
-            node_config += f" data-root=\"{self.data_root}\""
-        cmd = [_bin("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
-               "--host", "127.0.0.1", "--port", str(node.port), "--node-config", node_config,
-               "--max-retries", "20"]
-        if self.certs:
-            cmd += ["--root-certificates", str(self.certs["ca"])]
-            if node.key is not None:
-                cmd += ["--auth-supernode-private-key", str(node.key)]
-        else:
-            cmd.append("--insecure")
+    def node_command(self, node: Node) -> tuple[list[str], dict]:
+        """The node's ``flower-supernode`` command and environment. Its disk is
+        ``<workdir>/client-state/<name>``; its data ``<data-root>/<pid>`` when that is a
+        shard, else ``data-root``."""
+        config = node_config(node.pid, self.num_partitions,
+                             self.workdir / "client-state" / node.name,
+                             node_data_root(self.data_root, node.pid))
+        cmd = supernode_command(f"127.0.0.1:{self.port}", node.port, config,
+                                self.certs["ca"] if self.certs else None, node.key,
+                                max_retries=20)
         env = dict(self.env)
         if node.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = node.gpu  # its ClientApp processes inherit it
+        return cmd, env
+
+    def start_node(self, node: Node) -> subprocess.Popen:
+        cmd, env = self.node_command(node)
         node.process = self.procs.start(cmd, env, self.workdir / f"{node.name}.log")
         return node.process
 
@@ -206,21 +336,9 @@ class Deployment:
     def run(self, config_path: Path, overrides: Sequence[str], results_dir: Path,
             app_dir: Path = APP_DIR, timeout_s: float | None = None, echo: bool = False,
             on_line=None, stall_s: float | None = None) -> RunOutcome:
-        results_dir.mkdir(parents=True, exist_ok=True)
-        run_config = self.workdir / "run-config.toml"
-        run_config.write_text(
-            f"config-file = {toml_string(str(Path(config_path).resolve()))}\n"
-            f"overrides = {toml_string(' '.join(overrides))}\n"
-            f"results-dir = {toml_string(str(results_dir.resolve()))}\n")
-        cmd = [_bin("flwr"), "run", str(app_dir), "deploy", "--stream",
-               "--run-config", str(run_config)]
-        run_id = _stream(cmd, self.env, results_dir / "flwr-run.log", echo, timeout_s,
-                         self.procs, on_line=on_line, stall_s=stall_s)
-        status = run_status(run_id, self.env) if run_id else "unknown"
-        if status != "finished:completed":
-            raise LaunchError(f"run {run_id or '?'} ended with status '{status}'; see "
-                              f"{results_dir / 'flwr-run.log'} and {self.workdir}")
-        return RunOutcome(status, run_id, set(self.procs.known))
+        return submit_run(self.env, "deploy", config_path, overrides, results_dir,
+                          self.workdir, self.procs, app_dir, timeout_s, echo, on_line, stall_s,
+                          see=(self.workdir,))
 
     def close(self) -> None:
         # SuperNodes first, then the SuperLink (flower-notes.md)
@@ -261,14 +379,7 @@ def deploy(config_path: Path, overrides: Sequence[str], results_dir: Path, num_n
     """Start a SuperLink + ``num_nodes`` SuperNodes here, run, check, stop everything."""
     workdir = results_dir / "deployment"  # logs, keys, the nodes' state dirs: kept
     check_gpus(gpus)
-    certs = None
-    if certs_dir is not None:
-        certs = {"ca": certs_dir / "ca.crt", "cert": certs_dir / "server.pem",
-                 "key": certs_dir / "server.key"}
-        missing = [str(p) for p in certs.values() if not p.is_file()]
-        if missing:
-            raise LaunchError(f"missing certificate files: {missing} (make test ones with "
-                              f"`flower-pfl certs {certs_dir}`)")
+    certs = cert_paths(certs_dir) if certs_dir is not None else None
     with Deployment(workdir, num_nodes, certs, data_root) as dep:
         dep.start_superlink()
         for pid in range(num_nodes):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -210,3 +211,61 @@ def test_synthetic_gaussian_ignores_a_data_root(made):
     cfg = _cfg(**{"data.dataset": "synthetic-gaussian", "model": "scalar"})
     got = data.load_client_data(cfg.values, 1, str(made[1] / "1"))
     assert got.task == "gaussian-mean"
+
+
+# ------------------------------------------------- deployment: the node's shard folder
+def _node_config(cmd: list[str]) -> str:
+    return cmd[cmd.index("--node-config") + 1]
+
+
+def test_deploy_data_root_of_shards_gives_each_node_its_own_folder(tmp_path, made):
+    """`flower-pfl deploy --data-root <partition --out>`: node i gets <out>/i, not the
+    parent (which holds no dataset and would fail, or the pooled data if it did)."""
+    from flower_pfl.deploy import Deployment
+
+    out = made[1]
+    dep = Deployment(tmp_path / "work", 4, None, data_root=str(out))
+    for pid in range(4):
+        cmd, _ = dep.node_command(dep.add_node(pid))
+        assert f'data-root="{out / str(pid)}"' in _node_config(cmd)
+    plain = tmp_path / "fmnist"  # a dataset folder: every node reads it
+    plain.mkdir()
+    dep = Deployment(tmp_path / "work2", 4, None, data_root=str(plain))
+    cmd, _ = dep.node_command(dep.add_node(3))
+    assert f'data-root="{plain}"' in _node_config(cmd)
+
+
+def _supernode_args(*extra: str):
+    from flower_pfl import sites
+
+    return sites.supernode_parser().parse_args(
+        ["--superlink", "10.0.0.1:9092", "--ca", "certs/ca.crt", "--key", "keys/c.key",
+         "--state-dir", "state", *extra])
+
+
+def test_supernode_takes_its_shard_with_relative_paths_and_checks_its_identity(
+        tmp_path, made, monkeypatch):
+    from flower_pfl.deploy import make_ca, make_node_key
+    from flower_pfl.procs import LaunchError
+    from flower_pfl.sites import supernode_plan
+
+    monkeypatch.chdir(tmp_path)
+    make_ca("certs")
+    make_node_key("keys", "c")
+    shutil.copytree(made[1] / "1", "data")  # this machine holds only shard 1
+    cmd, _, about = supernode_plan(_supernode_args("--partition-id", "1", "--data", "data"))
+    # num-partitions from the manifest; every path absolute (Flower keeps them as typed)
+    assert _node_config(cmd) == (f'partition-id=1 num-partitions=4 state-dir="{tmp_path}/state" '
+                                 f'data-root="{tmp_path}/data"')
+    assert cmd[cmd.index("--root-certificates") + 1] == str(tmp_path / "certs" / "ca.crt")
+    assert cmd[cmd.index("--auth-supernode-private-key") + 1] == str(tmp_path / "keys" / "c.key")
+    assert cmd[cmd.index("--superlink") + 1] == "10.0.0.1:9092"
+    assert "partition-id 1 of 4" in about and made[2][1]["settings-hash"] in about
+    with pytest.raises(LaunchError, match="holds the shard of partition-id 1, not "
+                                          "--partition-id 2"):
+        supernode_plan(_supernode_args("--partition-id", "2", "--data", "data"))
+    with pytest.raises(LaunchError, match="--num-partitions 5 but the shard .* one of 4"):
+        supernode_plan(_supernode_args("--partition-id", "1", "--data", "data",
+                                       "--num-partitions", "5"))
+    with pytest.raises(LaunchError, match="--num-partitions N is needed"):
+        supernode_plan(_supernode_args("--partition-id", "1"))  # no shard: say how many

@@ -1,0 +1,395 @@
+"""One command per machine of a deployment on separate machines.
+
+    flower-pfl superlink --certs DIR (--keys-dir DIR | --public-keys F.pub ...)
+                         [--address 0.0.0.0:9092] [--workdir superlink/]
+    flower-pfl supernode --superlink HOST:PORT --ca ca.crt --key keys/client-0.key
+                         --partition-id 0 --data shards/0 --state-dir DIR
+                         [--gpu 0] [--num-partitions N] [--port 9094]
+    flower-pfl submit    --superlink HOST:PORT --ca ca.crt [--config FILE] [--set k=v ...]
+                         [--results DIR]
+
+``superlink`` (server machine) starts Flower's SuperLink with TLS (``DIR/ca.crt``,
+``server.pem``, ``server.key``) and SuperNode authentication, registers the given
+SuperNodes' public keys (a key's name is its file name without ``.pub``), keeps its
+state in ``--workdir`` (``superlink.db``: registered keys and runs survive a restart;
+``superlink.log``; ``flwr-home/config.toml``, a ``flwr`` connection named ``site``) and
+runs until Ctrl-C/SIGTERM, then stops everything it started by PID.
+
+``supernode`` (each client machine) starts Flower's SuperNode for one client: the
+``--node-config`` (``partition-id``, ``num-partitions``, ``data-root``, ``state-dir``) is
+built here, paths resolved (Flower keeps them as typed and the ClientApp runs in another
+directory). With ``--data`` a shard folder (``flower-pfl partition``), the partition-id
+is checked against the shard's manifest and ``num-partitions`` read from it before
+anything starts; the run's data settings are checked when the first message arrives
+(a mismatch fails that client's messages with the reason, in this log and the server's
+``failures.csv``). ``--gpu`` sets ``CUDA_VISIBLE_DEVICES`` (refused without CUDA). It
+prints what it starts and, once the SuperLink has accepted it, the node id it got. A
+SuperNode restarted after a crash is refused by the SuperLink until the old one has missed
+two heartbeats (up to a minute with Flower's defaults: the old process never signed off);
+``supernode`` then tries again every few seconds, for up to ``--rejoin-wait`` seconds.
+
+``submit`` (server machine: the ServerApp writes the results there) writes a ``flwr``
+connection, runs ``flwr run`` with the YAML, streams the log and checks that the run
+finished ``completed`` (exit 1 otherwise); Ctrl-C stops the run on the SuperLink too.
+
+Exit status: 0 done; 1 failed (the reason printed); 2 bad arguments, nothing started;
+128+N stopped by signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from flower_pfl import deploy
+from flower_pfl.procs import (
+    APP_DIR,
+    LaunchError,
+    ProcessSet,
+    Terminated,
+    bin_path,
+    flwr_env,
+    stop_on_signals,
+)
+
+COMMANDS = ("superlink", "supernode", "submit")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CONNECTION = "site"
+REJOIN_RETRY_S = 5.0
+EXIT_HINTS = {  # flwr.supercore.exit.ExitCode
+    302: "the node key is not a valid private key (make one with `flower-pfl node-key`)",
+    305: "the SuperLink could not be reached or refused this node: check the address, that "
+         "--ca is the CA of the server's certificate (which must name that host), and that "
+         "this node's public key is registered (`flower-pfl superlink --keys-dir ...`)",
+}
+
+
+def say(text: str) -> None:
+    print(f"flower-pfl: {text}", flush=True)
+
+
+def _file(path: str, what: str) -> Path:
+    resolved = Path(path).expanduser().resolve()
+    if not resolved.is_file():
+        raise LaunchError(f"{what} {path}: no such file")
+    return resolved
+
+
+# ---------------------------------------------------------------------- foreground
+def _pump(proc: subprocess.Popen, log_path: Path | None, on_line: Callable[[str], None]) -> None:
+    """Copy the process' output to our stdout (and a log), calling ``on_line`` per line."""
+    log = open(log_path, "a") if log_path else None
+    try:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if log:
+                log.write(line)
+                log.flush()
+            on_line(ANSI.sub("", line))
+    finally:
+        if log:
+            log.close()
+
+
+def _foreground(cmd: list[str], env: dict, what: str, on_line: Callable[[str], None],
+                log_path: Path | None = None,
+                ready: Callable[[subprocess.Popen], None] | None = None,
+                explain: Callable[[], bool] = lambda: True) -> int:
+    """Run ``cmd`` until it exits or we are stopped (Ctrl-C, SIGTERM, SIGHUP); every process
+    it started is stopped by PID on the way out. ``ready(proc)`` runs once it started."""
+    procs = ProcessSet()
+    flower_code: list[int] = []  # the exit code Flower names in its log (its docs explain it)
+
+    def watch(line: str) -> None:
+        match = re.search(r"Exit Code: (\d+)", line)
+        if match:
+            flower_code.append(int(match.group(1)))
+        on_line(line)
+
+    stop_on_signals()
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        procs.procs.append(proc)
+        pump = threading.Thread(target=_pump, args=(proc, log_path, watch), daemon=True)
+        pump.start()
+        if ready is not None:
+            ready(proc)
+        code = proc.wait()
+        pump.join(timeout=5)
+    except LaunchError as exc:
+        say(f"FAILED: {exc}")
+        return 1
+    except KeyboardInterrupt as exc:
+        name = exc.args[0] if isinstance(exc, Terminated) else "interrupted"
+        say(f"{name}: stopping the {what} and everything it started")
+        return 128 + getattr(exc, "signum", signal.SIGINT)
+    finally:
+        procs.stop()
+    if code != 0 and explain():
+        hint = next((f" (Flower's exit code {c}: {EXIT_HINTS[c]})" for c in flower_code
+                     if c in EXIT_HINTS), "")
+        say(f"the {what} exited with code {code}{hint}")
+    return code
+
+
+# ------------------------------------------------------------------------ superlink
+def superlink_main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="flower-pfl superlink", description="Start the "
+                                "SuperLink (TLS + SuperNode authentication) and register "
+                                "the SuperNodes' public keys; runs until Ctrl-C.")
+    p.add_argument("--certs", required=True, metavar="DIR",
+                   help="folder with ca.crt, server.pem, server.key (flower-pfl certs)")
+    p.add_argument("--keys-dir", metavar="DIR", help="register every *.pub in DIR")
+    p.add_argument("--public-keys", nargs="+", default=[], metavar="FILE.pub",
+                   help="register these public keys")
+    p.add_argument("--address", default="0.0.0.0:9092",
+                   help="HOST:PORT to listen on for SuperNodes and the flwr CLI "
+                   "(default 0.0.0.0:9092)")
+    p.add_argument("--workdir", default="superlink", metavar="DIR",
+                   help="its database, log and flwr connection (default ./superlink)")
+    args = p.parse_args(argv)
+    try:
+        certs = deploy.cert_paths(args.certs)
+        host, port = deploy.split_address(args.address)
+        keys = [_file(k, "public key") for k in args.public_keys]
+        if args.keys_dir:
+            folder = Path(args.keys_dir).expanduser().resolve()
+            if not folder.is_dir():
+                raise LaunchError(f"--keys-dir {args.keys_dir}: no such folder")
+            keys += sorted(folder.glob("*.pub"))
+        if not keys:
+            raise LaunchError("no public keys to register (--keys-dir DIR or --public-keys "
+                              "F.pub ...): with node authentication no SuperNode could join")
+        names = [k.name[:-len(".pub")] if k.name.endswith(".pub") else k.stem for k in keys]
+        if len(set(names)) != len(names):
+            raise LaunchError(f"two public keys share a name: {sorted(names)}")
+    except LaunchError as exc:
+        say(str(exc))
+        return 2
+    workdir = Path(args.workdir).expanduser().resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    local = deploy.join_address(deploy.connect_host(host), port)
+    env = flwr_env(workdir / "flwr-home", port)
+    deploy.write_connection(workdir / "flwr-home", CONNECTION, local, certs["ca"])
+    cmd = deploy.superlink_command(host, port, certs, workdir / "superlink.db")
+    say(f"starting the SuperLink on {deploy.join_address(host, port)} (TLS: {certs['cert']}; "
+        f"SuperNode authentication on; state in {workdir})")
+
+    def ready(proc: subprocess.Popen) -> None:
+        deploy.wait_superlink(proc, host, port, certs["ca"])
+        for key, name in zip(keys, names):
+            state = deploy.register_key(key, name, CONNECTION, env)
+            say(f"{state} SuperNode key {name} ({key})")
+        say(f"SuperLink ready on {deploy.join_address(host, port)} with {len(keys)} "
+            f"registered key(s). Submit a run from this machine with: flower-pfl submit "
+            f"--superlink {local} --ca {certs['ca']} --config FILE. Ctrl-C stops it.")
+
+    return _foreground(cmd, env, "SuperLink", lambda line: None, workdir / "superlink.log",
+                       ready)
+
+
+# ------------------------------------------------------------------------ supernode
+def supernode_plan(args) -> tuple[list[str], dict, str]:
+    """The ``flower-supernode`` command, its environment and a line saying what it is."""
+    from flower_pfl import shards
+
+    if args.partition_id < 0:
+        raise LaunchError(f"--partition-id {args.partition_id}: must be >= 0")
+    ca = key = None
+    if not args.insecure:
+        if not args.ca or not args.key:
+            raise LaunchError("--ca ca.crt and --key <node key> are needed (TLS and node "
+                              "authentication); --insecure only for local experiments")
+        ca, key = _file(args.ca, "--ca"), _file(args.key, "--key")
+    num = args.num_partitions
+    data, about_data = None, "data: the dataset of this machine (no --data)"
+    if args.data:
+        data = Path(args.data).expanduser().resolve()
+        if shards.is_shard_folder(data):
+            m = shards.read_manifest(data)
+            if m.get("partition-id") != args.partition_id:
+                raise LaunchError(f"--data {args.data} holds the shard of partition-id "
+                                  f"{m.get('partition-id')}, not --partition-id "
+                                  f"{args.partition_id}")
+            if num is not None and num != m.get("num-partitions"):
+                raise LaunchError(f"--num-partitions {num} but the shard in {args.data} is "
+                                  f"one of {m.get('num-partitions')}")
+            num = int(m["num-partitions"])
+            about_data = (f"data: shard {data} ({m['counts']['train']} train + "
+                          f"{m['counts']['test']} test samples of {m['dataset']}, "
+                          f"settings-hash {m['settings-hash']})")
+        elif data.is_dir():
+            about_data = f"data: dataset folder {data}"
+        else:
+            raise LaunchError(f"--data {args.data}: no such folder")
+    if num is None:
+        raise LaunchError("--num-partitions N is needed (the run's `clients`) unless --data "
+                          "is a shard folder made by `flower-pfl partition`")
+    if args.partition_id >= num:
+        raise LaunchError(f"--partition-id {args.partition_id} is outside [0, {num})")
+    if args.gpu is not None:
+        deploy.check_gpus([args.gpu])
+    state_dir = Path(args.state_dir).expanduser().resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    deploy.split_address(args.superlink)  # HOST:PORT or a clear error
+    config = deploy.node_config(args.partition_id, num, state_dir, data)
+    cmd = deploy.supernode_command(args.superlink, args.port, config, ca, key,
+                                   args.max_retries)
+    env = flwr_env(Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr")), args.port)
+    if args.gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = args.gpu  # its ClientApp processes inherit it
+    security = (f"TLS, CA {ca}; node key {key}" if ca else "INSECURE: no TLS, no node auth")
+    device = f"GPU {args.gpu} (CUDA_VISIBLE_DEVICES)" if args.gpu is not None else \
+        "the YAML's device (no --gpu)"
+    about = (f"SuperNode for partition-id {args.partition_id} of {num} -> SuperLink "
+             f"{args.superlink} ({security}); {about_data}; state-dir {state_dir}; "
+             f"device {device}")
+    return cmd, env, about
+
+
+def supernode_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flower-pfl supernode", description="Start this client "
+                                "machine's SuperNode; runs until Ctrl-C.")
+    p.add_argument("--superlink", required=True, metavar="HOST:PORT")
+    p.add_argument("--ca", help="the CA certificate of the SuperLink's server certificate")
+    p.add_argument("--key", help="this node's private key (flower-pfl node-key); its public "
+                   "key must be registered on the SuperLink")
+    p.add_argument("--partition-id", type=int, required=True, help="this client's identity")
+    p.add_argument("--num-partitions", type=int, default=None,
+                   help="the run's `clients` (default: from the shard's manifest)")
+    p.add_argument("--data", metavar="DIR", help="this client's shard (flower-pfl partition "
+                   "--out DIR: DIR/<partition-id>) or a dataset folder")
+    p.add_argument("--state-dir", required=True, metavar="DIR",
+                   help="where the client keeps its personal state (a restart continues it)")
+    p.add_argument("--gpu", default=None, metavar="ID", help="the CUDA device to train on")
+    p.add_argument("--port", type=int, default=9094,
+                   help="local port for its ClientApp processes (one per SuperNode on a "
+                   "machine; default 9094)")
+    p.add_argument("--max-retries", type=int, default=None,
+                   help="give up after this many failed connection attempts (default: never)")
+    p.add_argument("--rejoin-wait", type=float, default=120, metavar="S",
+                   help="after a crash the SuperLink refuses this node until it has missed two "
+                   "heartbeats: keep trying for this long (default 120 s)")
+    p.add_argument("--insecure", action="store_true", help="no TLS, no node auth (testing)")
+    return p
+
+
+def supernode_main(argv: Sequence[str]) -> int:
+    args = supernode_parser().parse_args(argv)
+    try:
+        cmd, env, about = supernode_plan(args)
+    except LaunchError as exc:
+        say(str(exc))
+        return 2
+    say(about)
+    announced, refused = threading.Event(), threading.Event()
+
+    def on_line(line: str) -> None:
+        match = re.search(r"SuperNode ID: (\S+)", line)
+        if match and not announced.is_set():
+            announced.set()
+            say(f"connected to the SuperLink at {args.superlink} as node {match.group(1)} "
+                f"(partition-id {args.partition_id})")
+        if "Failed to activate SuperNode" in line:
+            refused.set()
+
+    deadline = time.time() + args.rejoin_wait
+    while True:
+        refused.clear()
+        code = _foreground(cmd, env, "SuperNode", on_line, explain=lambda: not refused.is_set())
+        if code == 0 or not refused.is_set():
+            return code
+        if time.time() > deadline:
+            say(f"the SuperLink still refuses to activate this node after {args.rejoin_wait:.0f} "
+                f"s (another SuperNode with this key is online?); giving up")
+            return code
+        # After a crash the SuperLink keeps the node (same key, same node id) online until
+        # 2 heartbeats (30 s each by default) are missed, and refuses to activate it again
+        # until then: the same command, retried, rejoins once that window has passed.
+        say(f"the SuperLink still counts this node as online (its previous SuperNode stopped "
+            f"without signing off); trying again in {REJOIN_RETRY_S:.0f} s, for up to "
+            f"{max(0.0, deadline - time.time()):.0f} s more")
+        try:
+            time.sleep(REJOIN_RETRY_S)
+        except KeyboardInterrupt as exc:
+            return 128 + getattr(exc, "signum", signal.SIGINT)
+
+
+# --------------------------------------------------------------------------- submit
+def submit_main(argv: Sequence[str]) -> int:
+    from flower_pfl import config as config_mod
+    from strategies.base import default_results_dir
+
+    p = argparse.ArgumentParser(prog="flower-pfl submit", description="Run a YAML on a "
+                                "running SuperLink and check that it completed.")
+    p.add_argument("--superlink", default="127.0.0.1:9092", metavar="HOST:PORT")
+    p.add_argument("--ca", help="the CA certificate of the SuperLink's server certificate")
+    p.add_argument("--insecure", action="store_true", help="the SuperLink has no TLS")
+    p.add_argument("--config", default=str(APP_DIR / "simulation.yaml"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--results", metavar="DIR", help="results folder (default: from the YAML)")
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--quiet", action="store_true", help="do not echo Flower's log")
+    args = p.parse_args(argv)
+    try:
+        deploy.split_address(args.superlink)
+        if not args.insecure and not args.ca:
+            raise LaunchError("--ca ca.crt is needed (or --insecure for a SuperLink without TLS)")
+        ca = None if args.insecure else _file(args.ca, "--ca")
+        cfg = config_mod.load(Path(args.config), args.set or None)
+    except (LaunchError, config_mod.ConfigError) as exc:
+        say(str(exc))
+        return 2
+    results = Path(args.results).expanduser().resolve() if args.results else \
+        default_results_dir(cfg)
+    home = Path(tempfile.mkdtemp(prefix="flower-pfl-submit-"))
+    env = flwr_env(home / "flwr-home", 0)
+    deploy.write_connection(home / "flwr-home", CONNECTION, args.superlink, ca)
+    run_id: list[str] = []
+
+    def on_line(line: str) -> None:
+        match = re.search(r"Successfully started run (\d+)", line)
+        if match:
+            run_id.append(match.group(1))
+
+    say(f"{cfg.strategy} on {cfg['data.dataset']}/{cfg['data.partition']}, {cfg['clients']} "
+        f"clients, {cfg['rounds']} rounds -> SuperLink {args.superlink}; results {results}")
+    procs = ProcessSet()
+    stop_on_signals()
+    try:
+        out = deploy.submit_run(env, CONNECTION, Path(args.config), args.set, results, home,
+                                procs, timeout_s=args.timeout, echo=not args.quiet,
+                                on_line=on_line, stall_s=cfg["stall-timeout"])
+    except (LaunchError, KeyboardInterrupt) as exc:
+        if run_id:  # the run lives on the SuperLink: stop it there too (no-op when finished)
+            subprocess.run([bin_path("flwr"), "stop", run_id[0], CONNECTION], env=env,
+                           capture_output=True, timeout=60)
+        if isinstance(exc, LaunchError):
+            say(f"FAILED: {exc}")
+            return 1
+        say(f"stopped{' run ' + run_id[0] if run_id else ''}")
+        return 128 + getattr(exc, "signum", signal.SIGINT)
+    finally:
+        procs.stop()
+        shutil.rmtree(home, ignore_errors=True)
+    say(f"run {out.run_id} completed. Results: {results}")
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """``argv``: the command (one of :data:`COMMANDS`) and its arguments."""
+    command, rest = argv[0], list(argv[1:])
+    return {"superlink": superlink_main, "supernode": supernode_main,
+            "submit": submit_main}[command](rest)

@@ -1,0 +1,348 @@
+"""Separate hosts: the SuperLink and each SuperNode in its own Linux network namespace.
+
+One namespace per host (``fpl-link-<tag>``, ``fpl-n0-<tag>`` ...), each with a veth pair to
+a bridge in a hub namespace (``fpl-hub-<tag>``) and an address in a private /24 that
+exists only inside these namespaces. The SuperLink listens on its private address with
+a certificate made for that address (``flower-pfl certs --host``); the SuperNodes reach
+it over that address with TLS and node authentication. Every host is started with the
+command a user types (``ip netns exec <host> flower-pfl superlink|supernode|submit``,
+relative paths from the host's folder). Each client host gets only its own shard
+(``flower-pfl partition``): the pooled dataset, its caches and the other shards are
+hidden from it (an empty tmpfs mounted over them in the host's mount namespace, which
+``ip netns exec`` makes private), so a node that fell back to the pooled data would fail.
+
+The kill test SIGKILLs every process of one client host after round 1 and starts the same
+command again: the SuperLink refuses to activate the node until it has missed two of the
+old one's heartbeats (Flower: 30 s each), ``flower-pfl supernode`` retries, and the node
+rejoins under its node id with its state from its ``--state-dir``.
+
+``<tag>`` is random plus the owning pytest's PID: a failed run's leftovers are swept at
+the next start (only those whose owner is gone). Everything is removed in ``finally``
+blocks and fixture finalizers, and the finalizer asserts nothing of it is left. Needs
+root and ``ip netns`` (CI runs as root); skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flower_pfl import data
+from flower_pfl.procs import is_alive, stop_tree
+
+pytestmark = pytest.mark.slow
+
+FPL = str(Path(sys.executable).parent / "flower-pfl")
+PORT = 9092
+RUN = {"strategy": "fedamp", "rounds": 3, "clients": 3, "fraction-fit": 1.0, "model": "mclr",
+       "round-timeout": 60, "seed": 0,
+       "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 3000}}
+# mount an empty tmpfs over every folder in $FPL_HIDE, then become the host's command
+HIDE = 'for d in $FPL_HIDE; do mount -t tmpfs -o size=1m fpl-hidden "$d" || exit 97; done; ' \
+       'exec "$@"'
+NAME = re.compile(r"^fpl-[a-z0-9]+-[0-9a-f]{4}p(\d+)$")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+    return out
+
+
+def _namespaces() -> list[str]:
+    return [line.split()[0] for line in _ip("netns", "list").stdout.splitlines() if line.strip()]
+
+
+def _root_links() -> list[str]:
+    return re.findall(r"^\d+: (fpl-[^:@]+)", _ip("-o", "link", "show").stdout, re.M)
+
+
+def _ns_pids(ns: str) -> set[int]:
+    return {int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split()}
+
+
+def _empty_ns(ns: str) -> None:
+    """Stop every process in ``ns`` (a host going down), until none is left."""
+    for _ in range(5):
+        pids = _ns_pids(ns)
+        if not pids:
+            return
+        stop_tree(pids, grace_s=5)
+    assert not _ns_pids(ns), f"processes left in {ns}: {_ns_pids(ns)}"
+
+
+def _crash(ns: str) -> None:
+    """The host goes down: SIGKILL to every process in ``ns``, nothing shuts down cleanly."""
+    deadline = time.time() + 30
+    while _ns_pids(ns) and time.time() < deadline:
+        for pid in _ns_pids(ns):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    assert not _ns_pids(ns), f"processes left in {ns}: {_ns_pids(ns)}"
+
+
+def _sweep_stale() -> None:
+    """Namespaces and root links of earlier runs whose pytest is gone."""
+    for ns in _namespaces():
+        match = NAME.match(ns)
+        if ns.startswith("fpl-") and not (match and is_alive(int(match.group(1)))):
+            _empty_ns(ns)
+            _ip("netns", "del", ns, check=False)
+    for link in _root_links():
+        _ip("link", "del", link, check=False)
+
+
+class Net:
+    """A hub namespace with a bridge and one namespace per host, each on the /24."""
+
+    def __init__(self, roles: list[str]) -> None:
+        self.tag = f"{secrets.token_hex(2)}p{os.getpid()}"
+        self.subnet = f"10.213.{secrets.randbelow(200) + 20}"
+        self.hub = f"fpl-hub-{self.tag}"
+        self.ns = {role: f"fpl-{role}-{self.tag}" for role in roles}
+        self.addr = {role: f"{self.subnet}.{i + 1}" for i, role in enumerate(roles)}
+
+    def names(self) -> list[str]:
+        return [self.hub, *self.ns.values()]
+
+    def create(self) -> None:
+        _ip("netns", "add", self.hub)
+        _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.hub, "link", "set", "br0", "up")
+        for role, ns in self.ns.items():
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", self.hub, "link", "add", f"v-{role}", "type", "veth",
+                "peer", "name", "eth0", "netns", ns)
+            _ip("-n", self.hub, "link", "set", f"v-{role}", "master", "br0", "up")
+            _ip("-n", ns, "addr", "add", f"{self.addr[role]}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+
+    def destroy(self) -> None:
+        for ns in reversed(self.names()):
+            if ns in _namespaces():
+                _empty_ns(ns)
+                _ip("netns", "del", ns, check=False)
+
+    def start(self, role: str, argv: list[str], cwd: Path, log: Path, env: dict,
+              hide: list[str] = ()) -> subprocess.Popen:
+        """``ip netns exec <host> <argv>`` in ``cwd``, output to ``log``."""
+        env = {**env, "FPL_HIDE": " ".join(hide)}
+        with open(log, "ab") as fh:
+            return subprocess.Popen(["ip", "netns", "exec", self.ns[role], "sh", "-c", HIDE,
+                                     "sh", *argv], cwd=cwd, env=env, stdout=fh,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def net():
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root (CI runs as root)")
+    if shutil.which("ip") is None:
+        pytest.skip("the `ip` command (iproute2) is not installed")
+    _sweep_stale()
+    net = Net(["link", "n0", "n1", "n2"])
+    try:
+        net.create()
+    except RuntimeError as exc:
+        net.destroy()
+        pytest.skip(f"cannot make network namespaces here: {exc}")
+    try:
+        yield net
+    finally:
+        net.destroy()
+        left = [n for n in _namespaces() if n in net.names()] + _root_links()
+        assert not left, f"left behind: {left}"
+
+
+@pytest.fixture
+def hosts(net, tmp_path):
+    """Per test: a folder per host; afterwards every process in every host is stopped."""
+    yield tmp_path
+    for ns in net.names():
+        _empty_ns(ns)
+
+
+def _fpl(*args: str, cwd: Path) -> str:
+    out = subprocess.run([FPL, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout_s: float = 180) -> str:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        content = log.read_text(errors="replace") if log.exists() else ""
+        if text in content:
+            return content
+        assert proc.poll() is None, f"exited with {proc.returncode} before {text!r}:\n{content}"
+        time.sleep(0.5)
+    raise AssertionError(f"no {text!r} in {log} within {timeout_s:.0f}s")
+
+
+def _setup(net: Net, root: Path, run: dict, shard_sets: dict[str, str | None]):
+    """The server's folder (certs for its private address, the run's YAML, the nodes'
+    public keys) and one folder per client host (ca.crt, its key, its shard only).
+    ``shard_sets[node]``: extra ``--set`` for that node's shard (None: the run's)."""
+    server = root / "server"
+    server.mkdir()
+    (server / "run.yaml").write_text(yaml.safe_dump(run))
+    _fpl("certs", "certs", "--host", net.addr["link"], cwd=server)
+    made: dict[str | None, Path] = {}
+    for extra in set(shard_sets.values()):
+        out = f"shards-{len(made)}"
+        _fpl("partition", "--config", "run.yaml", "--out", out,
+             *(["--set", extra] if extra else []), cwd=server)
+        made[extra] = server / out
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    hidden = [str(p) for p in (data.DEBIAN_FMNIST_DIR, data.default_cache_dir(),
+                               Path.home() / ".cache" / "flower-pfl", *made.values())
+              if p.is_dir()]
+    nodes = {}
+    for i, (role, extra) in enumerate(shard_sets.items()):
+        host = root / role
+        host.mkdir()
+        shutil.copytree(made[extra] / str(i), host / "data")  # its shard, nothing else
+        shutil.copy(server / "certs" / "ca.crt", host / "ca.crt")
+        _fpl("node-key", "keys", f"client-{i}", cwd=host)
+        (server / "pubkeys").mkdir(exist_ok=True)
+        shutil.copy(host / "keys" / f"client-{i}.pub", server / "pubkeys")
+        argv = [FPL, "supernode", "--superlink", f"{net.addr['link']}:{PORT}", "--ca", "ca.crt",
+                "--key", f"keys/client-{i}.key", "--partition-id", str(i), "--data", "data",
+                "--state-dir", "state"]
+        node_env = {**env, "FLWR_HOME": str(host / "flwr-home"),
+                    "FLOWER_PFL_CACHE": str(host / "cache")}
+        nodes[role] = (host, argv, node_env, hidden)
+    return server, env, nodes
+
+
+def _start_superlink(net: Net, server: Path, env: dict) -> subprocess.Popen:
+    log = server / "superlink.out"
+    proc = net.start("link", [FPL, "superlink", "--certs", "certs", "--keys-dir", "pubkeys",
+                              "--address", f"{net.addr['link']}:{PORT}"], server, log, env)
+    _wait_for(log, "SuperLink ready", proc)
+    return proc
+
+
+def _start_node(net: Net, role: str, node, attempt: int = 0) -> tuple[subprocess.Popen, Path]:
+    host, argv, env, hidden = node
+    log = host / f"supernode-{attempt}.out"
+    return net.start(role, argv, host, log, env, hidden), log
+
+
+def _node_id(log_text: str) -> str:
+    return re.search(r"connected to the SuperLink at \S+ as node (\S+)", log_text).group(1)
+
+
+def _submit(net: Net, server: Path, env: dict, on_line=None) -> tuple[int, str]:
+    argv = ["ip", "netns", "exec", net.ns["link"], FPL, "submit", "--superlink",
+            f"{net.addr['link']}:{PORT}", "--ca", "certs/ca.crt", "--config", "run.yaml",
+            "--results", "res", "--timeout", "900"]
+    proc = subprocess.Popen(argv, cwd=server, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if on_line is not None:
+                on_line(line)
+        return proc.wait(timeout=60), "".join(lines)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_hosts_in_namespaces_run_fedamp_and_a_killed_host_rejoins_with_its_state(net, hosts):
+    # 5 rounds: a crashed SuperNode can rejoin only once the SuperLink has missed two of its
+    # heartbeats (up to ~60 s, Flower's fixed interval); the run goes on meanwhile
+    run = {**RUN, "rounds": 5}
+    server, env, nodes = _setup(net, hosts, run, {"n0": None, "n1": None, "n2": None})
+    from cryptography import x509
+    from cryptography.x509.oid import ExtensionOID
+
+    cert = x509.load_pem_x509_certificate((server / "certs" / "server.pem").read_bytes())
+    sans = cert.extensions.get_extension_for_oid(ExtensionOID.SUBJECT_ALTERNATIVE_NAME)
+    assert net.addr["link"] in [str(ip) for ip in sans.value.get_values_for_type(x509.IPAddress)]
+    # a client host cannot read the pooled dataset: loading it there fails
+    host, _, node_env, hidden = nodes["n0"]
+    probe = subprocess.run(["ip", "netns", "exec", net.ns["n0"], "sh", "-c", HIDE, "sh",
+                            sys.executable, "-c", "from flower_pfl import data; "
+                            "data.load_pooled('fmnist', None, None)"],
+                           env={**node_env, "FPL_HIDE": " ".join(hidden)},
+                           capture_output=True, text=True, timeout=120)
+    assert probe.returncode != 0 and "could not load dataset" in probe.stderr, probe.stderr[-800:]
+
+    _start_superlink(net, server, env)
+    started = {role: _start_node(net, role, node) for role, node in nodes.items()}
+    first_id = {role: _node_id(_wait_for(log, "connected to the SuperLink", proc))
+                for role, (proc, log) in started.items()}
+    events = []
+
+    def kill_n1_after_round_1(line: str) -> None:
+        if "[flower-pfl] round 1: personalized" in line and not events:
+            events.append("killed")
+            _crash(net.ns["n1"])  # client host 1 goes down: all its processes, SIGKILL
+            assert started["n1"][0].poll() is not None
+            started["n1"] = _start_node(net, "n1", nodes["n1"], attempt=1)  # same command
+            events.append("restarted")
+
+    code, output = _submit(net, server, env, kill_n1_after_round_1)
+    assert code == 0 and "completed" in output, output[-3000:]
+    assert events == ["killed", "restarted"]
+    # it rejoined under the same node id (node authentication) and partition-id 1
+    proc, log = started["n1"]
+    assert _node_id(_wait_for(log, "connected to the SuperLink", proc)) == first_id["n1"]
+
+    res = server / "res"
+    final = {int(r["partition-id"]): r for r in _rows(res / "clients.csv")
+             if int(r["round"]) == run["rounds"]}
+    assert sorted(final) == [0, 1, 2]
+    fits = [int(r["round"]) for r in _rows(res / "fit.csv") if int(r["partition-id"]) == 1]
+    assert 1 in fits and max(fits) > 1  # trained before the kill and after it came back
+    # its fit counter lives in context.state, mirrored to its state-dir: after the restart
+    # it continued from disk (a fresh state would count only the fits after the restart)
+    assert int(final[1]["fit-rounds"]) == len(fits), (final[1], fits)
+    state = nodes["n1"][0] / "state"
+    assert [p.name for p in state.glob("run-*/partition-*")] == ["partition-1"]
+    assert not (nodes["n1"][0] / "cache").exists() or \
+        not any((nodes["n1"][0] / "cache").rglob("*.npy"))  # never built a pooled cache
+    for ns in net.names():  # stopping the hosts' commands stops everything they started
+        _empty_ns(ns)
+
+
+def test_a_node_given_a_shard_of_other_settings_fails_with_the_reason(net, hosts):
+    run = {**RUN, "clients": 2, "rounds": 1}
+    server, env, nodes = _setup(net, hosts, run, {"n0": None, "n1": "seed=1"})
+    _start_superlink(net, server, env)
+    for role, node in nodes.items():
+        proc, log = _start_node(net, role, node)
+        _wait_for(log, "connected to the SuperLink", proc)
+    code, output = _submit(net, server, env)
+    node_log = (nodes["n1"][0] / "supernode-0.out").read_text(errors="replace")
+    for text in (node_log, output):
+        assert "is refused" in text and "seed: 1 vs 0" in text, text[-3000:]
+    failures = _rows(server / "res" / "failures.csv")
+    assert {int(f["partition-id"]) for f in failures} == {1}
+    assert all("settings-hash" in f["reason"] for f in failures), failures
+    assert code == 0, output[-3000:]  # the other client's round went on
