@@ -249,6 +249,17 @@ MUTATIONS: tuple[Mutation, ...] = (
              "init = sm.init_params(theta_global, theta_prev, coef)",
              "init = theta_global.copy()",
              (f"{SFL}::test_client_starts_from_eq10_not_from_the_global_model",)),
+    # ------------------------------------------------------------------- model store
+    Mutation("model-store-refresh-off", ("fedamp", "heurfedamp", "fedacs"),
+             "flower_pfl/model_store.py",
+             "            acc += mine @ block.T  # float32 products, float64 sum over the blocks\n",
+             "            pass\n",
+             ("tests/test_model_store.py::"
+              "test_incremental_refresh_keeps_the_gram_of_the_stored_rows",)),
+    Mutation("model-store-no-copy-on-write", ("fedamp", "fedacs"), "flower_pfl/store_rows.py",
+             "        if s < 0 or any(int(p[i]) == s for p in self.pins):",
+             "        if s < 0:",
+             ("tests/test_model_store.py::test_resume_from_the_store_file_equals_uninterrupted",)),
     # -------------------------------------------------------------- pFedBreD / pFedMe
     Mutation("pfedme-no-prox-term", PFEDBRED, "flower_pfl/pfedbred_math.py",
              "add_prox_grad_(params, mu, lam, grads)",

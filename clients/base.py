@@ -28,6 +28,7 @@ from flower_pfl import devices
 from flower_pfl.config import RunConfig
 from flower_pfl.data import ClientData, load_client_data
 from flower_pfl.models import NamedLayers, get_arrays, model_for, resolve_device, set_arrays
+from flower_pfl.reliability import EXTRA_ARRAYS, parse_parts, split_parts
 from flower_pfl.training import TrainSpec, evaluate, gaussian_nll, train
 
 
@@ -271,6 +272,13 @@ class PFLClient(NumPyClient):
             return Path(sim_dir) / f"partition-{self.pid}"
         return None
 
+    @staticmethod
+    def split_download(parameters: NDArrays, config: Mapping[str, Scalar]
+                       ) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
+        """(model, {name: extra part}) of what the server sent (``fit_extra``: SCAFFOLD's c);
+        an upload's extra part is laid out with ``reliability.UploadTemplate(model, extra)``."""
+        return split_parts(parameters, parse_parts(str(config.get(EXTRA_ARRAYS, ""))))
+
     def new_model(self, arrays: Sequence[np.ndarray] | None = None) -> NamedLayers:
         model = model_for(self.cfg)
         if arrays is not None and len(arrays):
@@ -285,11 +293,15 @@ class PFLClient(NumPyClient):
 
     def local_train(self, model: NamedLayers, regularizer=None, num_steps: int | None = None,
                     salt: int = 0, lr: float | None = None) -> dict[str, float]:
-        loss_fn = F.cross_entropy if self.data.task == "classification" else \
-            gaussian_nll(self.data.noise_sq)
         return train(model, self.data.x_train, self.data.y_train, self.spec,
                      self.generator(salt), self.device, regularizer=regularizer,
-                     num_steps=num_steps, lr=lr, loss_fn=loss_fn)
+                     num_steps=num_steps, lr=lr, loss_fn=self.loss_fn())
+
+    def loss_fn(self):
+        """The data loss of every local step: cross-entropy for images, the Gaussian NLL
+        (known noise variance) for the synthetic task."""
+        return F.cross_entropy if self.data.task == "classification" else \
+            gaussian_nll(self.data.noise_sq)
 
     def test(self, model: NamedLayers) -> tuple[float, float]:
         """(loss, metric): accuracy for images; for the Gaussian task the mean NLL on the

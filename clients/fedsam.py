@@ -12,12 +12,11 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from clients.base import PFLClient
 from flower_pfl.models import NamedLayers, get_arrays, layer_groups
 from flower_pfl.plgu_math import two_model_train
-from flower_pfl.training import batches, gaussian_nll, train_lwsam
+from flower_pfl.training import batches, train_lwsam
 
 
 def layer_tensors(model: NamedLayers) -> list[list[torch.Tensor]]:
@@ -41,10 +40,6 @@ class LWSAMClientMixin:
     """Runs :func:`flower_pfl.training.train_lwsam` (one model) or
     :func:`flower_pfl.plgu_math.two_model_train` (Algorithm 1's two models) on the client's
     data, with the same mini-batch schedule as :func:`flower_pfl.training.train`."""
-
-    def loss_fn(self: PFLClient):
-        return F.cross_entropy if self.data.task == "classification" else \
-            gaussian_nll(self.data.noise_sq)
 
     def lwsam_train(self: PFLClient, model: NamedLayers, perturbed: Sequence[torch.Tensor],
                     scales: Sequence[float], rho: float, plain: Sequence[torch.Tensor] = (),

@@ -18,12 +18,11 @@ hyper-parameters come from the strategy in the fit config.
 from __future__ import annotations
 
 import torch
-from torch.nn import functional as F
 
 from clients.base import PersonalStateClient
 from flower_pfl import pfedbred_math as pm
 from flower_pfl.models import get_arrays
-from flower_pfl.training import batches, gaussian_nll
+from flower_pfl.training import batches
 
 MEMORY_KEY = "pfedbred-w"
 
@@ -43,8 +42,7 @@ class PFedBreDClient(PersonalStateClient):
                         int(config["local-iterations"]) * pm.batches_per_iteration(prior),
                         self.generator(), self.spec.drop_last)
         data = ((x[idx].to(self.device), y[idx].to(self.device)) for idx in order)
-        loss_fn = F.cross_entropy if self.data.task == "classification" else \
-            gaussian_nll(self.data.noise_sq)
+        loss_fn = self.loss_fn()
         stats = pm.local_round(
             w, theta, memory, data, prior=prior, lam=float(config["lambda"]),
             alpha=float(config["alpha"]), alpha_m=float(config["alpha-m"]),

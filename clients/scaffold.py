@@ -2,7 +2,7 @@
 
     y <- x;  K times:  y <- y - eta_l (g_i(y) + c - c_i)      (corrected SGD step)
     c_i+ = c_i - c + (x - y) / (K eta_l)                       (option II)
-    upload y (and K);  c_i <- c_i+ (kept in context.state)
+    upload y and dc_i = c_i+ - c_i;  c_i <- c_i+ (kept in context.state)
 
 The correction is a loss term <c - c_i, y> (``baselines_math.linear_term``) whose gradient
 is exactly c - c_i, so the step is training.train's SGD on F_i + <c - c_i, y>.  K is the
@@ -10,6 +10,9 @@ number of mini-batch steps taken and eta_l the configured learning rate; option 
 assumes plain SGD, so train.momentum and train.weight-decay must be 0 (checked).  The
 control variates have the shapes of the transported model arrays, which are the
 trainable parameters of the models used with SCAFFOLD (no float buffers; checked).
+c arrives after the model (the download's extra part ``control``) and dc_i leaves after y
+(the upload's extra part ``control-delta``, checked by the server like a model array); dc_i
+is computed as -c + (x - y) / (K eta_l) (``scaffold_control_delta``), option II's c_i+ - c_i.
 The personalized model is the global model.
 """
 
@@ -19,18 +22,26 @@ import numpy as np
 import torch
 
 from clients.base import PFLClient
-from flower_pfl.baselines_math import bytes_to_arrays, linear_term, scaffold_client_control
+from flower_pfl.baselines_math import (
+    CONTROL,
+    CONTROL_DELTA,
+    linear_term,
+    scaffold_client_control,
+    scaffold_control_delta,
+)
 from flower_pfl.models import get_arrays
+from flower_pfl.reliability import UploadTemplate
 
 
 class ScaffoldClient(PFLClient):
     def fit_round(self, parameters, config):
+        parameters, extra = self.split_download(parameters, config)
         model = self.new_model(parameters)
         x = [np.asarray(a, dtype=np.float32) for a in parameters]
         if len(x) != len(list(model.parameters())):
             raise ValueError("SCAFFOLD needs a model whose transported arrays are its "
                              "parameters (no float buffers such as BatchNorm statistics)")
-        c = bytes_to_arrays(config["control"]) or [np.zeros_like(a) for a in x]
+        c = extra.get(CONTROL) or [np.zeros_like(a) for a in x]
         c_i = self.state.get_arrays("scaffold-ci") or [np.zeros_like(a) for a in x]
         direction = [torch.as_tensor(cc - ci, device=self.device) for cc, ci in zip(c, c_i)]
         steps = self.spec.num_steps(self.data.num_train)
@@ -41,7 +52,8 @@ class ScaffoldClient(PFLClient):
         self.state.set_arrays("scaffold-ci", c_plus)
         metrics["ci_norm"] = float(np.sqrt(sum(float((a.astype(np.float64) ** 2).sum())
                                                for a in c_plus)))
-        return y, metrics
+        dc = scaffold_control_delta(c, x, y, steps, self.spec.lr)
+        return UploadTemplate(y, {CONTROL_DELTA: dc}).arrays, metrics
 
     def personal_model(self, parameters, config):
         return self.new_model(parameters)

@@ -10,9 +10,10 @@ eq. 13.  Each round:
   theta_m^INIT, trains on a bootstrap resample of the local train set until the
   ConvergenceRule fires or ``bootstrap-max-steps`` -> the local optimum theta_{m,t} and
   the per-step contraction it achieved (the curvature h_m of eq. 8, 'measured'); its
-  moments feed eq. 13, and the fit metrics carry d_m = theta_{m,t} - theta^{t-1} (float32
-  bytes, the size of the model: the base class accepts only model-shaped arrays) and
-  ||d_m||^2, so the server can form eq. 14 over local optima.
+  moments feed eq. 13, and the upload carries d_m = theta_{m,t} - theta^{t-1} (float32, the
+  size of the model) after the model as its extra part ``optimum-offset`` (checked by the
+  server like a model array) and the fit metrics ||d_m||^2, so the server can form eq. 14
+  over local optima.
   'surrogate': eq. 13 over the personal models theta_m^t, nothing extra uploaded;
   neither takes a sample in the early warm-up rounds (``sample-variance`` false: the
   server's warm start, strategies/selffl.py);
@@ -33,13 +34,13 @@ import time
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from clients.base import PersonalStateClient
 from flower_pfl import selffl_math as sm
 from flower_pfl.models import get_arrays
 from flower_pfl.params import ParamSpec
-from flower_pfl.training import gaussian_nll, train
+from flower_pfl.reliability import UploadTemplate
+from flower_pfl.training import train
 
 
 def _known(value) -> float:
@@ -79,8 +80,7 @@ class SelfFLClient(PersonalStateClient):
                                   if p.grad is not None))
             return rule.update(float(norm))
 
-        loss_fn = F.cross_entropy if self.data.task == "classification" else \
-            gaussian_nll(self.data.noise_sq)
+        loss_fn = self.loss_fn()
         lr = float(config["bootstrap-lr"]) if float(config["bootstrap-lr"]) > 0 else \
             float(config["eta"])
         started = time.perf_counter()
@@ -106,7 +106,7 @@ class SelfFLClient(PersonalStateClient):
         sigma0_sq, s_minus = _known(config["sigma0-sq"]), _known(config["s-minus"])
         coef = 0.0 if config["warmup"] else sm.init_coefficient(sigma0_sq, sigma_m_sq, s_minus)
         init = sm.init_params(theta_global, theta_prev, coef)  # eq. 10 (coef 0: global model)
-        extra = {}
+        extra, upload = {}, {}
         sample = bool(config["sample-variance"])  # False in the early warm-up rounds
         if config["variance-estimator"] == "bootstrap" and sample:
             # the fit runs first: its contraction sets this round's eq. 8 ('measured')
@@ -125,7 +125,7 @@ class SelfFLClient(PersonalStateClient):
             # eq. 13 over the local optima theta_{m,t}, or over their offsets d_m to the
             # round's global model (the global model's drift is not client noise)
             moments.add(offset if config["eq13-samples"] == "offset" else optimum)
-            extra["optimum_offset"] = offset.astype("<f4").tobytes()
+            upload[sm.OPTIMUM_OFFSET] = [offset.astype(np.float32)]
             extra["optimum_sq_norm"] = float(offset @ offset)
         elif sample:
             moments.add(spec.flatten(theta_new))  # surrogate: eq. 13 over theta_m^t
@@ -135,7 +135,7 @@ class SelfFLClient(PersonalStateClient):
         reported = oracle if math.isfinite(oracle) else moments.variance
         if "curvature" in extra and not math.isfinite(extra["curvature"]):
             extra["curvature"] = -1.0  # unknown
-        return theta_new, {**metrics, **extra,
+        return UploadTemplate(theta_new, upload).arrays, {**metrics, **extra,
                         "sigma_sq": reported if math.isfinite(reported) else -1.0,
                         "local_steps": float(steps), "init_coef": float(coef),
                         "eta_m": float(self.spec.lr if eta_m is None else eta_m), "steps_rule": why}

@@ -32,7 +32,6 @@ Ditto's personal step is SGD on f_i(v) + lambda/2 ||v - w^t||^2 (``training.Prox
 
 from __future__ import annotations
 
-import io
 from typing import Callable, Sequence
 
 import numpy as np
@@ -60,10 +59,14 @@ def scaffold_client_control(c_i: Sequence[np.ndarray], c: Sequence[np.ndarray],
             for ci, cc, xx, yy in zip(c_i, c, x, y)]
 
 
+# the extra arrays of SCAFFOLD's download and upload (strategies/base.py templates)
+CONTROL_DELTA, CONTROL = "control-delta", "control"
+
+
 def scaffold_control_delta(c: Sequence[np.ndarray], x: Sequence[np.ndarray],
                            y: Sequence[np.ndarray], steps: int, lr: float) -> list[np.ndarray]:
-    """dc_i = c_i+ - c_i = -c + (x - y) / (K eta_l): option II's change, which the server can
-    compute from the uploaded y_i alone (so the upload is just the model)."""
+    """dc_i = c_i+ - c_i = -c + (x - y) / (K eta_l): option II's change; the client uploads
+    it beside y_i (the template's extra part ``CONTROL_DELTA``, line 13 of SCAFFOLD)."""
     zeros = [np.zeros_like(a) for a in x]
     return scaffold_client_control(zeros, c, x, y, steps, lr)
 
@@ -89,21 +92,6 @@ def scaffold_server(x: Sequence[np.ndarray], c: Sequence[np.ndarray],
     return new_x, new_c
 
 
-def arrays_to_bytes(arrays: Sequence[np.ndarray]) -> bytes:
-    """Transport of SCAFFOLD's c in the fit config (the parameters carry the model only)."""
-    buf = io.BytesIO()
-    np.savez(buf, *[np.ascontiguousarray(a) for a in arrays])
-    return buf.getvalue()
-
-
-def bytes_to_arrays(data: bytes) -> list[np.ndarray]:
-    if not data:
-        return []
-    with np.load(io.BytesIO(data)) as z:
-        return [z[f"arr_{i}"] for i in range(len(z.files))]
-
-
-# ---------------------------------------------------------------------------------- APFL
 def mixture(v: Sequence[torch.Tensor], w: Sequence[torch.Tensor], alpha: torch.Tensor
             ) -> list[torch.Tensor]:
     """vbar = alpha v + (1 - alpha) w, parameter by parameter (differentiable in all three)."""

@@ -349,8 +349,3 @@ def stop_on_signals() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_terminated)
 
-
-# kept until deploy.py switches (and sites.py, tests/test_reliability.py): the old private names
-_alive = is_alive
-_bin = bin_path
-_stream = stream_run

@@ -14,6 +14,11 @@ stored model, Gram matrix, variance estimate or average -- when
   strategy sent nothing).  The paper setting leaves this open; we bound the *update*,
   not the model, so the bound does not depend on the model's size or distance from 0.
 
+An upload is the model part followed by named extra parts (:class:`UploadTemplate`, declared
+by the strategy: Self-FL's d_m, SCAFFOLD's dc_i); every extra array gets the same count,
+shape, dtype and NaN/Inf checks as a model array, and an extra part that is itself an
+update (``bounded``: an offset from the round's model, such as d_m) the same norm bound.
+
 Checkpoints (:func:`write_checkpoint`, :func:`latest_checkpoint`).  One folder per
 checkpointed round ``<results>/checkpoint/round-000R/`` holding ``state.pkl`` (server
 state) and, in simulation, ``client-state/`` (the clients' personal state, hard-linked:
@@ -32,6 +37,7 @@ import math
 import os
 import pickle
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -45,39 +51,119 @@ CLIENT_STATE = "client-state"
 
 
 # ------------------------------------------------------------------------ uploads
+@dataclass(frozen=True)
+class UploadTemplate:
+    """What one client's upload must look like: the ``model`` part (arrays shaped like the
+    model, or the part of it the clients upload), then each ``extra`` part in order (arrays
+    a strategy needs besides the model).  Extra parts named in ``bounded`` are updates in
+    the model's units (offsets from the round's model): ``max-update-norm`` bounds each."""
+
+    model: Sequence[np.ndarray]
+    extra: Mapping[str, Sequence[np.ndarray]] = field(default_factory=dict)
+    bounded: frozenset[str] = frozenset()
+
+    @property
+    def arrays(self) -> list[np.ndarray]:
+        return [*self.model, *(a for part in self.extra.values() for a in part)]
+
+    @property
+    def parts(self) -> list[tuple[str, int]]:
+        """(name, number of arrays) of each extra part, in upload order."""
+        return [(name, len(part)) for name, part in self.extra.items()]
+
+    def split(self, arrays: Sequence[Any]) -> tuple[list[Any], dict[str, list[Any]]]:
+        """(model part, {name: extra part}) of an upload laid out like this template."""
+        return split_parts(arrays, self.parts)
+
+    def check(self, arrays: Sequence[np.ndarray], num_examples: int,
+              metrics: Mapping[str, Any] | None = None, sent: np.ndarray | None = None,
+              max_norm: float | None = None) -> str | None:
+        """:func:`check_update` against this template."""
+        template = self.arrays
+        return check_update(arrays, num_examples, [np.shape(a) for a in template],
+                            [np.asarray(a).dtype for a in template], metrics, sent, max_norm,
+                            model_count=len(self.model), parts=self.parts,
+                            bounded=self.bounded)
+
+
+#: the config key naming the extra parts that follow the model in a download ("name:count,...")
+EXTRA_ARRAYS = "extra-arrays"
+
+
+def describe_parts(extra: Mapping[str, Sequence[Any]]) -> str:
+    """The ``EXTRA_ARRAYS`` value of a download whose model is followed by ``extra``."""
+    return ",".join(f"{name}:{len(part)}" for name, part in extra.items())
+
+
+def parse_parts(text: str) -> list[tuple[str, int]]:
+    return [(name, int(count)) for name, count in
+            (item.rsplit(":", 1) for item in str(text or "").split(",") if item)]
+
+
+def split_parts(arrays: Sequence[Any], parts: Sequence[tuple[str, int]]
+                ) -> tuple[list[Any], dict[str, list[Any]]]:
+    """(model, {name: extra part}) of arrays laid out as the model then ``parts``."""
+    start = len(arrays) - sum(count for _, count in parts)
+    if start < 0:
+        raise ValueError(f"{len(arrays)} arrays cannot hold the extra parts {list(parts)}")
+    model, extra = list(arrays[:start]), {}
+    for name, count in parts:
+        extra[name] = list(arrays[start:start + count])
+        start += count
+    return model, extra
+
+
 def check_update(arrays: Sequence[np.ndarray], num_examples: int,
                  shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
                  metrics: Mapping[str, Any] | None = None, sent: np.ndarray | None = None,
-                 max_norm: float | None = None) -> str | None:
-    """Why this upload must be rejected, or None when it is acceptable."""
+                 max_norm: float | None = None, model_count: int | None = None,
+                 parts: Sequence[tuple[str, int]] = (),
+                 bounded: frozenset[str] | set[str] = frozenset()) -> str | None:
+    """Why this upload must be rejected, or None when it is acceptable.
+
+    ``shapes``/``dtypes`` cover the whole upload: the first ``model_count`` arrays (all by
+    default) are the model part, normed against ``sent``; then the extra ``parts`` (name,
+    count), each in ``bounded`` normed against zero."""
+    n_model = len(shapes) if model_count is None else model_count
+    labels = [f"array {i}" for i in range(n_model)]
+    for name, count in parts:
+        labels += [f"array {n_model + j} (extra '{name}')" for j in range(count)]
     if len(arrays) != len(shapes):
-        return f"wrong number of arrays: {len(arrays)} (the model has {len(shapes)})"
-    for i, (a, shape, dtype) in enumerate(zip(arrays, shapes, dtypes)):
+        what = f"the model has {n_model}" + "".join(f" + '{p}' {c}" for p, c in parts)
+        return f"wrong number of arrays: {len(arrays)} ({what})"
+    for label, a, shape, dtype in zip(labels, arrays, shapes, dtypes):
         a = np.asarray(a)
         if tuple(a.shape) != tuple(shape):
-            return f"array {i} has shape {tuple(a.shape)}, expected {tuple(shape)}"
+            return f"{label} has shape {tuple(a.shape)}, expected {tuple(shape)}"
         if a.dtype != dtype:
-            return f"array {i} has dtype {a.dtype}, expected {np.dtype(dtype)}"
+            return f"{label} has dtype {a.dtype}, expected {np.dtype(dtype)}"
     try:
         n = int(num_examples)
     except (TypeError, ValueError):
         return f"num_examples = {num_examples!r} is not an integer"
     if n <= 0:
         return f"num_examples = {n} (must be > 0)"
-    for i, a in enumerate(arrays):
+    for label, a in zip(labels, arrays):
         if not np.isfinite(a).all():
             bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
-            return f"array {i} holds {bad} NaN/Inf value(s)"
+            return f"{label} holds {bad} NaN/Inf value(s)"
     for key, value in (metrics or {}).items():
         if isinstance(value, float) and not math.isfinite(value):
             return f"metric '{key}' = {value}"
     if max_norm is not None:
-        flat = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays]) \
-            if arrays else np.zeros(0)
-        ref = np.zeros_like(flat) if sent is None else np.asarray(sent, dtype=np.float64)
-        norm = float(np.linalg.norm(flat - ref))
+        model = flat(arrays[:n_model])
+        ref = np.zeros_like(model) if sent is None else np.asarray(sent, dtype=np.float64)
+        norm = float(np.linalg.norm(model - ref))
         if norm > max_norm:
             return f"update norm {norm:.4g} exceeds max-update-norm = {max_norm:g}"
+        start = n_model
+        for name, count in parts:
+            if name in bounded:
+                norm = float(np.linalg.norm(flat(arrays[start:start + count])))
+                if norm > max_norm:
+                    return (f"extra '{name}' norm {norm:.4g} exceeds max-update-norm = "
+                            f"{max_norm:g}")
+            start += count
     return None
 
 

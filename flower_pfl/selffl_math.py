@@ -63,6 +63,8 @@ import numpy as np
 # names of the fallbacks of eq. 11 (counted per round by the strategy)
 WEIGHTS_EQ11 = "eq. 11"
 WEIGHTS_UNWEIGHTED = "unweighted mean"
+#: the name of d_m = theta_{m,t} - theta^{t-1}, the upload's extra part (bootstrap rounds)
+OPTIMUM_OFFSET = "optimum-offset"
 
 
 def precision_weights_explained(sigma0_sq: float, sigma_sq: Sequence[float]

@@ -58,6 +58,7 @@ from flwr.common import (
     GetPropertiesIns,
     Parameters,
     Scalar,
+    bytes_to_ndarray,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
@@ -69,6 +70,7 @@ from flwr.server.strategy import Strategy
 from flower_pfl import devices, reliability
 from flower_pfl.config import RunConfig
 from flower_pfl.metrics import summarize
+from flower_pfl.model_store import LazyArrays
 from flower_pfl.params import ParamSpec
 from flower_pfl.results import ResultsWriter
 from strategies.checkpointing import Checkpointing
@@ -93,6 +95,9 @@ class PersonalizedStrategy(Checkpointing, Strategy):
     has_global_model: bool = True
     #: whether clients upload a model (Local uploads nothing: its uploads skip the model checks)
     uploads_model: bool = True
+    #: uploads reach aggregate_updates still serialised, each array decoded when read (n x d
+    #: stores: a round's uploads are held once, as the transport's bytes; model_store.py)
+    lazy_uploads: bool = False
 
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
@@ -122,7 +127,7 @@ class PersonalizedStrategy(Checkpointing, Strategy):
         self._federation_checked = False
         self._restored = False
         self._sent: dict[int, np.ndarray] = {}
-        self._dtypes: list[np.dtype] = []
+        self.upload_spec: ParamSpec | None = None  # the model part of an upload
 
     # ------------------------------------------------------------------ subclass hooks
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
@@ -145,6 +150,26 @@ class PersonalizedStrategy(Checkpointing, Strategy):
         model; a strategy whose clients upload a part (FedRep: the body) returns that."""
         return self._initial
 
+    def upload_extra(self, server_round: int) -> dict[str, list[np.ndarray]]:
+        """The extra part of this round's uploads, after the model part: named arrays shaped
+        like what each client adds (Self-FL's d_m, SCAFFOLD's dc_i), held to the same upload
+        check as the model's; they reach ``aggregate_updates`` as ``ClientUpdate.extra``."""
+        return {}
+
+    def bounded_extra(self) -> frozenset[str]:
+        """Extra parts that are updates in the model's units: max-update-norm bounds each."""
+        return frozenset()
+
+    def fit_extra(self, pid: int, server_round: int) -> dict[str, list[np.ndarray]]:
+        """Named arrays sent after the model to sampled client ``pid`` (SCAFFOLD's c); the
+        client splits them off with ``PFLClient.split_download``."""
+        return {}
+
+    def template(self, server_round: int) -> reliability.UploadTemplate:
+        """This round's upload: the model part and the extra part."""
+        return reliability.UploadTemplate(self.upload_template() or [],
+                                          self.upload_extra(server_round), self.bounded_extra())
+
     def eval_payload(self, pid: int,
                      server_round: int) -> tuple[list[np.ndarray], dict[str, Scalar]]:
         """Arrays and extra config for evaluation (default: the global model)."""
@@ -165,9 +190,7 @@ class PersonalizedStrategy(Checkpointing, Strategy):
             self.global_arrays = [a.copy() for a in self._initial] if self.has_global_model \
                 else None
             self.setup([a.copy() for a in self._initial])
-        template = self.upload_template()
-        self.upload_spec = ParamSpec.of(template)
-        self._dtypes = [np.asarray(a).dtype for a in template]
+        self.upload_spec = ParamSpec.of(self.upload_template())
         log(INFO, "[flower-pfl] strategy=%s clients=%d rounds=%d model=%s (%d parameters); "
             "results -> %s%s", self.cfg.strategy, self.num_clients, self.cfg["rounds"],
             self.cfg["model"], self.spec.dim, self.results.dir,
@@ -193,6 +216,11 @@ class PersonalizedStrategy(Checkpointing, Strategy):
             arrays, extra = self.fit_payload(pid, server_round)
             if max_norm is not None:  # the update's starting point, for the norm check
                 self._sent[pid] = reliability.flat(arrays if arrays else self._initial)
+            extra_arrays = self.fit_extra(pid, server_round)
+            if extra_arrays:  # after the model, named in the config
+                arrays = [*arrays, *(a for part in extra_arrays.values() for a in part)]
+                extra = {**extra, reliability.EXTRA_ARRAYS: reliability.describe_parts(
+                    extra_arrays)}
             config = self._base_config(server_round, extra, pid)
             instructions.append((TaggedProxy(self.proxies[pid], pid),
                                  FitIns(ndarrays_to_parameters(arrays), config)))
@@ -229,6 +257,7 @@ class PersonalizedStrategy(Checkpointing, Strategy):
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         updates, rejected = [], []
         max_norm = self.cfg.values.get("max-update-norm")
+        template = self.template(server_round)
         for proxy, res in results:
             pid = self._proxy_pid(proxy)
             arrays = parameters_to_ndarrays(res.parameters)
@@ -237,13 +266,20 @@ class PersonalizedStrategy(Checkpointing, Strategy):
             if int(claimed) != pid:
                 reason = f"the upload claims partition-id {claimed}"
             if reason is None and (self.uploads_model or arrays):
-                reason = reliability.check_update(arrays, res.num_examples, self.upload_spec.shapes,
-                                                  self._dtypes, res.metrics,
-                                                  self._sent.get(pid), max_norm)
+                reason = template.check(arrays, res.num_examples, res.metrics,
+                                        self._sent.get(pid), max_norm)
             if reason is not None:
                 rejected.append(ClientFailure(pid, f"update rejected: {reason}"))
                 continue
-            updates.append(ClientUpdate(pid, arrays, int(res.num_examples), dict(res.metrics)))
+            if self.lazy_uploads:  # checked above; decoded again when the strategy reads it
+                arrays, extra = template.split(res.parameters.tensors)
+                arrays = LazyArrays(arrays, bytes_to_ndarray)
+                extra = {k: LazyArrays(v, bytes_to_ndarray) for k, v in extra.items()}
+            else:
+                arrays, extra = template.split(arrays)
+            update = ClientUpdate(pid, arrays, int(res.num_examples), dict(res.metrics))
+            update.extra = extra  # the named extra parts (upload_extra)
+            updates.append(update)
         failed = self._failures(server_round, "fit", list(failures) + rejected)
         for u in updates:
             self.store.last_round[u.pid] = server_round  # accepted: clients keep this round

@@ -3,7 +3,7 @@
 Each round k:
   3  sample clients;
   4  S^k: cosine similarity of the stored client models (one stacked matrix, one Gram
-     matrix: the same ModelMatrix as FedAMP);
+     matrix: the same ModelStore as FedAMP, strategies/message_passing.py);
   5  delta^k = p-quantile of ALL entries of S^k (over the clients the server holds);
   6  for each sampled client (eq. 4):
         u_i = sum_j 1[s_ij > delta] s_ij w_j / sum_j 1[s_ij > delta] s_ij,
@@ -71,7 +71,7 @@ class FedACS(MessagePassingStrategy):
         seen = np.flatnonzero(self.matrix.seen)
         if len(seen) == 0:
             return float("inf")
-        return quantile_threshold(self.matrix.cosine(seen)[:, seen],
+        return quantile_threshold(self.matrix.cosine(seen, seen),
                                   float(self.hyper["pick-ratio"]))
 
     def attention(self, rows, server_round):

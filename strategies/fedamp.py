@@ -48,7 +48,7 @@ class FedAMP(MessagePassingStrategy):
         held = np.flatnonzero(peers)
         if len(held) < 2:
             return 1.0  # no pair yet: any sigma gives the same (self-only) weights
-        d = self.matrix.sq_distances(held)[:, held]
+        d = self.matrix.sq_distances(held, held)
         med = float(np.median(d[~np.eye(len(held), dtype=bool)]))
         return self.hyper["sigma-scale"] * med if med > 0 else 1.0
 

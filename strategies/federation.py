@@ -92,6 +92,7 @@ class ClientUpdate:
     arrays: list[np.ndarray]
     num_examples: int
     metrics: dict[str, Scalar] = field(default_factory=dict)
+    extra: dict[str, list[np.ndarray]] = field(default_factory=dict)  # the template's extras
 
 
 class ClientStore:

@@ -1,11 +1,16 @@
 """Shared server plumbing of attentive message passing (FedAMP, HeurFedAMP, FedACS).
 
 The server keeps the latest uploaded model w_i of every client, by partition-id, as a
-row of ONE :class:`~flower_pfl.params.ModelMatrix` (with its incrementally updated Gram
-matrix).  Each round it computes, for the sampled clients only, a weight matrix
-``Xi`` (s x n) from the pairwise matrix rows (``attention``, implemented per paper) and
-their personalized models ``U = Xi @ W`` in one matrix product, and sends each client
-ITS u_i.
+row of ONE :class:`~flower_pfl.model_store.ModelStore` (with its incrementally updated
+Gram matrix; in memory, or in a file under ``<results>/state/`` when n x d exceeds
+``server.memory-budget-mb``: the choice is logged once).  Each round it computes, for the
+sampled clients only, a weight matrix ``Xi`` (s x n) from the pairwise matrix rows
+(``attention``, implemented per paper) and their personalized models ``U = Xi @ W`` in
+one pass over the stored rows, and sends each client ITS u_i.  Uploads reach
+``aggregate_updates`` serialised and are decoded and stored one at a time, then the Gram
+rows of the round's clients are refreshed in one pass.  Evaluation-time cloud models are
+computed in blocks of clients that fit the store's output budget.  A checkpoint pins the
+store's file instead of pickling its rows (see flower_pfl/model_store.py).
 
 Clients that have never uploaded are represented by the initial model (their W^0
 column) and are not used as peers until they upload.  For evaluation, a client without a
@@ -28,15 +33,21 @@ is kept (its u_i still starts from its own w_i); the excluded partition-ids are 
 from __future__ import annotations
 
 import time
-from logging import WARNING
+from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.common.logger import log
 
 from flower_pfl.attention import peak_over_mean
-from flower_pfl.params import ModelMatrix
+from flower_pfl.model_store import ModelStore, RowMatrix, plan_from_config
 from strategies.base import ClientUpdate, PersonalizedStrategy
+
+#: the store's file and the scratch files of large cloud models, under the results folder
+STATE_DIR = "state"
+#: evaluation-only attributes: never checkpointed
+EVAL_CACHE = ("_eval_key", "_eval_need", "_eval_xi", "_eval_block", "_eval_rows")
 
 
 class MessagePassingStrategy(PersonalizedStrategy):
@@ -47,9 +58,20 @@ class MessagePassingStrategy(PersonalizedStrategy):
     #: distance of the stored models is no one's peer (see the module docstring)
     outlier_factor = 10.0
 
+    #: uploads are decoded one at a time into the store (strategies/base.py)
+    lazy_uploads = True
+
     def setup(self, initial_arrays):
-        self.store.matrix = ModelMatrix(self.num_clients, self.spec.flatten(initial_arrays))
-        self.cloud: dict[int, np.ndarray] = {}
+        reference = self.spec.flatten(initial_arrays)
+        plan = plan_from_config(self.cfg.values, self.num_clients, reference.shape[0])
+        self.store.matrix = ModelStore(self.num_clients, reference, plan, self.state_dir)
+        log(INFO, "[flower-pfl] model store: %s, %s: %s", plan.backend, plan.dtype, plan.reason)
+        self.cloud: RowMatrix | None = None
+        self.cloud_index: dict[int, int] = {}
+
+    @property
+    def state_dir(self) -> Path:
+        return self.results.dir / STATE_DIR
 
     # --------------------------------------------------------------- per-paper part
     def attention(self, rows: np.ndarray, server_round: int) -> np.ndarray:
@@ -62,7 +84,7 @@ class MessagePassingStrategy(PersonalizedStrategy):
 
     # -------------------------------------------------------------------- plumbing
     @property
-    def matrix(self) -> ModelMatrix:
+    def matrix(self) -> ModelStore:
         return self.store.matrix
 
     def peers(self) -> np.ndarray:
@@ -78,8 +100,10 @@ class MessagePassingStrategy(PersonalizedStrategy):
         rows = np.asarray(sampled, dtype=np.int64)
         started = time.perf_counter()
         xi = self.attention(rows, server_round)
-        cloud = self.matrix.combine(xi)  # U_S = Xi_S W: one (s x n) @ (n x d) product
-        self.cloud = {pid: cloud[k] for k, pid in enumerate(sampled)}
+        self.close_cloud()
+        # U_S = Xi_S W: one pass over the stored rows (a scratch file when large, on disk)
+        self.cloud = self.matrix.combine_rows(xi, self.state_dir / "cloud-fit.bin")
+        self.cloud_index = {pid: k for k, pid in enumerate(sampled)}
         self.last_xi = (rows, xi)  # for subclasses that log per-client details
         excluded = np.flatnonzero(self.matrix.seen & ~self.peers())
         if excluded.size:
@@ -93,40 +117,73 @@ class MessagePassingStrategy(PersonalizedStrategy):
                         peak_over_mean=peak_over_mean(xi, rows))
 
     def fit_payload(self, pid, server_round):
-        return self.spec.unflatten(self.cloud[pid]), self.fit_config(pid, server_round)
+        return (self.spec.unflatten(self.cloud.row(self.cloud_index[pid])),
+                self.fit_config(pid, server_round))
+
+    def close_cloud(self) -> None:
+        if getattr(self, "cloud", None) is not None:
+            self.cloud.close()
+        self.cloud, self.cloud_index = None, {}
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
-        rows = [u.pid for u in updates]
-        vectors = np.stack([self.spec.flatten(u.arrays) for u in updates])
-        self.matrix.update(rows, vectors)  # only these Gram rows/columns are recomputed
-        self.cloud = {}
+        for u in updates:  # decoded one at a time (u.arrays is lazy: strategies/base.py)
+            self.matrix.write(u.pid, self.spec.flatten(u.arrays), server_round)
+        self.matrix.refresh()  # only these Gram rows/columns: one pass over the stored rows
+        self.close_cloud()
 
     def eval_payload(self, pid, server_round):
-        if self.hyper.get("evaluate") == "cloud" and self.matrix.seen.any():
-            if getattr(self, "_next_cloud_round", None) != server_round:
-                # next round's u_i of every client, from this round's stored models
-                self._next_cloud = self.matrix.combine(
-                    self.attention(np.arange(self.num_clients), server_round + 1))
-                self._next_cloud_round = server_round
-            return self.spec.unflatten(self._next_cloud[pid]), {"evaluate-received": True}
-        if self.matrix.seen[pid]:
+        cloud = self.hyper.get("evaluate") == "cloud" and bool(self.matrix.seen.any())
+        if not cloud and self.matrix.seen[pid]:
             return [], {}  # the client evaluates its own personalized model w_i
-        if getattr(self, "_eval_cloud_round", None) != server_round:
-            # cloud models of ALL never-trained clients in one product, once per round
-            unseen = np.flatnonzero(~self.matrix.seen)
-            cloud = self.matrix.combine(self.attention(unseen, server_round))
-            self._eval_cloud = {int(p): cloud[k] for k, p in enumerate(unseen)}
-            self._eval_cloud_round = server_round
-        return self.spec.unflatten(self._eval_cloud[pid]), {}
+        if getattr(self, "_eval_key", None) != (server_round, cloud):
+            # cloud: next round's u_i of every client, from this round's stored models;
+            # else the u_i of every never-trained client; weights once per round ...
+            need = (np.arange(self.num_clients) if cloud
+                    else np.flatnonzero(~self.matrix.seen))
+            self._eval_xi = self.attention(need, server_round + 1 if cloud else server_round)
+            self._eval_key, self._eval_need, self._eval_block = (server_round, cloud), need, None
+        # ... the models in blocks of clients that fit the store's output budget
+        k = int(np.searchsorted(self._eval_need, pid))
+        per = self.matrix.rows_per_output()
+        block = k // per
+        if self._eval_block != block:
+            if getattr(self, "_eval_rows", None) is not None:
+                self._eval_rows.close()
+            self._eval_rows = self.matrix.combine_rows(self._eval_xi[block * per:(block + 1) * per],
+                                                       self.state_dir / "cloud-eval.bin")
+            self._eval_block = block
+        arrays = self.spec.unflatten(self._eval_rows.row(k - block * per))
+        return arrays, ({"evaluate-received": True} if cloud else {})
 
     def aggregate_evaluate(self, server_round, results, failures):
         # evaluation-only cloud models (up to n x d floats) are not state: never checkpointed
-        for name in ("_next_cloud", "_next_cloud_round", "_eval_cloud", "_eval_cloud_round"):
+        if getattr(self, "_eval_rows", None) is not None:
+            self._eval_rows.close()
+        for name in EVAL_CACHE:
             self.__dict__.pop(name, None)
         out = super().aggregate_evaluate(server_round, results, failures)
         if server_round >= self.cfg["rounds"] and self.matrix.seen.any():
             self.save_attention(server_round)
         return out
+
+    # ------------------------------------------------------------- checkpoint/resume
+    def save_checkpoint(self, server_round: int):
+        """The store's file is the checkpoint of its rows: pinned, not pickled."""
+        self.matrix.pin()
+        folder = super().save_checkpoint(server_round)
+        self.matrix.release_old_pins()
+        return folder
+
+    def checkpoint_state(self):
+        state = super().checkpoint_state()
+        for name in ("cloud", "cloud_index", *EVAL_CACHE):
+            state.pop(name, None)
+        return state
+
+    def restore_state(self, state):
+        super().restore_state(state)
+        self.cloud, self.cloud_index = None, {}
+        log(INFO, "[flower-pfl] %s", self.matrix.attach(self.state_dir))
 
     def save_attention(self, server_round: int) -> np.ndarray:
         """The full n x n weight matrix (weights only: cheap) -> npy + PNG heatmap."""

@@ -4,11 +4,12 @@
     x <- x + eta_g * mean_{i in S} (y_i - x)          (line 16)
     c <- c + |S|/N * mean_{i in S} (c_i+ - c_i)       (line 17)
 
-Each client uploads its model y_i and the number K_i of local steps it took; with option
-II, c_i+ - c_i = -c + (x - y_i) / (K_i eta_l), which the server computes itself from y_i
-(the same value the client adds to its own c_i) -- so the upload is just a model and
-passes the base's shape checks.  c starts at zero and travels in the fit config (bytes);
-c_i lives in each client's context.state.
+Each client uploads its model y_i and, as the paper's line 13 says, dc_i = c_i+ - c_i: the
+upload's extra part ``control-delta`` (``upload_extra``), so the base's upload check holds it
+to the model's shapes and dtypes and rejects NaN/Inf in it as in a model array.  dc_i is a
+gradient (loss per parameter), not an update in the model's units, so ``max-update-norm``
+does not bound it.  c starts at zero and is sent after the model, as the download's extra
+part ``control`` (``fit_extra``); c_i lives in each client's context.state.
 
 Choices: the model mean is weighted by sample count like FedAvg (the paper's plain mean
 when clients hold equal amounts of data), so with zero control variates and eta_g = 1 a
@@ -21,21 +22,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from flower_pfl.baselines_math import arrays_to_bytes, scaffold_control_delta, scaffold_server
+from flower_pfl.baselines_math import CONTROL, CONTROL_DELTA, scaffold_server
 from strategies.base import PersonalizedStrategy
+
+#: the upload's extra part: dc_i = c_i+ - c_i (line 13); the download's: c
 
 
 class Scaffold(PersonalizedStrategy):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.control: list[np.ndarray] = []  # c; zeros from setup()
+
     def setup(self, initial_arrays):
         self.control = [np.zeros_like(a) for a in initial_arrays]  # c = 0
 
     def fit_payload(self, pid, server_round):
-        return list(self.global_arrays), {"control": arrays_to_bytes(self.control)}
+        return list(self.global_arrays), {}
+
+    def fit_extra(self, pid, server_round):
+        return {CONTROL: self.control}
+
+    def upload_extra(self, server_round):
+        return {CONTROL_DELTA: self._initial}  # dc_i: shaped like the model
 
     def aggregate_updates(self, server_round, updates):
-        lr = float(self.cfg["train.lr"])
-        dcs = [scaffold_control_delta(self.control, self.global_arrays, u.arrays,
-                                      int(u.metrics["local_steps"]), lr) for u in updates]
+        dcs = [u.extra[CONTROL_DELTA] for u in updates]
         self.global_arrays, self.control = scaffold_server(
             self.global_arrays, self.control, [u.arrays for u in updates], dcs,
             [u.num_examples for u in updates], self.num_clients, float(self.hyper["global-lr"]))

@@ -5,8 +5,9 @@ Per round t (clients: clients/selffl.py):
   client m: sigma_m^2 by eq. 13; theta_m^INIT by eq. 10; (l_m, eta_m) by eq. 8 (clipped
             to l_max; eta_m solved from eq. 8 when one step of eta would overshoot);
             trains; returns theta_m^t, sigma_m^2 and -- 'bootstrap' estimator -- the
-            offset d_m = theta_{m,t} - theta^{t-1} of its bootstrap local optimum and
-            ||d_m||^2
+            offset d_m = theta_{m,t} - theta^{t-1} of its bootstrap local optimum (the
+            upload's extra part OPTIMUM_OFFSET, checked by the base like a model array and
+            bounded by max-update-norm: it is an update) and ||d_m||^2 (a metric)
   server:   sigma_0^2 by eq. 14: 'bootstrap' = empirical variance of the clients' LOCAL
             OPTIMA theta_{m,t} from the sums of d_m and ||d_m||^2 (section 3.2's
             definition); 'surrogate' = of the received personal models theta_m^t;
@@ -29,6 +30,12 @@ sigma_0^2 falls SIGMA0_DROP_ORDERS orders of magnitude below its peak the person
 models have collapsed onto the global model (Self-FL = FedAvg); the measure
 ``sigma0_sq_drop_orders`` is in server.csv and a WARNING names the hyper-parameter.
 Guards and fallbacks for every division/log: flower_pfl/selffl_math.py.
+
+Memory: the server keeps no model per client; a round's uploads arrive serialised, are
+decoded one at a time into a float32 :class:`~flower_pfl.model_store.RowMatrix` (in
+memory, or a scratch file when larger than the model store's budget allows) and eqs. 11
+and the warm-up mean read it in column blocks (each column's result is the same as over
+the whole matrix).
 """
 
 from __future__ import annotations
@@ -41,9 +48,10 @@ import numpy as np
 from flwr.common.logger import log
 
 from flower_pfl import selffl_math as sm
+from flower_pfl.model_store import RowMatrix, plan_from_config
 from strategies.base import ClientUpdate, PersonalizedStrategy
-from strategies.fedavg import weighted_average
 
+OPTIMUM_OFFSET = sm.OPTIMUM_OFFSET
 PRIME_ROUNDS = 2  # warm-up rounds at the end of the warm-up that already sample eqs. 13-14
 UNKNOWN = -1.0  # config values cannot be None: negative variance = not known yet
 SIGMA0_DROP_ORDERS = 2.0  # warn when sigma_0^2 fell this many orders below its peak
@@ -67,6 +75,9 @@ def _median_known(values) -> float:
 
 
 class SelfFL(PersonalizedStrategy):
+    #: uploads are decoded one at a time into the round's rows (strategies/base.py)
+    lazy_uploads = True
+
     def setup(self, initial_arrays):
         self.sigma0_sq = math.nan
         self.sigma0_peak = math.nan
@@ -128,18 +139,26 @@ class SelfFL(PersonalizedStrategy):
             else UNKNOWN,
         }
 
-    def optimum_offset(self, u: ClientUpdate) -> np.ndarray | None:
-        """d_m = theta_{m,t} - theta^{t-1} from the fit metrics, or None when missing or
-        malformed (wrong size, NaN/Inf): that client is then left out of eq. 14."""
-        raw, sq = u.metrics.get("optimum_offset"), u.metrics.get("optimum_sq_norm")
-        if not isinstance(raw, bytes) or len(raw) != 4 * self.spec.dim or sq is None \
-                or not math.isfinite(float(sq)):
-            return None
-        offset = np.frombuffer(raw, dtype="<f4").astype(np.float64)
-        return offset if np.isfinite(offset).all() else None
+    def upload_extra(self, server_round):
+        """d_m in the rounds whose clients run the bootstrap fit (template: no memory)."""
+        if self.estimator != "bootstrap" or not self.samples_variance(server_round):
+            return {}
+        return {OPTIMUM_OFFSET: [np.broadcast_to(np.float32(0), (self.spec.dim,))]}
 
-    def estimate_sigma0_sq(self, models: np.ndarray, updates: list[ClientUpdate]) -> float:
-        """Eq. 14 over this round's clients: local optima (bootstrap) or personal models."""
+    def bounded_extra(self):
+        return frozenset({OPTIMUM_OFFSET})  # d_m is an update: max-update-norm bounds it
+
+    def optimum_offset(self, u: ClientUpdate) -> np.ndarray | None:
+        """d_m = theta_{m,t} - theta^{t-1} (the upload's extra part, shape and NaN/Inf
+        checked by the base), or None without it or ||d_m||^2: then left out of eq. 14."""
+        part, sq = u.extra.get(OPTIMUM_OFFSET), u.metrics.get("optimum_sq_norm")
+        if not part or sq is None or not math.isfinite(float(sq)):
+            return None
+        return np.asarray(part[0], dtype=np.float32).astype(np.float64)
+
+    def estimate_sigma0_sq(self, models: RowMatrix, updates: list[ClientUpdate]) -> float:
+        """Eq. 14 over this round's clients: local optima (bootstrap) or personal models
+        (the surrogate reads the round's models as one float64 array)."""
         if self.estimator != "bootstrap":
             return sm.variance_across(models)
         total, sq, n = np.zeros(self.spec.dim), 0.0, 0
@@ -152,29 +171,46 @@ class SelfFL(PersonalizedStrategy):
         self.optima_missing = len(updates) - n
         return sm.variance_from_sums(total, sq, n)
 
+    def round_models(self, updates: list[ClientUpdate]) -> RowMatrix:
+        """The round's uploads as float32 rows, decoded one at a time: in memory, or in a
+        scratch file under <results>/state when they exceed the model store's output
+        budget (flower_pfl/model_store.py; the same ``server.*`` keys as FedAMP's store)."""
+        plan = plan_from_config(self.cfg.values, len(updates), self.spec.dim)
+        models = RowMatrix(len(updates), self.spec.dim, plan,
+                           self.results.dir / "state" / "selffl-round.bin")
+        for k, u in enumerate(updates):
+            models.write(k, self.spec.flatten(u.arrays))
+        return models
+
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         self.optima_missing = 0
-        personal = [u.arrays for u in updates]
-        models = np.stack([self.spec.flatten(a) for a in personal]).astype(np.float64)
+        rows = self.round_models(updates)  # eqs. 11/14 read it in column blocks
         sigma_sq = np.array([float(u.metrics["sigma_sq"]) for u in updates])
         sigma_sq[sigma_sq < 0] = np.nan
         for u, value in zip(updates, sigma_sq):
             if np.isfinite(value):
                 self.store.put("sigma_sq", u.pid, float(value))
         if self.estimator != "oracle" and self.samples_variance(server_round):
-            estimate = self.estimate_sigma0_sq(models, updates)  # eq. 14
+            estimate = self.estimate_sigma0_sq(rows, updates)  # eq. 14
             if np.isfinite(estimate):
                 self.sigma0_sq = estimate
         previous = self.spec.flatten(self.global_arrays).astype(np.float64)
         warmup = self.warmup(server_round)
         weights_rule = "FedAvg (warm-up)"
-        if warmup:
-            theta = self.spec.flatten(weighted_average(personal, [u.num_examples for u in updates]))
+        theta = np.empty(self.spec.dim, dtype=np.float64)
+        if warmup:  # FedAvg: the sample-weighted mean
+            share = np.array([u.num_examples for u in updates], dtype=np.float64)
+            share /= share.sum()
+            for c0, c1, models in rows.blocks(np.float64):
+                theta[c0:c1] = np.tensordot(share, models, axes=1)
         else:
             s0 = self.sigma0_sq if math.isfinite(self.sigma0_sq) else 0.0
             _, weights_rule = sm.precision_weights_explained(s0, sigma_sq)
-            theta_hat = sm.aggregate(models, s0, sigma_sq)  # eq. 11
-            theta = sm.smooth(previous, theta_hat, float(self.cfg["fraction-fit"]))
+            for c0, c1, models in rows.blocks(np.float64):  # columns c0:c1 of every upload
+                theta_hat = sm.aggregate(models, s0, sigma_sq)  # eq. 11
+                theta[c0:c1] = sm.smooth(previous[c0:c1], theta_hat,
+                                         float(self.cfg["fraction-fit"]))
+        rows.close()
         self.global_arrays = self.spec.unflatten(np.asarray(theta, dtype=np.float32))
         self.report(server_round, updates, sigma_sq, warmup, weights_rule)
 
@@ -207,7 +243,7 @@ class SelfFL(PersonalizedStrategy):
                 bootstrap_converged=int(sum(bool(u.metrics["bootstrap_converged"]) for u in boot)),
                 bootstrap_s_mean=float(np.mean([u.metrics["bootstrap_s"] for u in boot])),
                 curvature_median=_median_known([u.metrics.get("curvature", -1.0) for u in boot]),
-                upload_extra_bytes=len(boot[0].metrics.get("optimum_offset", b"")) + 8)
+                upload_extra_bytes=4 * self.spec.dim + 8)  # d_m (float32) and ||d_m||^2
         self.log_server(sigma0_sq=self.sigma0_sq, sigma0_sq_drop_orders=drop,
                         variance_estimator=self.estimator, contraction=self.contraction,
                         eq13_samples=self.eq13_samples,

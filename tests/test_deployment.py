@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from flower_pfl.deploy import Deployment, make_ca, make_node_key
-from flower_pfl.launch import _alive
+from flower_pfl.procs import is_alive
 
 # Real SuperLink + SuperNode processes with TLS: 1-2 minutes each.
 pytestmark = pytest.mark.slow
@@ -61,7 +61,7 @@ def test_secure_deployment_runs_fedamp_and_refuses_an_unregistered_node(tmp_path
     assert sorted(int(r["partition-id"]) for r in last) == [0, 1, 2]
     assert all(int(r["fit-rounds"]) == 3 for r in last)
     assert (tmp_path / "res" / "attention.npy").exists()
-    assert not any(_alive(p) for p in out.pids) and all(p.poll() is not None for p in procs)
+    assert not any(is_alive(p) for p in out.pids) and all(p.poll() is not None for p in procs)
 
 
 def test_restarted_supernode_keeps_identity_and_personal_state(tmp_path, certs):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from clients.base import PFLClient
 from flower_pfl import inprocess
 from flower_pfl.baselines_math import (
-    bytes_to_arrays,
     linear_term,
     scaffold_client_control,
     scaffold_control_delta,
@@ -68,18 +68,21 @@ def test_client_control_variate_continues_across_rounds(tmp_path):
     ci2 = state_arrays(proxies[pid].context.state, "scaffold-ci")
     from flwr.common import parameters_to_ndarrays
 
-    x = parameters_to_ndarrays(ins[pid].parameters)
-    c = bytes_to_arrays(ins[pid].config["control"])
-    assert any(np.abs(a).max() > 0 for a in c)  # round 2 carries the learned c
+    x, extra = PFLClient.split_download(parameters_to_ndarrays(ins[pid].parameters),
+                                        ins[pid].config)
+    c = extra["control"]  # the download: x, then c
+    assert len(c) == len(x) and any(np.abs(a).max() > 0 for a in c)  # the learned c
     y = parameters_to_ndarrays(res[pid].parameters)
+    y, dc_up = y[:len(x)], y[len(x):]  # the upload: y, then dc_i
     steps, lr = int(res[pid].metrics["local_steps"]), cfg["train.lr"]
     # option II from the ROUND-1 c_i (MCLR: the arrays are the parameters)
     expected = [a - b + (xx - yy) / (steps * lr) for a, b, xx, yy in zip(ci1, c, x, y)]
     for got, want in zip(ci2, expected):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    # the server's dc_i (computed from y_i) is the change of the client's c_i
+    # the uploaded dc_i (line 13) is the change of the client's c_i
     dc = scaffold_control_delta(c, x, y, steps, lr)
-    for d, got, old in zip(dc, ci2, ci1):
+    for d, up, got, old in zip(dc, dc_up, ci2, ci1):
+        np.testing.assert_array_equal(d, up)
         np.testing.assert_allclose(d, got - old, rtol=1e-4, atol=1e-4)
     # fit.csv: one row per accepted upload, with the client's own fit metrics
     import csv

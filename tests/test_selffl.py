@@ -236,8 +236,9 @@ def test_bootstrap_fit_converges_to_the_resample_optimum(tmp_path):
     """theta_{m,t} is the optimum of the resampled data (its mean), not a few steps towards it."""
     cfg = config.load(SYNTH, ["clients=4"])
     client = _selffl_client(cfg, pid=2)
-    _, _, metrics = client.fit([np.array([0.0], np.float32)], _fit_cfg(cfg))
-    offset = np.frombuffer(metrics["optimum_offset"], dtype="<f4")
+    arrays, _, metrics = client.fit([np.array([0.0], np.float32)], _fit_cfg(cfg))
+    offset = arrays[1]  # the upload: theta_m^t, then d_m (its extra part)
+    assert len(arrays) == 2 and offset.dtype == np.float32
     z = data.gaussian_truth(cfg.values).z[2]
     rng = np.random.default_rng([cfg["seed"], 2, 1, 0xB007])  # the client's resample
     resample_mean = z[rng.integers(0, len(z), size=len(z))].mean()
@@ -257,8 +258,8 @@ def test_eq13_samples_are_the_optima_or_their_offsets_to_the_global_model(sample
     cfg = config.load(SYNTH, ["clients=4"])
     client = _selffl_client(cfg, pid=1)
     fit_cfg = _fit_cfg(cfg, l_max=10, eq13_samples=samples)
-    _, _, metrics = client.fit([np.array([3.0], np.float32)], fit_cfg)
-    offset = float(np.frombuffer(metrics["optimum_offset"], dtype="<f4")[0])
+    arrays, _, metrics = client.fit([np.array([3.0], np.float32)], fit_cfg)
+    offset = float(arrays[1][0])  # d_m, the upload's extra part
     client.state.resolve(accepted_round=1)  # the server accepted the fit: its writes stay
     mean = float(client.load_moments().mean[0])
     expected = offset if samples == "offset" else offset + 3.0
@@ -301,14 +302,16 @@ def test_early_warmup_rounds_take_no_variance_sample(tmp_path):
         [t > 4 - PRIME_ROUNDS for t in range(1, 7)]
     client = _selffl_client(cfg, pid=1)
     fit_cfg = _fit_cfg(cfg, warmup=True, l_max=10, sample_variance=False)
-    _, _, metrics = client.fit([np.array([3.0], np.float32)], fit_cfg)
+    arrays, _, metrics = client.fit([np.array([3.0], np.float32)], fit_cfg)
     client.state.resolve(accepted_round=1)
-    assert "optimum_offset" not in metrics and "bootstrap_steps" not in metrics
+    assert len(arrays) == 1 and "bootstrap_steps" not in metrics  # no d_m uploaded
     assert client.load_moments().count == 0
-    _, _, metrics = client.fit([np.array([3.0], np.float32)], {**fit_cfg, "round": 2,
-                                                              "sample-variance": True})
+    arrays, _, metrics = client.fit([np.array([3.0], np.float32)], {**fit_cfg, "round": 2,
+                                                                   "sample-variance": True})
     client.state.resolve(accepted_round=2)
-    assert "optimum_offset" in metrics and client.load_moments().count == 1
+    assert len(arrays) == 2 and client.load_moments().count == 1
+    assert [bool(strategy.upload_extra(t)) for t in range(1, 7)] == \
+        [t > 4 - PRIME_ROUNDS for t in range(1, 7)]  # the server expects d_m in those rounds
 
 
 def test_warmup_auto_warm_starts_a_network_not_the_scalar_model(tmp_path):
@@ -325,19 +328,20 @@ def test_warmup_auto_warm_starts_a_network_not_the_scalar_model(tmp_path):
 
 
 def test_server_eq14_uses_the_local_optima_not_the_personal_models(tmp_path):
-    from strategies.selffl import SelfFL
+    from strategies.selffl import OPTIMUM_OFFSET, SelfFL
 
     cfg = config.load(SYNTH, ["clients=3"])  # default estimator: bootstrap
     strategy = SelfFL(cfg, results_dir=tmp_path)
     strategy.initialize_parameters(None)
     optima = [0.0, 4.0, 8.0]  # offsets to theta^{t-1}: var = 16
     updates = [ClientUpdate(i, [np.array([1.0 + 0.01 * i], np.float32)], 10,
-                            {"sigma_sq": 0.5, "optimum_sq_norm": o * o,
-                             "optimum_offset": np.array([o], "<f4").tobytes()})
+                            {"sigma_sq": 0.5, "optimum_sq_norm": o * o})
                for i, o in enumerate(optima)]
+    for u, o in zip(updates, optima):
+        u.extra = {OPTIMUM_OFFSET: [np.array([o], np.float32)]}  # as strategies/base.py sets it
     strategy.aggregate_updates(1, updates)
     assert strategy.sigma0_sq == pytest.approx(16.0)  # not the personal models' 1e-4
-    updates[1].metrics["optimum_offset"] = b"\x00"  # malformed: left out of eq. 14
+    updates[1].extra = {}  # no d_m: left out of eq. 14
     strategy.aggregate_updates(2, updates)
     assert strategy.sigma0_sq == pytest.approx(32.0)  # var([0, 8])
     assert strategy._round_server_log["fallback_optimum_missing"] == 1  # what log_server got

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from flower_pfl import data, inprocess, launch, shards
+from flower_pfl import cli, data, inprocess, shards
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -175,7 +175,7 @@ def test_a_federation_on_shards_gives_the_pooled_runs_accuracies(tmp_path, made,
 
 def _cli(*args):
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
-    return subprocess.run([sys.executable, "-m", "flower_pfl.launch", "partition", *args],
+    return subprocess.run([sys.executable, "-m", "flower_pfl.cli", "partition", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -199,7 +199,7 @@ def test_cli_writes_a_folder_per_client_and_refuses_a_bad_config(tmp_path):
 
 
 def test_cli_says_synthetic_gaussian_needs_no_shards(tmp_path, capsys):
-    rc = launch.main(["partition", "--config", str(REPO / "simulation.yaml"),
+    rc = cli.main(["partition", "--config", str(REPO / "simulation.yaml"),
                       "--set", "data.dataset=synthetic-gaussian", "--set", "model=scalar",
                       "--out", str(tmp_path / "out")])
     assert rc == 2
