@@ -11,12 +11,17 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from flower_pfl.model_store import Plan
+
+class Plan(Protocol):
+    """What a :class:`RowMatrix` reads of :class:`flower_pfl.model_store.Plan`."""
+
+    backend: str
+    block_bytes: int
+    output_bytes: int
 
 
 class StoreFileError(RuntimeError):
