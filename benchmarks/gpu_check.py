@@ -15,7 +15,7 @@ import time
 import torch
 
 from flower_pfl import config
-from flower_pfl.data import load_client_data
+from flower_pfl.client_data import load_client_data
 from flower_pfl.models import model_for, resolve_device
 from flower_pfl.training import TrainSpec, evaluate, train
 

@@ -57,7 +57,7 @@ def plain(tree: dict) -> dict:
     import torch
 
     from flower_pfl import config
-    from flower_pfl.data import load_client_data
+    from flower_pfl.client_data import load_client_data
     from flower_pfl.models import get_arrays, initial_arrays, model_for, resolve_device, set_arrays
     from flower_pfl.training import TrainSpec, evaluate, train
 

@@ -25,8 +25,9 @@ from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
 from torch.nn import functional as F
 
 from flower_pfl import devices
+from flower_pfl.client_data import load_client_data
 from flower_pfl.config import RunConfig
-from flower_pfl.data import ClientData, load_client_data
+from flower_pfl.data import ClientData
 from flower_pfl.models import NamedLayers, get_arrays, model_for, resolve_device, set_arrays
 from flower_pfl.reliability import EXTRA_ARRAYS, parse_parts, split_parts
 from flower_pfl.training import TrainSpec, evaluate, gaussian_nll, train

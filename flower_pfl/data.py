@@ -412,44 +412,6 @@ def to_tensor(x: np.ndarray, dataset: str):
     return (t - m) / s
 
 
-_CLIENT_DATA: dict[tuple[str, int], ClientData] = {}
-
-
-def load_client_data(cfg: Mapping[str, Any], partition_id: int,
-                     root_override: str | None = None) -> ClientData:
-    """Local train/test data of client ``partition_id`` (cached per process).
-
-    ``root_override`` (the node's ``data-root``): a dataset folder (read instead of
-    ``data.root``), or a shard folder holding a ``manifest.json`` (``flower-pfl partition``),
-    whose shard is loaded and checked against ``cfg`` (:mod:`flower_pfl.shards`)."""
-    import torch
-
-    key = (partition_key(cfg) + str(root_override), partition_id)
-    if key in _CLIENT_DATA:
-        return _CLIENT_DATA[key]
-    dataset = cfg["data.dataset"]
-    if not 0 <= partition_id < cfg["clients"]:
-        raise DataError(f"partition-id {partition_id} is outside [0, {cfg['clients']})")
-    if dataset == "synthetic-gaussian":
-        data = synthetic_client_data(cfg, partition_id)
-        _CLIENT_DATA[key] = data
-        return data
-    from flower_pfl import shards  # imports this module: loaded here, not at the top
-
-    if root_override and shards.is_shard_folder(root_override):
-        # this site's own shard (``flower-pfl partition``): never the pooled dataset
-        data = shards.load_shard(root_override, cfg, partition_id)
-    else:
-        x, y = load_pooled(dataset, root_override or cfg["data.root"], cfg.get("cache-dir"))
-        part = get_partition(cfg, y)
-        tr, te = part.train[partition_id], part.test[partition_id]
-        data = ClientData(to_tensor(x[tr], dataset), torch.from_numpy(y[tr]),
-                          to_tensor(x[te], dataset), torch.from_numpy(y[te]),
-                          NUM_CLASSES[dataset])
-    if len(_CLIENT_DATA) > 64:  # bound memory in long-lived simulation actors
-        _CLIENT_DATA.clear()
-    _CLIENT_DATA[key] = data
-    return data
 
 
 # ------------------------------------------------------- Self-FL synthetic Gaussian

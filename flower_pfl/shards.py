@@ -19,7 +19,7 @@ Both files are written atomically (a temporary file, then ``os.replace``); the m
 last, so a folder with a manifest always has a complete shard.
 
 A SuperNode started with ``--node-config 'data-root="<DIR>/<i>" ...'`` loads that shard
-(:func:`flower_pfl.data.load_client_data` sees the manifest and calls :func:`load_shard`)
+(:func:`flower_pfl.client_data.load_client_data` sees the manifest and calls :func:`load_shard`)
 and never the pooled dataset.  The check: the shard is refused, with a message naming
 both hashes, every differing setting (``key: shard value vs run value``) and the command
 that remakes it, when its ``settings-hash`` is not the run's, when its ``partition-id``
@@ -240,7 +240,8 @@ def check_shard(manifest: Mapping[str, Any], cfg: Mapping[str, Any], partition_i
 def load_shard(folder: str | os.PathLike, cfg: Mapping[str, Any], partition_id: int
                ) -> data.ClientData:
     """The client data of the shard in ``folder`` (checked with :func:`check_shard` and
-    against its manifest), as :func:`data.load_client_data` gives it from the pooled set."""
+    against its manifest), as :func:`flower_pfl.client_data.load_client_data` gives it from
+    the pooled set."""
     import torch
 
     folder = Path(folder).expanduser()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flower_pfl import data
+from flower_pfl import client_data, data
 from tests.conftest import small_config
 
 
@@ -99,13 +99,13 @@ def test_partition_cache_round_trip(labels):
 
 def test_client_data_tensors(labels):
     cfg = small_config().values
-    cd = data.load_client_data(cfg, 3)
+    cd = client_data.load_client_data(cfg, 3)
     part = data.get_partition(cfg, labels)
     assert cd.num_train == len(part.train[3]) and cd.num_test == len(part.test[3])
     assert tuple(cd.x_train.shape[1:]) == (1, 28, 28)
     assert abs(float(cd.x_train.mean())) < 1.0  # normalised
     with pytest.raises(data.DataError, match="outside"):
-        data.load_client_data(cfg, 99)
+        client_data.load_client_data(cfg, 99)
 
 
 def test_offline_dataset_error_is_clear(tmp_path, monkeypatch):

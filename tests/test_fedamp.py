@@ -214,7 +214,7 @@ def _cloud_models(strategy, pids, server_round):
 
 def _cloud_accuracy(strategy, cfg, pids, cloud):
     """Accuracy of each client's cloud model u_i on its own test split."""
-    from flower_pfl.data import load_client_data
+    from flower_pfl.client_data import load_client_data
     from flower_pfl.models import model_for, set_arrays
     from flower_pfl.training import evaluate
 

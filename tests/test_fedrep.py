@@ -59,7 +59,7 @@ def test_personalized_evaluation_uses_the_stored_head(tmp_path):
         reported = {int(r["partition-id"]): float(r["loss"])
                     for r in csv.DictReader(fh) if r["round"] == "2"}
     assert sorted(reported) == list(range(cfg["clients"]))
-    from flower_pfl.data import load_client_data
+    from flower_pfl.client_data import load_client_data
 
     model, init_head = model_for(cfg), initial_arrays(cfg)[2:]
     for proxy in manager.all().values():

@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from clients.base import ClientState
-from flower_pfl import data, inprocess
+from flower_pfl import client_data, inprocess
 from flower_pfl import plgu_math as pm
 from flower_pfl.models import build_model, get_arrays, initial_arrays
 from flower_pfl.training import TrainSpec, train, train_lwsam
@@ -85,7 +85,7 @@ def test_lwsam_perturbation_per_layer_proportional_to_scores_and_norm_rho():
 # ----------------------------------------------------------------- the optimizer step
 def _client_data():
     cfg = _cfg("fedsam")
-    return cfg, data.load_client_data(cfg.values, 0)
+    return cfg, client_data.load_client_data(cfg.values, 0)
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])

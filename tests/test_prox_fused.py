@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from flower_pfl.data import load_client_data
+from flower_pfl.client_data import load_client_data
 from flower_pfl.models import model_for
 from flower_pfl.training import (
     PROX_VALUE_EVERY,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from flower_pfl import cli, data, inprocess, shards
+from flower_pfl import cli, client_data, data, inprocess, shards
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def refuse_pooled(monkeypatch):
         return fail
 
     def arm():
-        data._CLIENT_DATA.clear()
+        client_data.clear_cache()
         monkeypatch.setattr(data, "load_pooled", refuse("load_pooled"))
         monkeypatch.setattr(data, "get_partition", refuse("get_partition"))
         return calls
@@ -56,8 +56,8 @@ def refuse_pooled(monkeypatch):
 
 
 def _pooled_client_data(cfg, pid):
-    data._CLIENT_DATA.clear()
-    return data.load_client_data(cfg.values, pid)
+    client_data.clear_cache()
+    return client_data.load_client_data(cfg.values, pid)
 
 
 def test_shard_equals_the_pooled_split_tensor_for_tensor(made, refuse_pooled):
@@ -66,7 +66,7 @@ def test_shard_equals_the_pooled_split_tensor_for_tensor(made, refuse_pooled):
     pooled = [_pooled_client_data(cfg, pid) for pid in range(4)]
     calls = refuse_pooled()
     for pid in range(4):
-        got = data.load_client_data(cfg.values, pid, str(out / str(pid)))
+        got = client_data.load_client_data(cfg.values, pid, str(out / str(pid)))
         want = pooled[pid]
         for name in ("x_train", "y_train", "x_test", "y_test"):
             a, b = getattr(got, name), getattr(want, name)
@@ -105,7 +105,7 @@ def test_a_shard_of_other_settings_is_refused_naming_what_differs(tmp_path, made
     shards.write_shards(other.values, tmp_path)
     calls = refuse_pooled()
     with pytest.raises(shards.ShardError) as err:
-        data.load_client_data(cfg.values, 2, str(tmp_path / "2"))
+        client_data.load_client_data(cfg.values, 2, str(tmp_path / "2"))
     msg = str(err.value)
     assert data.partition_key(other.values) in msg and data.partition_key(cfg.values) in msg
     assert f"{key}: {json.dumps(value)} vs {json.dumps(cfg.values[key])}" in msg
@@ -120,7 +120,7 @@ def test_a_shard_of_another_partition_id_is_refused(made, refuse_pooled):
     calls = refuse_pooled()
     with pytest.raises(shards.ShardError,
                        match=r"holds partition-id 1 but this node is partition-id 2"):
-        data.load_client_data(cfg.values, 2, str(out / "1"))
+        client_data.load_client_data(cfg.values, 2, str(out / "1"))
     assert calls == []
 
 
@@ -131,7 +131,7 @@ def test_a_changed_shard_file_is_refused(tmp_path, made, refuse_pooled):
     shard = tmp_path / "0" / "shard.npz"
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated in the copy to the site
     with pytest.raises(shards.ShardError, match=r"does not match the checksum"):
-        data.load_client_data(cfg.values, 0, str(tmp_path / "0"))
+        client_data.load_client_data(cfg.values, 0, str(tmp_path / "0"))
 
 
 def _accuracies(results: Path) -> dict:
@@ -161,7 +161,7 @@ def test_a_federation_on_shards_gives_the_pooled_runs_accuracies(tmp_path, made,
     cfg = _cfg(strategy="fedavg", rounds=2, **{"fraction-fit": 1.0})
     out = made[1]
     assert data.partition_key(cfg.values) == made[2][0]["settings-hash"]
-    data._CLIENT_DATA.clear()
+    client_data.clear_cache()
     inprocess.run(cfg, tmp_path / "pooled")
     pooled = _accuracies(tmp_path / "pooled")
     assert len(pooled) == 8  # 4 clients x 2 evaluation rounds
@@ -209,7 +209,7 @@ def test_cli_says_synthetic_gaussian_needs_no_shards(tmp_path, capsys):
 
 def test_synthetic_gaussian_ignores_a_data_root(made):
     cfg = _cfg(**{"data.dataset": "synthetic-gaussian", "model": "scalar"})
-    got = data.load_client_data(cfg.values, 1, str(made[1] / "1"))
+    got = client_data.load_client_data(cfg.values, 1, str(made[1] / "1"))
     assert got.task == "gaussian-mean"
 
 
