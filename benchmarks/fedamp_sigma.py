@@ -24,7 +24,7 @@ import numpy as np
 from flower_pfl import config, inprocess
 from flower_pfl.attention import fedamp_auto_weights, fedamp_weights, offdiag_mass, peak_over_mean
 from flower_pfl.client_data import load_client_data
-from flower_pfl.data import group_of_clients
+from flower_pfl.partitions import group_of_clients
 
 
 def main() -> None:

@@ -17,13 +17,15 @@ A failed run (e.g. Ray's start timed out) or one in which clients failed is run 
 to ``retries`` times; a configuration error is not retried.
 
 When the cells have run, :mod:`flower_pfl.tables` writes the table, the paired
-comparisons and the figures.  The matrix format: :mod:`flower_pfl.matrix`.
+comparisons and the figures.  The matrix format: :mod:`flower_pfl.matrix` (validated whole
+before any cell runs) and docs/bench.md.  What the console shows (cell k of N, the round
+inside the current cell): :class:`flower_pfl.console.BenchConsole`, handed in as
+``progress``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -35,6 +37,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import yaml
 
 from flower_pfl import config as config_mod
+from flower_pfl.console import fmt_s
 from flower_pfl.launch import federation_config, run_simulation, simulation_superlink
 from flower_pfl.matrix import Cell, Matrix
 from flower_pfl.procs import APP_DIR, LaunchError, ProcessSet, RunOutcome, flwr_run
@@ -113,13 +116,13 @@ def prepare(cell: Cell) -> tuple[config_mod.RunConfig, Path]:
 
 
 def run_on(superlink: tuple[dict, ProcessSet], cfg: config_mod.RunConfig, path: Path,
-           cell: Cell, echo: bool, timeout_s: float | None) -> RunOutcome:
+           cell: Cell, echo: bool, timeout_s: float | None, on_line=None) -> RunOutcome:
     """One cell's ``flwr run`` on an already running simulation SuperLink."""
     env, procs = superlink
     run_config = {"config-file": str(path), "overrides": "", "results-dir": str(cell.dir)}
     return flwr_run(run_config, cell.dir, env, procs, cell.dir / "flwr-run.log",
                     federation_config=federation_config(cfg), app_dir=APP_DIR, echo=echo,
-                    timeout_s=timeout_s)
+                    timeout_s=timeout_s, on_line=on_line)
 
 
 # --------------------------------------------------------------------------------- run
@@ -137,24 +140,18 @@ def environ(key: str, value: str) -> Iterator[None]:
             os.environ[key] = old
 
 
-def fmt_s(seconds: float | None) -> str:
-    """``1h02m03s`` / ``2m03s`` / ``3s``; ``unknown`` for None or not finite."""
-    if seconds is None or not math.isfinite(seconds):
-        return "unknown"
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
 def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool = False,
               timeout_s: float | None = None, only: Mapping[str, Sequence] | None = None,
-              log=print, ray: str = "per-run", retries: int = 1) -> list[dict[str, Any]]:
+              log=print, ray: str = "per-run", retries: int = 1,
+              progress=None) -> list[dict[str, Any]]:
     """Run every cell not done yet (optionally only some strategies/settings/seeds), then
     write the table and plots. Returns one record per cell of the matrix.
 
     A cell whose run failed (e.g. Ray's start timed out) or in which clients failed is run
-    again up to ``retries`` times; a configuration error is not retried."""
+    again up to ``retries`` times; a configuration error is not retried.  ``progress``
+    (a :class:`~flower_pfl.console.BenchConsole`) is told which cell runs
+    (``cell(k, key, rounds)``), gets every output line of its run (``feed``) and the
+    cells done (``cells_done(k, eta)``)."""
     out.mkdir(parents=True, exist_ok=True)
     cells = matrix.cells(out)
     states = {c.key: cell_state(c) for c in cells}
@@ -181,6 +178,9 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
                 retry = False
                 try:
                     cfg, path = prepare(cell)
+                    if progress is not None:
+                        progress.cell(k, cell.key, int(cfg["rounds"]))
+                    on_line = progress.feed if progress is not None else None
                     if superlink == "shared":
                         if shared is None:
                             wd = Path(tempfile.mkdtemp(prefix="flower-pfl-bench-"))
@@ -190,9 +190,11 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
                                 stack.enter_context(environ("RAY_ADDRESS", address))
                             shared = stack.enter_context(
                                 simulation_superlink(wd, out / "superlink.log"))
-                        run_on(shared, cfg, path, cell, echo=echo, timeout_s=timeout_s)
+                        run_on(shared, cfg, path, cell, echo=echo, timeout_s=timeout_s,
+                               on_line=on_line)
                     else:
-                        run_simulation(cfg, path, [], cell.dir, timeout_s=timeout_s, echo=echo)
+                        run_simulation(cfg, path, [], cell.dir, timeout_s=timeout_s, echo=echo,
+                                       on_line=on_line)
                     why = client_failures(cell.dir)
                     status = "completed" if why is None else "invalid"
                     if why is not None:
@@ -224,6 +226,8 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
             every = [d for ds in durations.values() for d in ds]
             eta = sum(sum(durations.get(c.setting, every)) / len(durations.get(c.setting, every))
                       for c in left) if every else None
+            if progress is not None:
+                progress.cells_done(k, eta if left else 0)
             log(f"[bench] cell {k}/{n} {cell.key}: {status} in {fmt_s(wall)} | elapsed "
                 f"{fmt_s(time.time() - started)} | est. left {fmt_s(eta if left else 0)} "
                 f"({len(left)} cells to run)", flush=True)

@@ -1,8 +1,9 @@
 """``flower-pfl``: run, check and benchmark personalized FL on Flower (the command line).
 
     flower-pfl run [--config simulation.yaml] [--set key=value ...] [--resume RESULTS_DIR]
+                   [--tensorboard DIR] [--verbose | --quiet]
     flower-pfl validate [--config FILE] [--set key=value ...]
-    flower-pfl strategies
+    flower-pfl strategies [NAME]
     flower-pfl partition [--config FILE] [--set key=value ...] --out DIR   (flower_pfl/shards.py)
     flower-pfl bench MATRIX.yaml [--seeds ...] [--set key=value ...]   (flower_pfl/bench.py)
     flower-pfl certs DIR | node-key DIR NAME | deploy ...                 (flower_pfl/deploy.py)
@@ -11,59 +12,76 @@
 Only this module parses arguments and turns outcomes into exit statuses (0 done; 1 the run
 failed; 2 a bad configuration or argument, nothing started; 128+N stopped by signal N); the
 modules it calls -- launch (``run``: one simulation), bench and tables, deploy, sites,
-shards -- are libraries and never import it.
+shards -- are libraries and never import it.  What ``run`` and ``bench`` print while a
+federation runs: :mod:`flower_pfl.console` (``--verbose``: Flower's and Ray's own log).
 
 ``run`` is the one source of truth for the client count: it validates the YAML first
-(one clear error, nothing started), then :func:`flower_pfl.launch.run_simulation` starts a
-private SuperLink, runs ``flwr run`` with ``num-supernodes`` and client resources taken
-from the YAML, checks the run's FINAL status and stops every process it started by PID,
-also on failure, Ctrl-C, SIGTERM or SIGHUP.
+(one clear error, nothing started; a bad ``--set`` is named as such), then
+:func:`flower_pfl.launch.run_simulation` starts a private SuperLink, runs ``flwr run``
+with ``num-supernodes`` and client resources taken from the YAML, checks the run's FINAL
+status and stops every process it started by PID, also on failure, Ctrl-C, SIGTERM or
+SIGHUP.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
+import shutil
 import signal
 import sys
+import textwrap
+import time
 from pathlib import Path
 from typing import Sequence
 
 from flower_pfl import config as config_mod
-from flower_pfl import registry
+from flower_pfl import registry, tracking
 from flower_pfl.bench import run_bench
-from flower_pfl.launch import resume_config, run_simulation
+from flower_pfl.console import BenchConsole, RunConsole
+from flower_pfl.launch import TRACKING_KEYS, resume_config, run_simulation
 from flower_pfl.matrix import MatrixError, load_matrix
 from flower_pfl.procs import APP_DIR, LaunchError, Terminated, stop_on_signals
 from flower_pfl.reliability import preflight
 from flower_pfl.tables import collect, write_plots, write_table
 
+WIDTH = 100  # the strategies list fits a terminal this wide
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``flower-pfl COMMAND ...``; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # strategies x settings x seeds: its own parser
-        return bench_main(argv[1:])
-    if argv[:1] in (["superlink"], ["supernode"], ["submit"]):  # one command per machine
-        from flower_pfl.sites import main as sites_main
 
-        return sites_main(argv)
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flower-pfl", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("bench", help="run a matrix of strategies x settings x seeds "
-                   "(flower-pfl bench MATRIX.yaml --help)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("bench", help="run a matrix of strategies x settings x seeds, then its "
+                   "table and plots (flower-pfl bench --help; format: docs/bench.md)")
+    helps = {"run": "run one configuration in Flower's Ray simulation; results in "
+                    "<output-dir>/<run-name>/",
+             "validate": "check a configuration (every problem at once) without running it"}
     for name in ("run", "validate"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name], description=helps[name])
         p.add_argument("--config", default=str(APP_DIR / "simulation.yaml"),
                        help="the run's YAML file (default: the app's simulation.yaml)")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override one key for this run (repeatable), e.g. --set rounds=5")
         if name == "run":
             p.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
-            p.add_argument("--quiet", action="store_true", help="do not echo Flower's log")
+            loud = p.add_mutually_exclusive_group()
+            loud.add_argument("--verbose", action="store_true",
+                              help="show Flower's and Ray's own log, unfiltered (it is always "
+                              "in <results>/flwr-run.log)")
+            loud.add_argument("--quiet", action="store_true",
+                              help="no per-round lines and no progress bar: warnings and the "
+                              "closing summary only")
+            p.add_argument("--tensorboard", metavar="DIR", default=None,
+                           help="write TensorBoard events to DIR/<run name> (the YAML's "
+                           "'tracking: tensorboard' writes them to <results>/tensorboard); "
+                           "needs pip install 'flower-pfl[tensorboard]'")
             p.add_argument("--resume", metavar="RESULTS_DIR", default=None,
                            help="continue a stopped run from its newest checkpoint (its own "
                            "configuration is used; --config/--set must match it if given)")
-    sub.add_parser("strategies")
+    p = sub.add_parser("strategies", help="list the registered strategies; with NAME, one "
+                       "strategy's description and hyper-parameters")
+    p.add_argument("name", nargs="?", help="a registered strategy, e.g. fedamp")
     p = sub.add_parser("partition", help="write each client's data shard to DIR/<partition-id>/ "
                        "(data per site in deployment)")
     p.add_argument("--config", default=str(APP_DIR / "simulation.yaml"),
@@ -86,9 +104,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--gpus", default="", help="comma-separated GPU ids, round-robin per node")
     p.add_argument("--data-root", default=None)
     p.add_argument("--timeout", type=float, default=None)
-    args = parser.parse_args(argv)
-    argv_list = list(sys.argv[1:] if argv is None else argv)
-    args.config_given = "--config" in argv_list
+    for name, text in (("superlink", "the server machine's SuperLink of a deployment on "
+                        "separate machines (flower-pfl superlink --help)"),
+                       ("supernode", "one client machine's SuperNode of such a deployment "
+                        "(flower-pfl supernode --help)"),
+                       ("submit", "submit a run to such a deployment's SuperLink "
+                        "(flower-pfl submit --help)")):
+        sub.add_parser(name, help=text)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``flower-pfl COMMAND ...``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # strategies x settings x seeds: its own parser
+        return bench_main(argv[1:])
+    if argv[:1] in (["superlink"], ["supernode"], ["submit"]):  # one command per machine
+        from flower_pfl.sites import main as sites_main
+
+        return sites_main(argv)
+    args = build_parser().parse_args(argv)
+    args.config_given = any(a == "--config" or a.startswith("--config=") for a in argv)
 
     if args.command == "certs":
         from flower_pfl.deploy import make_ca
@@ -102,20 +138,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         private, public = make_node_key(args.dir, args.name)
         print(f"private: {private}\npublic:  {public}")
         return 0
-
     if args.command == "strategies":
-        for entry in registry.REGISTRY.values():
-            print(f"{entry.name:12s} {entry.summary}")
-            for key, h in entry.hyper.items():
-                print(f"{'':14s}{key} = {h.default!r}: {h.doc}")
-        return 0
+        return strategies_command(args.name)
     resume_dir = Path(args.resume).resolve() if getattr(args, "resume", None) else None
+    sets = list(args.set or [])
+    # tracking changes no result: --tensorboard (and a tracking --set) may join a resume
+    extra = [s for s in sets if s.split("=", 1)[0].strip() in TRACKING_KEYS]
+    if getattr(args, "tensorboard", None):
+        extra += ["tracking=tensorboard",
+                  f"tracking-dir={Path(args.tensorboard).expanduser().resolve()}"]
+        sets += extra[-2:]
     try:
         if resume_dir is not None:
             cfg, resume_yaml = resume_config(
-                resume_dir, Path(args.config) if args.config_given else None, args.set or [])
+                resume_dir, Path(args.config) if args.config_given else None,
+                [s for s in sets if s not in extra])
+            if extra:
+                cfg = config_mod.load(resume_yaml, extra)
         else:
-            cfg = config_mod.load(Path(args.config), args.set or None)
+            cfg = load_config(Path(args.config), sets)
     except config_mod.ConfigError as exc:
         print(f"flower-pfl: {exc}", file=sys.stderr)
         return 2
@@ -128,46 +169,120 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{cfg['rounds']} rounds)")
         return 0
     if args.command == "deploy":
-        from flower_pfl.deploy import deploy
-        from strategies.base import default_results_dir
+        return deploy_command(args, cfg)
+    if resume_dir is not None:
+        return run_command(args, cfg, resume_yaml, extra, resume_dir)
+    return run_command(args, cfg, Path(args.config), sets, None)
 
-        if not args.certs and not args.insecure:
-            print("flower-pfl: deploy needs --certs DIR (TLS + node auth) or --insecure",
-                  file=sys.stderr)
-            return 2
-        results_dir = default_results_dir(cfg)
-        stop_on_signals()
+
+def load_config(path: Path, sets: Sequence[str]) -> config_mod.RunConfig:
+    """The YAML file with ``--set`` overrides; where the file alone is valid, an error is
+    the overrides' and says so (not "in simulation.yaml")."""
+    try:
+        return config_mod.load(path, list(sets) or None)
+    except config_mod.ConfigError as exc:
+        if not sets:
+            raise
         try:
-            deploy(Path(args.config), args.set or [], results_dir, cfg["clients"],
-                   None if args.insecure else Path(args.certs),
-                   [g for g in args.gpus.split(",") if g], args.data_root, args.timeout)
-        except LaunchError as exc:
-            print(f"flower-pfl: FAILED: {exc}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt as exc:
-            print("flower-pfl: stopped; every process of the deployment stopped", file=sys.stderr)
-            return 128 + getattr(exc, "signum", signal.SIGINT)
-        print(f"flower-pfl: deployment run completed. Results: {results_dir}")
+            config_mod.load(path)
+        except config_mod.ConfigError:
+            raise exc from None
+        problems = str(exc).split("\n", 1)[1] if "\n" in str(exc) else f"  - {exc}"
+        raise config_mod.ConfigError(
+            f"invalid --set {' '.join(sets)} (on top of {path}, which is valid):\n"
+            f"{problems}") from None
+
+
+def strategies_command(name: str | None) -> int:
+    """The registered strategies, one line each; with ``name``: that one in full."""
+    width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns)
+    if name is None:
+        pad = max(len(n) for n in registry.REGISTRY) + 2
+        for entry in registry.REGISTRY.values():
+            print(f"{entry.name:{pad}s}" + textwrap.shorten(entry.summary, width=width - pad,
+                                                             placeholder=" ..."))
+        print(f"\n{len(registry.REGISTRY)} strategies. `flower-pfl strategies NAME`: one "
+              f"strategy's description and hyper-parameters.")
         return 0
+    if name not in registry.REGISTRY:
+        close = difflib.get_close_matches(name, list(registry.REGISTRY), n=1, cutoff=0.6)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        print(f"flower-pfl: unknown strategy '{name}'{hint}; `flower-pfl strategies` lists "
+              f"them", file=sys.stderr)
+        return 2
+    entry = registry.REGISTRY[name]
+    wrap = lambda text, indent: textwrap.fill(text, width, initial_indent=indent,  # noqa: E731
+                                              subsequent_indent=indent)
+    print(wrap(f"{entry.name}: {entry.summary}", ""))
+    print(f"  strategy {entry.strategy}, client {entry.client}")
+    if not entry.hyper:
+        print("  no hyper-parameters")
+        return 0
+    print(f"  hyper-parameters (YAML: hyper: {{{name}: {{KEY: VALUE}}}}, or "
+          f"--set hyper.{name}.KEY=VALUE):")
+    for key, h in entry.hyper.items():
+        print(wrap(f"{key} = {h.default!r}" + (f"  ({h.allowed})" if h.allowed else ""), "    "))
+        if h.doc:
+            print(wrap(h.doc, "        "))
+    return 0
+
+
+def deploy_command(args, cfg: config_mod.RunConfig) -> int:
+    from flower_pfl.deploy import deploy
+    from strategies.base import default_results_dir
+
+    if not args.certs and not args.insecure:
+        print("flower-pfl: deploy needs --certs DIR (TLS + node auth) or --insecure",
+              file=sys.stderr)
+        return 2
+    results_dir = default_results_dir(cfg)
+    stop_on_signals()
+    try:
+        deploy(Path(args.config), args.set or [], results_dir, cfg["clients"],
+               None if args.insecure else Path(args.certs),
+               [g for g in args.gpus.split(",") if g], args.data_root, args.timeout)
+    except LaunchError as exc:
+        print(f"flower-pfl: FAILED: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:
+        print("flower-pfl: stopped; every process of the deployment stopped", file=sys.stderr)
+        return 128 + getattr(exc, "signum", signal.SIGINT)
+    print(f"flower-pfl: deployment run completed. Results: {results_dir}")
+    return 0
+
+
+def actor_estimate(cfg: config_mod.RunConfig) -> int | None:
+    """How many clients Ray runs at a time on this machine (CPU-bound; None with GPUs)."""
+    if float(cfg["client-resources.num-gpus"]) > 0:
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(int(cfg["clients"]), (cpus or 1) // int(cfg["client-resources.num-cpus"])))
+
+
+def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequence[str],
+                resume_dir: Path | None) -> int:
+    """``flower-pfl run``: preflight, the federation with its console, the summary."""
     from strategies.base import default_results_dir
 
     results_dir = resume_dir or default_results_dir(cfg)
+    console = RunConsole(cfg["rounds"], clients=cfg["clients"], actors=actor_estimate(cfg),
+                         verbose=args.verbose, quiet=args.quiet)
     try:
-        preflight(cfg, results_dir)
-    except Exception as exc:  # noqa: BLE001 - PreflightError, DataError: one clear line
+        tracking.require(cfg.values)
+        with console.own_warnings():
+            preflight(cfg, results_dir)
+    except Exception as exc:  # noqa: BLE001 - PreflightError, DataError, TrackingError
         print(f"flower-pfl: cannot start: {exc}", file=sys.stderr)
         return 2
-    print(f"flower-pfl: {cfg.strategy} on {cfg['data.dataset']}/{cfg['data.partition']}, "
-          f"{cfg['clients']} clients, {cfg['rounds']} rounds -> {results_dir}"
-          f"{' (resumed)' if resume_dir else ''}", flush=True)
+    console.print(f"flower-pfl: {cfg.strategy} on {cfg['data.dataset']}/{cfg['data.partition']}"
+                  f", {cfg['clients']} clients, {cfg['rounds']} rounds -> {results_dir}"
+                  f"{' (resumed)' if resume_dir else ''} (full log: flwr-run.log there)")
     stop_on_signals()
+    started = time.time()
     try:
-        if resume_dir is not None:
-            run_simulation(cfg, resume_yaml, [], results_dir, timeout_s=args.timeout,
-                           echo=not args.quiet, resume=True)
-        else:
-            run_simulation(cfg, Path(args.config), args.set or [], results_dir,
-                           timeout_s=args.timeout, echo=not args.quiet)
+        with console:
+            run_simulation(cfg, config_path, list(sets), results_dir, timeout_s=args.timeout,
+                           echo=False, resume=resume_dir is not None, on_line=console.feed)
     except LaunchError as exc:
         print(f"flower-pfl: FAILED: {exc}", file=sys.stderr)
         return 1
@@ -176,8 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flower-pfl: {name}; every process of the run stopped. Continue with "
               f"`flower-pfl run --resume {results_dir}`", file=sys.stderr)
         return 128 + getattr(exc, "signum", signal.SIGINT)
-    print(f"flower-pfl: run completed. Results: {results_dir}/rounds.csv (per round), "
-          f"{results_dir}/clients.csv (per client), {results_dir}/summary.json")
+    console.summary(results_dir, time.time() - started,
+                    tracking.logdir_hint(cfg.values, results_dir)
+                    if tracking.enabled(cfg.values) else None)
     return 0
 
 
@@ -185,8 +301,9 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     """``flower-pfl bench MATRIX.yaml ...`` (flower_pfl/bench.py, flower_pfl/matrix.py)."""
     p = argparse.ArgumentParser(prog="flower-pfl bench",
                                 description="strategies x settings x seeds, each cell a real "
-                                "run; resumes where it stopped")
-    p.add_argument("matrix", help="the matrix YAML file (see benchmarks/*.yaml)")
+                                "run; the whole matrix is validated before any cell runs; "
+                                "resumes where it stopped. Format: docs/bench.md")
+    p.add_argument("matrix", help="the matrix YAML file (docs/bench.md; benchmarks/*.yaml)")
     p.add_argument("--out", default=None,
                    help="output folder (default: bench-results/<matrix name> in the cwd)")
     p.add_argument("--strategies", nargs="+", help="run only these strategies' cells")
@@ -204,7 +321,8 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=None, help="seconds per cell before failing")
     p.add_argument("--retries", type=int, default=1,
                    help="run a failed or invalid (clients failed) cell again up to N times")
-    p.add_argument("--echo", action="store_true", help="echo Flower's log of every run")
+    p.add_argument("--echo", "--verbose", dest="echo", action="store_true",
+                   help="show Flower's and Ray's own log of every run, unfiltered")
     args = p.parse_args(argv)
     try:
         matrix = load_matrix(args.matrix, config_mod.parse_overrides(args.set))
@@ -225,9 +343,12 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     # stopped by PID); SIGINT is re-enabled because a shell's background job inherits it ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     stop_on_signals()
+    console = BenchConsole(len(matrix.cells(out)), verbose=args.echo)
     try:
-        records = run_bench(matrix, out, args.superlink, args.echo, args.timeout, only,
-                            ray=args.ray, retries=args.retries)
+        with console:
+            records = run_bench(matrix, out, args.superlink, False, args.timeout, only,
+                                log=console.log, ray=args.ray, retries=args.retries,
+                                progress=console)
     except KeyboardInterrupt:
         print("flower-pfl bench: interrupted; processes stopped (rerun to resume)",
               file=sys.stderr)

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
-from flower_pfl import data, shards
+from flower_pfl import data, partitions, shards
 from flower_pfl.data import ClientData
 
 _CACHE: dict[tuple[str, int], ClientData] = {}
@@ -32,7 +32,7 @@ def load_client_data(cfg: Mapping[str, Any], partition_id: int,
     ``root_override`` (the node's ``data-root``): a dataset folder (read instead of
     ``data.root``), or a shard folder holding a ``manifest.json``, whose shard is loaded and
     checked against ``cfg``."""
-    key = (data.partition_key(cfg) + str(root_override), partition_id)
+    key = (partitions.partition_key(cfg) + str(root_override), partition_id)
     if key in _CACHE:
         return _CACHE[key]
     dataset = cfg["data.dataset"]
@@ -44,7 +44,7 @@ def load_client_data(cfg: Mapping[str, Any], partition_id: int,
         loaded = shards.load_shard(root_override, cfg, partition_id)  # never the pooled set
     else:
         x, y = data.load_pooled(dataset, root_override or cfg["data.root"], cfg.get("cache-dir"))
-        part = data.get_partition(cfg, y)
+        part = partitions.get_partition(cfg, y)
         tr, te = part.train[partition_id], part.test[partition_id]
         loaded = ClientData(data.to_tensor(x[tr], dataset), torch.from_numpy(y[tr]),
                             data.to_tensor(x[te], dataset), torch.from_numpy(y[te]),

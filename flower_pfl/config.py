@@ -83,6 +83,13 @@ FIELDS: dict[str, Field] = {
     "output-dir": Field((str,), "outputs", None, "a directory path"),
     "run-name": Field((str,), None, None, "a name for the results folder", nullable=True),
     "cache-dir": Field((str,), None, None, "a directory for data/partition caches", nullable=True),
+    # experiment tracking (flower_pfl/tracking.py): what is written beside the results files
+    "tracking": Field((str,), "none", _in(("none", "tensorboard")), "one of ['none', "
+                      "'tensorboard'] (TensorBoard event files: pip install "
+                      "'flower-pfl[tensorboard]')", nullable=True),
+    "tracking-dir": Field((str,), None, None, "a folder or null: TensorBoard events go to "
+                          "<tracking-dir>/<run name> (null: <results>/tensorboard)",
+                          nullable=True),
     "data.dataset": Field((str,), "fmnist", _in(DATASETS), f"one of {list(DATASETS)}"),
     "data.root": Field((str,), None, None, "a directory holding the dataset", nullable=True),
     "data.partition": Field((str,), "dirichlet", _in(PARTITIONS), f"one of {list(PARTITIONS)}"),

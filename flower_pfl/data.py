@@ -1,4 +1,5 @@
-"""Datasets, partitions and per-client train/test splits.
+"""Datasets and client tensors (the partitions: :mod:`flower_pfl.partitions`; which data a
+client gets: :mod:`flower_pfl.client_data`).
 
 How a client's data is made (deterministic in ``seed``):
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -192,180 +192,6 @@ def _download(cls, root: Path, dataset: str) -> list:
                 f" Put torchvision's '{dataset}' files under data.root ({root}) or run online.")
         raise DataError(f"could not load dataset '{dataset}' ({type(exc).__name__}: {exc})."
                         + hint) from exc
-
-
-# ------------------------------------------------------------------------ partitions
-def practical_partition(labels: np.ndarray, num_clients: int, num_groups: int,
-                        dominant_share: float, rng: np.random.Generator,
-                        min_samples: int = 10) -> list[np.ndarray]:
-    """FedAMP section 7 'practical non-IID' partition.
-
-    Clients are split into ``num_groups`` contiguous groups and the classes into
-    ``num_groups`` disjoint sets of dominant classes (FMNIST: {0-3}, {4-6}, {7-9} for
-    three groups).  A client of group g draws ``dominant_share`` of its samples uniformly
-    from g's dominant classes and the rest uniformly from the other classes.  As in the
-    paper, sample counts differ by group (group g gets a share proportional to
-    ``num_groups - g``), every client sees all classes, and samples are drawn without
-    replacement from the pool.
-    """
-    classes = np.unique(labels)
-    if num_groups > len(classes):
-        raise DataError(f"data.groups = {num_groups} exceeds the {len(classes)} classes")
-    if num_groups > num_clients:
-        raise DataError(f"data.groups = {num_groups} exceeds clients = {num_clients}")
-    class_sets = np.array_split(classes, num_groups)
-    client_group = group_of_clients(num_clients, num_groups)
-    pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in classes}
-    # Group-specific sample counts (the paper uses 1000/700/400 for its three EMNIST groups):
-    # size the counts so the busiest class pool cannot run dry.
-    weight = np.array([num_groups - g for g in client_group], dtype=float)
-    per_class = min(len(p) for p in pools.values())
-    demand = np.zeros(len(classes))
-    for g in range(num_groups):
-        members = weight[client_group == g].sum()
-        dom = class_sets[g]
-        for c in classes:
-            share = dominant_share / len(dom) if c in dom else \
-                (1 - dominant_share) / (len(classes) - len(dom))
-            demand[np.searchsorted(classes, c)] += members * share
-    scale = 0.95 * per_class / demand.max()
-    sizes = np.maximum(min_samples, np.floor(weight * scale)).astype(int)
-    parts = []
-    for client, g in enumerate(client_group):
-        dom, rest = class_sets[g], np.setdiff1d(classes, class_sets[g])
-        n_dom = int(round(sizes[client] * dominant_share))
-        picks = _draw(pools, dom, n_dom, rng) + _draw(pools, rest, sizes[client] - n_dom, rng)
-        parts.append(np.array(picks, dtype=np.int64))
-    return parts
-
-
-def group_of_clients(num_clients: int, num_groups: int) -> np.ndarray:
-    """Group id of each client for the practical partition (contiguous blocks)."""
-    return np.concatenate([np.full(len(b), g) for g, b in
-                           enumerate(np.array_split(np.arange(num_clients), num_groups))])
-
-
-def _draw(pools: dict, classes: np.ndarray, count: int, rng: np.random.Generator) -> list[int]:
-    """Draw ``count`` samples uniformly over ``classes`` (round-robin on a random class order)."""
-    if count <= 0 or len(classes) == 0:
-        return []
-    per = np.full(len(classes), count // len(classes))
-    per[rng.choice(len(classes), count % len(classes), replace=False)] += 1
-    out: list[int] = []
-    for c, k in zip(classes, per):
-        pool = pools[c]
-        if len(pool) < k:
-            raise DataError("not enough samples for the practical partition; lower 'clients' or "
-                            "raise 'data.subsample'")
-        out.extend(pool[:k])
-        del pool[:k]
-    return out
-
-
-def _flwr_partition(labels: np.ndarray, cfg: Mapping[str, Any], seed: int) -> list[np.ndarray]:
-    from datasets import Dataset
-    from flwr_datasets import partitioner as fp
-
-    n = cfg["clients"]
-    kind = cfg["data.partition"]
-    if kind == "iid":
-        part = fp.IidPartitioner(num_partitions=n)
-    elif kind == "dirichlet":
-        part = fp.DirichletPartitioner(num_partitions=n, partition_by="label",
-                                       alpha=cfg["data.alpha"],
-                                       min_partition_size=cfg["data.min-samples"],
-                                       self_balancing=False, seed=seed)
-    else:
-        # "deterministic": client i holds classes i, i+1, ..., i+k-1 (mod C), so every class
-        # is used and each client has exactly k classes.
-        part = fp.PathologicalPartitioner(num_partitions=n, partition_by="label",
-                                          num_classes_per_partition=cfg["data.classes-per-client"],
-                                          class_assignment_mode="deterministic", seed=seed)
-    part.dataset = Dataset.from_dict({"label": labels.tolist(),
-                                      "idx": np.arange(len(labels)).tolist()})
-    try:
-        return [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(n)]
-    except ValueError as exc:
-        raise DataError(f"partition '{kind}' failed for {n} clients on {len(labels)} samples: "
-                        f"{exc}. Lower 'clients', 'data.min-samples' or raise 'data.alpha'."
-                        ) from exc
-
-
-@dataclass(frozen=True)
-class Partition:
-    """Per-client index arrays into the pooled dataset (possibly subsampled)."""
-
-    train: list[np.ndarray]
-    test: list[np.ndarray]
-
-
-PARTITION_KEYS = ("data.dataset", "data.partition", "data.alpha", "data.classes-per-client",
-                  "data.groups", "data.dominant-share", "data.max-train-samples",
-                  "data.subsample", "data.test-fraction", "data.min-samples", "clients", "seed")
-
-
-def make_partition(labels: np.ndarray, cfg: Mapping[str, Any]) -> Partition:
-    """Split pooled ``labels`` into per-client train/test index arrays (pure, seeded)."""
-    seed = cfg["seed"]
-    rng = np.random.default_rng([seed, 0x5EED])
-    pool = np.arange(len(labels))
-    if cfg["data.subsample"] and cfg["data.subsample"] < len(labels):
-        pool = np.sort(rng.choice(len(labels), cfg["data.subsample"], replace=False))
-    sub = labels[pool]
-    if cfg["data.partition"] == "practical":
-        parts = practical_partition(sub, cfg["clients"], cfg["data.groups"],
-                                    cfg["data.dominant-share"], rng, cfg["data.min-samples"])
-    else:
-        parts = _flwr_partition(sub, cfg, seed)
-    train, test = [], []
-    cap = cfg["data.max-train-samples"]
-    for client, local in enumerate(parts):
-        if len(local) < 2:
-            raise DataError(f"client {client} received {len(local)} samples; lower 'clients' "
-                            f"or raise 'data.subsample'")
-        local = pool[rng.permutation(local)]
-        n_test = max(1, int(round(len(local) * cfg["data.test-fraction"])))
-        tr, te = local[n_test:], local[:n_test]
-        if cap is not None:
-            tr = tr[:cap]
-        if len(tr) == 0 or len(te) == 0:
-            raise DataError(f"the partition leaves client {client} with {len(tr)} training and "
-                            f"{len(te)} test sample(s); lower 'clients' or raise 'data.subsample'")
-        train.append(np.sort(tr))
-        test.append(np.sort(te))
-    return Partition(train, test)
-
-
-def partition_key(cfg: Mapping[str, Any]) -> str:
-    blob = json.dumps({k: cfg[k] for k in PARTITION_KEYS}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-_PARTITIONS: dict[str, Partition] = {}
-
-
-def get_partition(cfg: Mapping[str, Any], labels: np.ndarray) -> Partition:
-    """Cached :func:`make_partition` (memory, then ``<cache>/partitions/<hash>.npz``)."""
-    key = partition_key(cfg)
-    if key in _PARTITIONS:
-        return _PARTITIONS[key]
-    cache = Path(cfg.get("cache-dir") or default_cache_dir()) / "partitions"
-    path = cache / f"{key}.npz"
-    if path.is_file():
-        with np.load(path) as z:
-            part = Partition(np.split(z["train"], z["train_ends"][:-1]),
-                             np.split(z["test"], z["test_ends"][:-1]))
-    else:
-        part = make_partition(labels, cfg)
-        cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".npz")
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, train=np.concatenate(part.train), test=np.concatenate(part.test),
-                     train_ends=np.cumsum([len(p) for p in part.train]),
-                     test_ends=np.cumsum([len(p) for p in part.test]))
-        os.replace(tmp, path)  # atomic: several Ray actors may build it at once
-    _PARTITIONS[key] = part
-    return part
 
 
 # -------------------------------------------------------------------- client tensors

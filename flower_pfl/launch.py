@@ -7,7 +7,10 @@ and client resources taken from the YAML (:func:`federation_config`), checks the
 FINAL status (:func:`flower_pfl.procs.flwr_run`: ``flwr run --stream`` exits 0 even when
 the run failed) and stops every process it started -- SuperLink, SuperExec, ServerApp,
 Ray -- by PID, also on failure or Ctrl-C.  :func:`resume_config` rebuilds the configuration
-of a run to resume from its checkpoint.  The command line: :mod:`flower_pfl.cli`.
+of a run to resume from its checkpoint (the tracking keys, :data:`TRACKING_KEYS`, may
+differ: they change no result).  The command line: :mod:`flower_pfl.cli`; what it prints
+while a run goes (it passes ``echo=False`` and its console's ``on_line``):
+:mod:`flower_pfl.console`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from flower_pfl.procs import (  # noqa: F401 - LaunchError: what run_simulation 
 from flower_pfl.procs import (  # noqa: F401 - kept until tests/test_deployment.py and
     is_alive as _alive,  # test_e2e_simulation.py import procs.is_alive
 )
+
+#: configuration keys that say where a run's numbers are also written, not what runs: a
+#: resumed run may set them differently (flower_pfl/tracking.py)
+TRACKING_KEYS = ("tracking", "tracking-dir")
 
 
 # ------------------------------------------------------------------------ processes
@@ -134,7 +141,7 @@ def resume_config(results_dir: Path, config_path: Path | None = None,
         given = config_mod.load(config_path or APP_DIR / "simulation.yaml",
                                 list(overrides) or None)
         diff = sorted(k for k in set(given.values) | set(cfg.values)
-                      if given.values.get(k) != cfg.values.get(k))
+                      if given.values.get(k) != cfg.values.get(k) and k not in TRACKING_KEYS)
         if given.hyper != cfg.hyper:
             diff.append("hyper")
         if diff:

@@ -5,7 +5,7 @@ A matrix file (see ``benchmarks/*.yaml``; ``flower-pfl bench`` runs it)::
     name: fedacs-table1                 # output folder name (default: the file's stem)
     base: ../simulation.yaml            # base run YAML (relative to this file; default: the app's)
     set: {clients: 100, data: {partition: dirichlet, subsample: null}}   # for every cell
-    strategies:                         # registered or not: unregistered ones show "not run"
+    strategies:                         # registered names (`flower-pfl strategies`)
       - local
       - fedacs: {hyper: {fedacs: {pick-ratio: 0.8}}}   # overrides for this strategy only
       - plgu-lf-rho0: {strategy: plgu-lf, hyper: {plgu-lf: {rho: 0}}}  # an alias: a second
@@ -33,11 +33,17 @@ n/a with one seed; lower is better for an error metric): :mod:`flower_pfl.tables
 A cell's YAML is the base, then the matrix's ``set``, the setting's ``set``, the strategy's
 overrides and the command line's ``--set`` (:func:`flower_pfl.config.merge`), with its
 strategy and seed, and only that strategy's ``hyper`` section.  Every problem of the file
-is collected into ONE :class:`MatrixError` before anything runs.
+is collected into ONE :class:`MatrixError` before anything runs: unknown keys, a strategy
+(or an alias's ``strategy``) that is not registered -- with the closest registered name --,
+paper numbers for a label the matrix does not run, and every cell's full configuration
+through :func:`flower_pfl.config.validate`, the validator of ``flower-pfl run`` (so
+``rounds: -2`` or a misspelt hyper-parameter stops the bench before its first cell).
+docs/bench.md documents the format with a complete example.
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -45,7 +51,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from flower_pfl import registry
-from flower_pfl.config import merge
+from flower_pfl.config import ConfigError, merge, validate
 from flower_pfl.procs import APP_DIR
 
 # which of our numbers sits beside the paper's: matrix's `compare` -> table column
@@ -148,16 +154,88 @@ def load_matrix(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         problems.append(f"'compare' = {compare!r}: allowed are {sorted(COMPARE)}")
     pairs, pair_problems = check_pairs(raw.get("pairs"), list(strategies))
     problems += pair_problems
-    if problems:
-        raise MatrixError(f"invalid matrix {path}:\n  - " + "\n  - ".join(problems))
-    base = yaml.safe_load(base_path.read_text()) or {}
+    problems += check_strategies(strategies)
+    problems += check_labels(raw, settings, list(strategies))
+    base = (yaml.safe_load(base_path.read_text()) or {}) if base_path.is_file() else {}
     base = merge(base, raw.get("set") or {})
-    return Matrix(overrides=dict(overrides or {}), name=str(raw.get("name") or path.stem),
-                  path=path, base_path=base_path,
-                  strategies=strategies, settings={k: dict(v or {}) for k, v in settings.items()},
-                  seeds=list(seeds), compare=compare,
-                  paper_names=dict(raw.get("paper-names") or {}),
-                  notes=str(raw.get("notes") or ""), base=base, pairs=pairs)
+    matrix = Matrix(overrides=dict(overrides or {}), name=str(raw.get("name") or path.stem),
+                    path=path, base_path=base_path, strategies=strategies,
+                    settings={k: dict(v or {}) for k, v in settings.items()},
+                    seeds=list(seeds) if isinstance(seeds, list) else [0], compare=compare,
+                    paper_names=dict(raw.get("paper-names") or {}),
+                    notes=str(raw.get("notes") or ""), base=base, pairs=pairs)
+    if base_path.is_file():  # every cell's configuration, problems of the file above or not
+        problems += check_cells(matrix)
+    if problems:
+        raise MatrixError(f"invalid matrix {path} (nothing was run):\n  - "
+                          + "\n  - ".join(problems))
+    return matrix
+
+
+def closest(name: str, candidates: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest candidate, or ``""``."""
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def check_strategies(strategies: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Every label runs a registered strategy (an alias names it in ``strategy:``)."""
+    problems = []
+    for label, over in strategies.items():
+        name = str(over.get("strategy", label))
+        if name in registry.REGISTRY:
+            continue
+        where = f"'{label}'" if name == label else f"'{label}' (strategy: '{name}')"
+        problems.append(f"strategies: {where} is not a registered strategy"
+                        f"{closest(name, list(registry.REGISTRY))}; `flower-pfl strategies` "
+                        f"lists them (an alias: {{label: {{strategy: NAME, ...}}}})")
+    return problems
+
+
+def check_labels(raw: Mapping[str, Any], settings: Any, labels: Sequence[str]) -> list[str]:
+    """Paper numbers are given for strategies this matrix runs (a misspelt label would
+    silently drop the number, its gap and its line on the curves)."""
+    problems = []
+    places: list[tuple[str, Any]] = []
+    if isinstance(settings, Mapping):
+        for name, spec in settings.items():
+            for key in ("paper", "paper-global"):
+                places.append((f"settings.{name}.{key}", (spec or {}).get(key)))
+    places.append(("paper-names", raw.get("paper-names")))
+    for where, mapping in places:
+        if mapping is None:
+            continue
+        if not isinstance(mapping, Mapping):
+            problems.append(f"{where}: must map a strategy of the matrix to a value")
+            continue
+        for label in mapping:
+            if label not in labels:
+                problems.append(f"{where}: '{label}' is not a strategy of this matrix"
+                                f"{closest(str(label), labels)}")
+    return problems
+
+
+def check_cells(matrix: Matrix) -> list[str]:
+    """Every cell's configuration through the run validator; a problem shared by several
+    cells is reported once, with the cells it concerns."""
+    found: dict[str, list[str]] = {}
+    cells = matrix.cells(Path("/nonexistent"))
+    for cell in cells:
+        if cell.tree is None:
+            continue
+        try:
+            validate(cell.tree, source=cell.key)
+        except ConfigError as exc:
+            for problem in str(exc).split("\n  - ")[1:]:
+                found.setdefault(problem.strip(), []).append(f"{cell.setting}/{cell.strategy}")
+    problems = []
+    every = {f"{c.setting}/{c.strategy}" for c in cells}
+    for problem, where in found.items():
+        where = list(dict.fromkeys(where))
+        shown = "every cell" if set(where) == every and len(every) > 1 else \
+            ", ".join(where[:4]) + (f" and {len(where) - 4} more" if len(where) > 4 else "")
+        problems.append(f"{problem} [{shown}]")
+    return problems
 
 
 def check_pairs(raw: Any, strategies: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:

@@ -291,13 +291,14 @@ def preflight(cfg, results_dir: str | Path | None = None) -> None:
         check_output_dir(results_dir)
     values = cfg.values if hasattr(cfg, "values") else cfg
     from flower_pfl import data as data_mod
+    from flower_pfl.partitions import get_partition
 
     if values["data.dataset"] == "synthetic-gaussian":
         return
     try:
         x, y = data_mod.load_pooled(values["data.dataset"], values["data.root"],
                                     values.get("cache-dir"))
-        part = data_mod.get_partition(values, y)
+        part = get_partition(values, y)
     except data_mod.DataError as exc:
         raise PreflightError(str(exc)) from exc
     for pid, (tr, te) in enumerate(zip(part.train, part.test)):

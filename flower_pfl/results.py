@@ -14,7 +14,11 @@
                        crash loses nothing already measured
 * ``<name>.npy/.png`` -- matrices a strategy saves (FedAMP attention, FedACS mask); the PNG
                        orders clients by their true group where the partition has groups
-* ``curves.png``    -- personalized mean and worst-10% vs round, written when the run ends
+* ``curves.png``    -- accuracy vs round (personalized mean, worst-10%, top-10%; the global
+                       model's mean where there is one) beside the loss (train, test),
+                       written when the run ends
+* ``tensorboard/``  -- with ``tracking: tensorboard``: the same records as TensorBoard
+                       events (:mod:`flower_pfl.tracking`; the writer hands them over)
 
 Everything is appended/rewritten as it happens, not only at the end.
 
@@ -33,6 +37,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from flower_pfl import tracking
 from flower_pfl.atomic import atomic_write_text
 from flower_pfl.metrics import STAT_KEYS, best_mean
 
@@ -47,7 +52,9 @@ class ResultsWriter:
         self.status = "running"
         self.lower_is_better = False
         self.config = dict(config)
+        self.last_clients: list[dict[str, Any]] = []  # the last evaluated round's rows
         _write_json(self.dir / "config.json", config)
+        self.tracker = tracking.open_tracker(self.config.get("values", {}), self.dir)
         self._write_summary()
 
     def log_round(self, server_round: int, personal: Mapping[str, float],
@@ -63,7 +70,10 @@ class ResultsWriter:
         row["personal_bmta"] = self._best("personal_mean")
         _append_csv(self.dir / "rounds.csv", row)
         _append_csv(self.dir / "clients.csv", [{"round": server_round, **c} for c in clients])
+        self.last_clients = [dict(c) for c in clients]
         self._write_summary()
+        if self.tracker is not None:
+            self.tracker.round(row, clients)
 
     def _best(self, key: str) -> float:
         """BMTA: best per-round mean so far (max; min for an error metric such as mse)."""
@@ -75,23 +85,33 @@ class ResultsWriter:
         row = {"round": server_round, **values}
         self.server_rows.append(row)
         _append_csv(self.dir / "server.csv", row)
+        if self.tracker is not None:
+            self.tracker.server(server_round, values)
 
     def log_table(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Append rows to ``<name>.csv`` (e.g. FedACS' peers per client per round)."""
         _append_csv(self.dir / f"{name}.csv", rows)
+        if name == "fit" and self.tracker is not None:
+            self.tracker.fit(rows)
 
     def save_matrix(self, name: str, matrix: np.ndarray, labels: Sequence[int] | None = None
                     ) -> None:
         np.save(self.dir / f"{name}.npy", np.asarray(matrix))
         if labels is not None:
             np.save(self.dir / f"{name}_ids.npy", np.asarray(labels))
+        values = self.config.get("values", {})
+        server_round = int(self.rounds[-1]["round"]) if self.rounds else None
         write_heatmap_png(self.dir / f"{name}.png", np.asarray(matrix, dtype=np.float64),
-                          groups=true_groups(self.config.get("values", {})),
-                          title=f"{name} ({self.config.get('values', {}).get('strategy', '')})")
+                          groups=true_groups(values),
+                          title=matrix_title(name, str(values.get("strategy", "")),
+                                             server_round),
+                          untrained=untrained(self.last_clients))
 
     def finish(self, status: str) -> None:
         self.status = status
         self._write_summary()
+        if self.tracker is not None:
+            self.tracker.close()
         if self.rounds:
             try:
                 self.write_curves()
@@ -99,15 +119,18 @@ class ResultsWriter:
                 (self.dir / "curves.error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
 
     def write_curves(self) -> Path:
-        """``curves.png``: personalized mean and worst-10% vs round of this run."""
+        """``curves.png``: this run's accuracy (personalized mean, worst-10%, top-10%; the
+        global model's mean) vs round, beside its loss."""
         from flower_pfl import plots  # matplotlib: imported only when a figure is drawn
 
         values = self.config.get("values", {})
-        return plots.curves({str(values.get("strategy", "run")): [self.rounds]},
-                            self.dir / "curves.png", metric="mse" if self.lower_is_better
-                            else "accuracy", title=f"{values.get('strategy', '')} on "
-                            f"{values.get('data.dataset', '')}/{values.get('data.partition', '')}"
-                            f", {values.get('clients', '')} clients")
+        return plots.run_curves(self.rounds, self.dir / "curves.png",
+                                metric="mse" if self.lower_is_better else "accuracy",
+                                loss=loss_by_round(self.dir),
+                                title=f"{values.get('strategy', '')} on "
+                                f"{values.get('data.dataset', '')}/"
+                                f"{values.get('data.partition', '')}, "
+                                f"{values.get('clients', '')} clients")
 
     def _write_summary(self) -> None:
         summary: dict[str, Any] = {"status": self.status, "rounds": self.rounds,
@@ -160,17 +183,78 @@ def true_groups(values: Mapping[str, Any]) -> list[int] | None:
     """The partition's ground-truth client groups (FedAMP practical), else None."""
     if values.get("data.partition") != "practical":
         return None
-    from flower_pfl.data import group_of_clients
+    from flower_pfl.partitions import group_of_clients
 
     return group_of_clients(int(values["clients"]), int(values["data.groups"])).tolist()
 
 
 def write_heatmap_png(path: Path, matrix: np.ndarray, groups: Sequence[int] | None = None,
-                      title: str = "") -> None:
+                      title: str = "", untrained: Sequence[int] = ()) -> None:
     """Write ``matrix`` as a heatmap PNG (matplotlib, :func:`flower_pfl.plots.heatmap`)."""
     from flower_pfl import plots
 
-    plots.heatmap(np.asarray(matrix, dtype=np.float64), Path(path), title=title, groups=groups)
+    name = Path(path).stem.split("-")[-1]
+    plots.heatmap(np.asarray(matrix, dtype=np.float64), Path(path), title=title, groups=groups,
+                  untrained=untrained, label=MATRIX_LABELS.get(name, "weight"),
+                  binary=MATRIX_BINARY.get(name))
+
+
+# what a saved matrix is (save_matrix's name -> its heatmap's title and colour-bar label)
+MATRIX_TITLES = {
+    "attention": "aggregation weights xi_ij (row i: weight of client j's model in u_i)",
+    "selection": "peer selection 1[xi_ij > 0] (row i: models client i aggregates)",
+}
+MATRIX_LABELS = {"attention": "weight xi_ij"}
+# a selection is a 0/1 mask (a legend); weights keep a colour bar even when all 0 or 1
+MATRIX_BINARY = {"selection": True, "attention": False}
+
+
+def matrix_title(name: str, strategy: str, server_round: int | None, extra: str = "") -> str:
+    """A heatmap's title: which strategy, what the matrix is, which round."""
+    what = MATRIX_TITLES.get(name, name)
+    when = f", round {server_round}" if server_round is not None else ""
+    return f"{strategy}: {what}{when}{extra}"
+
+
+def untrained(clients: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Partition-ids whose evaluation row says they never trained (``fit-rounds`` 0)."""
+    return sorted(int(c["partition-id"]) for c in clients
+                  if "fit-rounds" in c and str(c["fit-rounds"]) != ""
+                  and int(float(c["fit-rounds"])) == 0)
+
+
+def last_evaluation(run_dir: Path) -> tuple[int | None, list[dict[str, str]]]:
+    """(round, clients.csv rows) of a run's last evaluated round; (None, []) without one."""
+    rows = read_rows(run_dir, "clients")
+    if not rows:
+        return None, []
+    last = max(int(r["round"]) for r in rows)
+    return last, [r for r in rows if int(r["round"]) == last]
+
+
+def loss_by_round(run_dir: Path) -> dict[str, dict[int, float]]:
+    """Per round: the mean ``train_loss`` of the accepted uploads (fit.csv) and the clients'
+    personalized test loss weighted by their test samples (clients.csv)."""
+    out: dict[str, dict[int, float]] = {"train": {}, "personalized test": {}}
+    fits: dict[int, list[float]] = {}
+    for r in read_rows(run_dir, "fit"):
+        try:
+            fits.setdefault(int(r["round"]), []).append(float(r["train_loss"]))
+        except (KeyError, ValueError):
+            continue
+    out["train"] = {k: float(np.mean(v)) for k, v in fits.items()}
+    tests: dict[int, tuple[list[float], list[float]]] = {}
+    for r in read_rows(run_dir, "clients"):
+        try:
+            loss, w = float(r["loss"]), float(r.get("num-test") or 1)
+        except (KeyError, ValueError):
+            continue
+        ls, ws = tests.setdefault(int(r["round"]), ([], []))
+        ls.append(loss)
+        ws.append(w)
+    out["personalized test"] = {k: float(np.average(ls, weights=ws))
+                                for k, (ls, ws) in tests.items() if sum(ws) > 0}
+    return {k: v for k, v in out.items() if v}
 
 
 # ------------------------------------------------------------------------- reading

@@ -1,7 +1,7 @@
 """Data per site: each client machine holds only its own shard, not the whole dataset.
 
 A *shard* is one client's local data exactly as the simulation splits it
-(:func:`flower_pfl.data.load_pooled` + :func:`flower_pfl.data.get_partition`): its train
+(:func:`flower_pfl.data.load_pooled` + :func:`flower_pfl.partitions.get_partition`): its train
 and test images as the pooled arrays hold them (uint8 ``(N, C, H, W)``, int64 labels), so
 a client that loads its shard gets bit-identical tensors through the same normalisation
 (:func:`flower_pfl.data.to_tensor`).  ``flower-pfl partition --config FILE --out DIR``
@@ -10,8 +10,8 @@ writes one folder per client, ``DIR/<partition-id>/``, holding
 * ``shard.npz``: the arrays ``x_train``, ``y_train``, ``x_test``, ``y_test``;
 * ``manifest.json``: ``partition-id``, ``num-partitions``, ``dataset``, ``num-classes``,
   ``counts`` (``train``/``test``), ``label-histogram`` (``train``/``test``, one count per
-  class), ``settings-hash`` (:func:`flower_pfl.data.partition_key` of the configuration),
-  ``settings`` (the values of :data:`flower_pfl.data.PARTITION_KEYS` the hash is made of,
+  class), ``settings-hash`` (:func:`flower_pfl.partitions.partition_key` of the configuration),
+  ``settings`` (the values of :data:`flower_pfl.partitions.PARTITION_KEYS` the hash is made of,
   for a human to read), ``shard-sha256`` (a checksum of ``shard.npz``) and ``command``
   (how the shard was made).
 
@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from flower_pfl import data
+from flower_pfl import data, partitions
 
 MANIFEST = "manifest.json"
 SHARD_FILE = "shard.npz"
@@ -56,8 +56,8 @@ class ShardError(data.DataError):
 
 
 def settings_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The data settings a shard depends on (those :func:`data.partition_key` hashes)."""
-    return {k: cfg[k] for k in data.PARTITION_KEYS}
+    """The data settings a shard depends on (those :func:`partitions.partition_key` hashes)."""
+    return {k: cfg[k] for k in partitions.PARTITION_KEYS}
 
 
 def is_shard_folder(path: str | os.PathLike | None) -> bool:
@@ -102,10 +102,10 @@ def write_shards(cfg: Mapping[str, Any], out_dir: str | os.PathLike, command: st
         raise data.DataError("data.dataset = synthetic-gaussian: no shards are needed (each "
                              "client generates its samples from the run's settings)")
     x, y = data.load_pooled(dataset, cfg["data.root"], cfg.get("cache-dir"))
-    part = data.get_partition(cfg, y)
+    part = partitions.get_partition(cfg, y)
     num_classes = data.NUM_CLASSES[dataset]
     settings = settings_of(cfg)
-    key = data.partition_key(cfg)
+    key = partitions.partition_key(cfg)
     out = Path(out_dir).expanduser()
     manifests = []
     for pid, (tr, te) in enumerate(zip(part.train, part.test)):
@@ -179,8 +179,8 @@ def partition_command(cfg: Mapping[str, Any], out_dir: str | os.PathLike,
     test = sum(m["counts"]["test"] for m in manifests)
     echo(f"flower-pfl: wrote {len(manifests)} shards ({train} train + {test} test samples, "
          f"{cfg['data.dataset']}/{cfg['data.partition']}, settings-hash "
-         f"{data.partition_key(cfg)}) to {Path(out_dir).expanduser()}. Give each client machine "
-         f"its folder <out>/<partition-id> as data-root in --node-config.")
+         f"{partitions.partition_key(cfg)}) to {Path(out_dir).expanduser()}. Give each client "
+         f"machine its folder <out>/<partition-id> as data-root in --node-config.")
     stale = stale_folders(out_dir, len(manifests))
     if stale:
         echo(f"note: {out_dir} also holds shard folders of other settings ({', '.join(stale)}); "
@@ -219,7 +219,7 @@ def check_shard(manifest: Mapping[str, Any], cfg: Mapping[str, Any], partition_i
         problems.append(f"it holds partition-id {shard_pid} but this node is partition-id "
                         f"{partition_id}: point data-root at the folder <out>/{partition_id} "
                         f"that `flower-pfl partition` wrote")
-    run_key, shard_key = data.partition_key(cfg), manifest.get("settings-hash")
+    run_key, shard_key = partitions.partition_key(cfg), manifest.get("settings-hash")
     if shard_key != run_key:
         shard_settings = manifest.get("settings")
         shard_settings = shard_settings if isinstance(shard_settings, dict) else {}

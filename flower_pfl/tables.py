@@ -17,9 +17,11 @@ From the finished cells of a :class:`~flower_pfl.matrix.Matrix` (read back throu
   (:func:`flower_pfl.stats.paired_interval`); verdict: holds (the interval excludes 0 on
   A's better side), does not hold (on B's), tie (contains 0), n/a (1 seed).  Lower is
   better for an error metric.
-* per setting ``curves-<setting>.png``, ``clients-<setting>.png`` and
-  ``heatmap-<setting>-<strategy>-<matrix>.png`` (:mod:`flower_pfl.plots`; clients ordered
-  by their true group where the partition has groups).
+* per setting ``curves-<setting>.png`` (personalized mean, worst-10% and the global
+  model's mean vs round, the paper's number as a dotted line), ``clients-<setting>.png``
+  and ``heatmap-<setting>-<strategy>-<matrix>.png`` (:mod:`flower_pfl.plots`; clients
+  ordered by their true group where the partition has groups, clients not trained by the
+  last evaluated round marked).
 
 Choices left open: a cell counts only where its run completed with every client (see
 :func:`flower_pfl.results.client_failures`); s/round is measured after the first
@@ -38,13 +40,18 @@ import numpy as np
 from flower_pfl import config as config_mod
 from flower_pfl.matrix import COMPARE, Cell, Matrix
 from flower_pfl.results import (
+    MATRIX_BINARY,
+    MATRIX_LABELS,
     client_failures,
+    last_evaluation,
+    matrix_title,
     metric_of,
     read_json,
     read_rows,
     read_summary,
     read_values,
     true_groups,
+    untrained,
 )
 from flower_pfl.stats import mean_std, paired_interval, verdict
 
@@ -326,12 +333,14 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
 
 
 def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> list[Path]:
-    """Per setting: curves over rounds, per-client distribution of the final round, and the
-    heatmaps of the matrices a strategy saved (first finished seed)."""
+    """Per setting: curves over rounds (with the paper's numbers), per-client distribution
+    of the final round, and the heatmaps of the matrices a strategy saved (first finished
+    seed; its last evaluated round, clients not trained by then marked)."""
     from flower_pfl import plots  # matplotlib: imported only when figures are drawn
 
     written = []
-    for setting in matrix.settings:
+    compared = {"bmta": "BMTA", "final": "final mean", "weighted": "weighted mean"}
+    for setting, spec in matrix.settings.items():
         curves: dict[str, list] = {}
         dist: dict[str, list[float]] = {}
         metric = "accuracy"
@@ -355,13 +364,21 @@ def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> li
                     # a cell copied without its config.json (e.g. committed by hand) still
                     # gets its heatmap, without the group order
                     values = read_values(done[0].dir)
+                    at, clients = last_evaluation(done[0].dir)
                     written.append(plots.heatmap(
                         np.load(npy), out / f"heatmap-{setting}-{strategy}-{name}.png",
-                        title=f"{strategy} {name}, {setting}, seed {done[0].seed}",
-                        groups=true_groups(values) if values else None))
+                        title=matrix_title(name, strategy, at, f"\n{setting}, seed "
+                                           f"{done[0].seed}"),
+                        groups=true_groups(values) if values else None,
+                        untrained=untrained(clients),
+                        label=MATRIX_LABELS.get(name, "weight"),
+                        binary=MATRIX_BINARY.get(name)))
         if curves:
             written.append(plots.curves(curves, out / f"curves-{setting}.png",
-                                        title=f"{matrix.name} / {setting}", metric=metric))
+                                        title=f"{matrix.name} / {setting}", metric=metric,
+                                        paper=spec.get("paper") or {},
+                                        paper_global=spec.get("paper-global") or {},
+                                        paper_label=f"compare with our {compared[matrix.compare]}"))
             written.append(plots.distribution(dist, out / f"clients-{setting}.png",
                                               title=f"{matrix.name} / {setting}: per-client, "
                                               f"final round, all seeds", metric=metric))

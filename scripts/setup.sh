@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up flower-pfl on a fresh Debian machine: the Fashion-MNIST Debian package and a
-# virtual environment (.venv) with the project and its test extra. Idempotent.
+# virtual environment (.venv) with the project and its test and tensorboard extras.
+# Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # torch/torchvision pinned to the releases this project is tested with (pyproject.toml).
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 \
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,tensorboard]" 2>&1 \
   | { grep -v "^WARNING: Location" || true; }
 echo "setup: OK ($(.venv/bin/python -c 'import flwr, torch; print("flwr", flwr.__version__, "torch", torch.__version__)'))"

@@ -1,9 +1,10 @@
 """`flower-pfl bench`: a tiny matrix end to end through the real `flwr run` path.
 
-2 strategies x 1 setting x 2 seeds (MCLR, 4 clients, 2 rounds, 3000 FMNIST images), plus one
-strategy name that is not registered (must read "not run", never a number). Checks: every
-cell ran through Flower's simulation, the table's numbers are the per-run summary files'
-numbers, the plots exist, and a rerun skips every finished cell.
+2 strategies x 1 setting x 2 seeds (MCLR, 4 clients, 2 rounds, 3000 FMNIST images). Checks:
+every cell ran through Flower's simulation, the table's numbers are the per-run summary
+files' numbers, the plots exist, and a rerun skips every finished cell.  A matrix with a
+strategy that is not registered, or a bad value, is refused whole before any cell runs
+(exit 2), naming the closest registered name.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from flower_pfl import bench, matrix, rayhead, results, tables
 from flower_pfl.config import merge
 
 STRATEGIES = ["fedavg", "fedacs"]
-UNREGISTERED = "not-registered-yet"
 SEEDS = [0, 1]
 
 
@@ -34,8 +34,8 @@ def tiny(tmp_path_factory):
         "set": {"rounds": 2, "clients": 4, "fraction-fit": 1.0, "model": "mclr",
                 "data": {"dataset": "fmnist", "partition": "practical", "groups": 2,
                          "subsample": 3000}},
-        "strategies": STRATEGIES + [UNREGISTERED],
-        "settings": {"prac": {"paper": {"fedavg": 50.0, UNREGISTERED: 90.0}}},
+        "strategies": STRATEGIES,
+        "settings": {"prac": {"paper": {"fedavg": 50.0, "fedacs": 90.0}}},
         "seeds": SEEDS,
         "compare": "bmta",
     }
@@ -82,20 +82,51 @@ def test_every_cell_ran_through_flwr_and_table_matches_summaries(tiny):
     assert table["fedavg"]["global_final"] != ""  # fedavg has a global model
     assert table["fedacs"]["global_final"] == ""  # fedacs has none: no number
     # progress: cell k of N with an estimate of what is left
-    done = [s for s in lines if re.search(r"cell [1-6]/6 prac/\S+/seed-\d: completed in .* "
+    done = [s for s in lines if re.search(r"cell [1-4]/4 prac/\S+/seed-\d: completed in .* "
                                           r"\| elapsed .* \| est\. left", s)]
     assert len(done) == len(STRATEGIES) * len(SEEDS)
 
 
-@pytest.mark.slow  # the `tiny` fixture runs 4 cells through `flwr run`
-def test_unregistered_strategy_reads_not_run(tiny):
-    m, out, records, lines = tiny
-    row = _table(out)[UNREGISTERED]
-    assert row["status"].startswith("not run") and row["final_mean"] == "" and row["gap"] == ""
-    md = (out / "table.md").read_text()
-    line = next(ln for ln in md.splitlines() if ln.startswith(f"| {UNREGISTERED} "))
-    assert "not run" in line and "90.00" in line  # the paper's number, no number of ours
-    assert not (out / "runs" / "prac" / UNREGISTERED).exists()
+def _bench(tmp_path, spec, *args):
+    """`flower-pfl bench` on a matrix written from ``spec``: (exit status, stderr)."""
+    import contextlib
+    import io
+
+    from flower_pfl.cli import main
+
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["bench", str(path), "--out", str(tmp_path / "out"), *args])
+    return rc, err.getvalue()
+
+
+def test_a_typo_in_a_strategy_stops_the_bench_before_anything_runs(tmp_path):
+    rc, err = _bench(tmp_path, {"strategies": ["fedavg", "fedampp"], "seeds": [0]})
+    assert rc == 2 and not (tmp_path / "out").exists()  # nothing run, nothing written
+    assert "'fedampp' is not a registered strategy (did you mean 'fedamp'?)" in err
+    # an alias names its registered strategy: that name is checked
+    rc, err = _bench(tmp_path, {"strategies": [{"sw": {"strategy": "heurfedam"}}]})
+    assert rc == 2 and "'sw' (strategy: 'heurfedam') is not a registered strategy (did you " \
+        "mean 'heurfedamp'?)" in err
+
+
+def test_every_cell_goes_through_the_run_validator_first(tmp_path):
+    rc, err = _bench(tmp_path, {
+        "set": {"rounds": -2},
+        "strategies": ["fedavg", {"fedacs": {"hyper": {"fedacs": {"pick-ration": 0.8}}}}],
+        "settings": {"a": {}, "b": {"set": {"clients": 1}, "paper": {"fedav": 70.0}}}})
+    assert rc == 2 and not (tmp_path / "out").exists()
+    assert "'rounds' = -2 is out of range: allowed is an integer >= 1 [every cell]" in err
+    assert "'hyper.fedacs.pick-ration' is not a hyper-parameter of 'fedacs'" in err
+    assert "[a/fedacs, b/fedacs]" in err  # the cells it concerns
+    assert "'clients' = 1 is out of range" in err and "[b/fedavg, b/fedacs]" in err
+    assert "settings.b.paper: 'fedav' is not a strategy of this matrix (did you mean " \
+        "'fedavg'?)" in err
+    # the command line's --set goes through the same validator
+    rc, err = _bench(tmp_path, {"strategies": ["fedavg"]}, "--set", "train.lr=fast")
+    assert rc == 2 and "'train.lr' = 'fast' has the wrong type" in err
 
 
 @pytest.mark.slow  # the `tiny` fixture runs 4 cells through `flwr run`
@@ -314,13 +345,13 @@ def test_an_alias_runs_its_registered_strategy_under_its_own_label(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump({
         "strategies": ["fedprox", {"fedprox-mu0": {"strategy": "fedprox",
-                                                   "hyper": {"fedprox": {"mu": 0.0}}}}],
+                                                   "hyper": {"fedprox": {"mu": 0.5}}}}],
         "pairs": [["fedprox", "fedprox-mu0"]]}))
     m = matrix.load_matrix(path)
     plain, alias = m.cells(tmp_path / "out")
     assert alias.strategy == "fedprox-mu0" and alias.dir.parent.name == "fedprox-mu0"
     assert alias.tree["strategy"] == "fedprox" and "strategy" not in alias.tree["hyper"]
-    assert alias.tree["hyper"] == {"fedprox": {"mu": 0.0}} and "hyper" not in plain.tree
+    assert alias.tree["hyper"] == {"fedprox": {"mu": 0.5}} and "hyper" not in plain.tree
     records = tables.collect(m, m.cells(tmp_path / "out"))
     assert [r["status"] for r in records] == ["not run", "not run"]  # registered, not run
 
@@ -414,3 +445,18 @@ def test_pairs_must_name_strategies_of_the_matrix(tmp_path):
     msg = str(err.value)
     assert "['fedsam'], not a strategy of this matrix" in msg
     assert "['fedavg'] is not a pair [A, B]" in msg and "with itself" in msg
+
+
+def test_the_documented_example_is_a_valid_matrix(tmp_path):
+    """docs/bench.md's complete example loads as it is written (from benchmarks/, where its
+    `base: ../simulation.yaml` points at the app's file)."""
+    repo = Path(__file__).resolve().parent.parent
+    example = (repo / "docs" / "bench.md").read_text().split("```yaml\n", 1)[1].split("```")[0]
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "m.yaml").write_text(example)
+    shutil.copy(repo / "simulation.yaml", tmp_path / "simulation.yaml")
+    m = matrix.load_matrix(tmp_path / "benchmarks" / "m.yaml")
+    cells = m.cells(tmp_path / "out")
+    assert len(cells) == 30 and m.pairs == [("fedamp", "fedavg"), ("fedamp-sw0.1", "fedamp")]
+    alias = next(c for c in cells if c.strategy == "fedamp-sw0.1")
+    assert alias.tree["strategy"] == "fedamp" and alias.tree["rounds"] == 30

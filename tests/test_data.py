@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flower_pfl import client_data, data
+from flower_pfl import client_data, data, partitions
 from tests.conftest import small_config
 
 
@@ -31,7 +31,7 @@ def test_pathological_has_exactly_k_classes(labels):
     for k in (2, 3):
         cfg = small_config(**{"clients": 20, "data.partition": "pathological",
                               "data.classes-per-client": k, "data.subsample": 20000}).values
-        part = data.make_partition(labels, cfg)
+        part = partitions.make_partition(labels, cfg)
         for i in range(20):
             assert len(np.unique(labels[part.train[i]])) == k
             assert set(labels[part.test[i]]) <= set(labels[part.train[i]])
@@ -42,8 +42,8 @@ def test_practical_groups_hold_dominant_share(labels):
     for share in (0.8, 0.6):
         cfg = small_config(**{"clients": 12, "data.partition": "practical", "data.groups": 3,
                               "data.dominant-share": share, "data.subsample": 30000}).values
-        part = data.make_partition(labels, cfg)
-        groups = data.group_of_clients(12, 3)
+        part = partitions.make_partition(labels, cfg)
+        groups = partitions.group_of_clients(12, 3)
         dominant = np.array_split(np.arange(10), 3)
         sizes = {}
         for i in range(12):
@@ -59,7 +59,7 @@ def test_practical_groups_hold_dominant_share(labels):
 
 def test_cap_on_train_samples(labels):
     cfg = small_config(**{"clients": 10, "data.max-train-samples": 50}).values
-    part = data.make_partition(labels, cfg)
+    part = partitions.make_partition(labels, cfg)
     assert all(len(t) == 50 for t in part.train)
     assert all(len(t) > 0 for t in part.test)
 
@@ -68,7 +68,7 @@ def test_iid_vs_dirichlet_label_skew(labels):
     def mean_tv(partition):
         cfg = small_config(**{"clients": 20, "data.partition": partition, "data.alpha": 0.1,
                               "data.subsample": 20000}).values
-        part = data.make_partition(labels, cfg)
+        part = partitions.make_partition(labels, cfg)
         tvs = []
         for i in range(20):
             hist = np.bincount(_client_labels(part, labels, i), minlength=10) / \
@@ -82,17 +82,17 @@ def test_iid_vs_dirichlet_label_skew(labels):
 
 def test_same_seed_same_partition_other_seed_differs(labels):
     cfg = small_config(**{"data.partition": "dirichlet"}).values
-    a, b = data.make_partition(labels, cfg), data.make_partition(labels, cfg)
+    a, b = partitions.make_partition(labels, cfg), partitions.make_partition(labels, cfg)
     assert all(np.array_equal(x, y) for x, y in zip(a.train + a.test, b.train + b.test))
-    c = data.make_partition(labels, small_config(**{"seed": 1}).values)
+    c = partitions.make_partition(labels, small_config(**{"seed": 1}).values)
     assert not all(np.array_equal(x, y) for x, y in zip(a.train, c.train))
 
 
 def test_partition_cache_round_trip(labels):
     cfg = small_config(**{"data.partition": "iid", "seed": 5}).values
-    first = data.get_partition(cfg, labels)
-    data._PARTITIONS.clear()  # force the disk copy
-    second = data.get_partition(cfg, labels)
+    first = partitions.get_partition(cfg, labels)
+    partitions._PARTITIONS.clear()  # force the disk copy
+    second = partitions.get_partition(cfg, labels)
     assert all(np.array_equal(x, y) for x, y in zip(first.train + first.test,
                                                    second.train + second.test))
 
@@ -100,7 +100,7 @@ def test_partition_cache_round_trip(labels):
 def test_client_data_tensors(labels):
     cfg = small_config().values
     cd = client_data.load_client_data(cfg, 3)
-    part = data.get_partition(cfg, labels)
+    part = partitions.get_partition(cfg, labels)
     assert cd.num_train == len(part.train[3]) and cd.num_test == len(part.test[3])
     assert tuple(cd.x_train.shape[1:]) == (1, 28, 28)
     assert abs(float(cd.x_train.mean())) < 1.0  # normalised
@@ -159,10 +159,10 @@ def test_corrupt_dataset_file_is_named(tmp_path):
 def test_partition_leaving_a_client_without_data_is_named(labels):
     cfg = small_config(clients=10, **{"data.partition": "iid", "data.subsample": 15})
     with pytest.raises(data.DataError, match=r"client \d+ received 1 samples"):
-        data.make_partition(labels, cfg.values)
+        partitions.make_partition(labels, cfg.values)
     cfg = small_config(clients=10, **{"data.partition": "iid", "data.subsample": 20,
                                       "data.max-train-samples": 1})
-    part = data.make_partition(labels, cfg.values)  # 2 samples each: 1 train, 1 test
+    part = partitions.make_partition(labels, cfg.values)  # 2 samples each: 1 train, 1 test
     assert all(len(t) == 1 for t in part.train) and all(len(t) == 1 for t in part.test)
 
 

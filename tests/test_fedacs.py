@@ -7,7 +7,7 @@ import pytest
 
 from flower_pfl import inprocess
 from flower_pfl.attention import consensus_weights, fedacs_weights, quantile_threshold
-from flower_pfl.data import group_of_clients
+from flower_pfl.partitions import group_of_clients
 from tests.conftest import small_config
 
 S = np.array([[1.0, 0.9, 0.2, 0.6],

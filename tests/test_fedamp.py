@@ -136,7 +136,7 @@ def _in_group_share(xi, groups):
 
 @pytest.mark.parametrize("strategy", ["fedamp", "heurfedamp"])
 def test_attention_concentrates_within_practical_groups(strategy, tmp_path):
-    from flower_pfl.data import group_of_clients
+    from flower_pfl.partitions import group_of_clients
 
     cfg = small_config(strategy=strategy, clients=12, rounds=4, **{
         "data.partition": "practical", "data.groups": 3, "data.subsample": 12000})

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from flower_pfl import cli, client_data, data, inprocess, shards
+from flower_pfl import cli, client_data, data, inprocess, partitions, shards
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def refuse_pooled(monkeypatch):
     def arm():
         client_data.clear_cache()
         monkeypatch.setattr(data, "load_pooled", refuse("load_pooled"))
-        monkeypatch.setattr(data, "get_partition", refuse("get_partition"))
+        monkeypatch.setattr(partitions, "get_partition", refuse("get_partition"))
         return calls
 
     return arm
@@ -79,7 +79,7 @@ def test_shard_equals_the_pooled_split_tensor_for_tensor(made, refuse_pooled):
 def test_manifest_counts_histograms_and_settings_match_the_data(made):
     cfg, out, manifests = made
     x, y = data.load_pooled("fmnist", None, cfg.values.get("cache-dir"))
-    part = data.get_partition(cfg.values, y)
+    part = partitions.get_partition(cfg.values, y)
     for pid in range(4):
         manifest = json.loads((out / str(pid) / "manifest.json").read_text())
         assert manifest == manifests[pid]
@@ -89,8 +89,8 @@ def test_manifest_counts_histograms_and_settings_match_the_data(made):
         assert manifest["counts"] == {"train": len(tr), "test": len(te)}
         assert manifest["label-histogram"]["train"] == np.bincount(y[tr], minlength=10).tolist()
         assert manifest["label-histogram"]["test"] == np.bincount(y[te], minlength=10).tolist()
-        assert manifest["settings-hash"] == data.partition_key(cfg.values)
-        assert manifest["settings"] == {k: cfg.values[k] for k in data.PARTITION_KEYS}
+        assert manifest["settings-hash"] == partitions.partition_key(cfg.values)
+        assert manifest["settings"] == {k: cfg.values[k] for k in partitions.PARTITION_KEYS}
         with np.load(out / str(pid) / "shard.npz") as z:  # the raw arrays, as pooled
             assert z["x_train"].dtype == np.uint8 and np.array_equal(z["x_train"], x[tr])
             assert np.array_equal(z["y_train"], y[tr]) and np.array_equal(z["y_test"], y[te])
@@ -107,9 +107,10 @@ def test_a_shard_of_other_settings_is_refused_naming_what_differs(tmp_path, made
     with pytest.raises(shards.ShardError) as err:
         client_data.load_client_data(cfg.values, 2, str(tmp_path / "2"))
     msg = str(err.value)
-    assert data.partition_key(other.values) in msg and data.partition_key(cfg.values) in msg
+    pkey = partitions.partition_key
+    assert pkey(other.values) in msg and pkey(cfg.values) in msg
     assert f"{key}: {json.dumps(value)} vs {json.dumps(cfg.values[key])}" in msg
-    others = [k for k in data.PARTITION_KEYS if k != key and f"{k}:" in msg]
+    others = [k for k in partitions.PARTITION_KEYS if k != key and f"{k}:" in msg]
     assert others == [], msg  # only the setting that differs is listed
     assert "flower-pfl partition --config" in msg and "--out" in msg
     assert calls == []
@@ -160,7 +161,7 @@ def _shard_federation(out: Path, num: int):
 def test_a_federation_on_shards_gives_the_pooled_runs_accuracies(tmp_path, made, refuse_pooled):
     cfg = _cfg(strategy="fedavg", rounds=2, **{"fraction-fit": 1.0})
     out = made[1]
-    assert data.partition_key(cfg.values) == made[2][0]["settings-hash"]
+    assert partitions.partition_key(cfg.values) == made[2][0]["settings-hash"]
     client_data.clear_cache()
     inprocess.run(cfg, tmp_path / "pooled")
     pooled = _accuracies(tmp_path / "pooled")
