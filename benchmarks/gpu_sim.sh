@@ -50,11 +50,11 @@ cell gpu auto "$frac"
     sleep 2
   done ) &
 poll=$!
-(cd "$here" && "$py" -m flower_pfl.launch run --config "$out/gpu.yaml") > "$out/gpu.log" 2>&1
+(cd "$here" && "$py" -m flower_pfl.cli run --config "$out/gpu.yaml") > "$out/gpu.log" 2>&1
 echo "gpu run exit $?"
 kill $poll 2>/dev/null
 cell cpu cpu 0
-(cd "$here" && "$py" -m flower_pfl.launch run --config "$out/cpu.yaml") > "$out/cpu.log" 2>&1
+(cd "$here" && "$py" -m flower_pfl.cli run --config "$out/cpu.yaml") > "$out/cpu.log" 2>&1
 echo "cpu run exit $?"
 
 "$py" - "$out" <<'EOF'

@@ -39,7 +39,7 @@ RAYLETS=$(pgrep -f -- "raylet.*$TMP" | tr '\n' ' ')
 echo "cluster: head + worker at $IP:$PORT; raylets (one per node): $RAYLETS"
 RAY_ADDRESS="$IP:$PORT" $PY -c "import ray; ray.init(); print('cluster CPUs:', ray.cluster_resources().get('CPU'), 'nodes:', len([n for n in ray.nodes() if n['Alive']]))"
 START=$(date +%s.%N)
-RAY_ADDRESS="$IP:$PORT" $PY -m flower_pfl.launch run --config "$CFG" --quiet
+RAY_ADDRESS="$IP:$PORT" $PY -m flower_pfl.cli run --config "$CFG" --quiet
 END=$(date +%s.%N)
 # which node ran which ClientApp actor: each node's raylet log lists the actors it hosted
 LOGS="$TMP/ray/session_latest/logs"

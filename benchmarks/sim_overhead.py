@@ -135,7 +135,7 @@ def sim(tree: dict, out: Path, engine: str = "flwr") -> dict:
     if engine == "flwr":  # `flower-pfl run` of THIS checkout (python -m from its root)
         path = out / "sim.yaml"
         path.write_text(yaml.safe_dump(tree))
-        cmd = [sys.executable, "-m", "flower_pfl.launch", "run", "--config", str(path),
+        cmd = [sys.executable, "-m", "flower_pfl.cli", "run", "--config", str(path),
                "--quiet"]
     else:  # matrix_inprocess.py's child: one process, one torch thread (as one Ray actor)
         (out / engine).mkdir(exist_ok=True)

@@ -16,7 +16,6 @@ while a run goes (it passes ``echo=False`` and its console's ``on_line``):
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -33,9 +32,6 @@ from flower_pfl.procs import (  # noqa: F401 - LaunchError: what run_simulation 
     flwr_run,
     free_port,
     wait_http,
-)
-from flower_pfl.procs import (  # noqa: F401 - kept until tests/test_deployment.py and
-    is_alive as _alive,  # test_e2e_simulation.py import procs.is_alive
 )
 
 #: configuration keys that say where a run's numbers are also written, not what runs: a
@@ -149,15 +145,3 @@ def resume_config(results_dir: Path, config_path: Path | None = None,
                                          f"different configuration (differs in: "
                                          f"{', '.join(diff)})")
     return cfg, path
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Kept until tests/test_shards.py and the scripts that call ``python -m
-    flower_pfl.launch`` use :mod:`flower_pfl.cli` (the command line lives there)."""
-    from flower_pfl.cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
