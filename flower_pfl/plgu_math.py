@@ -125,6 +125,22 @@ def lwsam_perturbation(grads: Sequence[torch.Tensor], scales: Sequence[float], r
     return [(rho * float(s) / norm).to(g.dtype) * g.detach() for g, s in zip(grads, scales)]
 
 
+def perturbed_gradient(model: nn.Module, tensors: Sequence[torch.Tensor],
+                       eps: Sequence[torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
+                       loss_fn: LossFn) -> tuple[torch.Tensor, ...]:
+    """g~ = the gradient of the batch loss w.r.t. ``tensors`` at tensors + eps; the tensors
+    are restored bit for bit afterwards (a copy, not a subtraction)."""
+    saved = [p.detach().clone() for p in tensors]
+    with torch.no_grad():
+        for p, e in zip(tensors, eps):
+            p.add_(e)
+    grads = torch.autograd.grad(loss_fn(model(xb), yb), list(tensors))
+    with torch.no_grad():
+        for p, s in zip(tensors, saved):
+            p.copy_(s)
+    return grads
+
+
 def two_model_step(theta_model: nn.Module, theta: Sequence[torch.Tensor],
                    w: Sequence[torch.Tensor], opt_theta: torch.optim.Optimizer,
                    opt_w: torch.optim.Optimizer, xb: torch.Tensor, yb: torch.Tensor,
@@ -138,15 +154,8 @@ def two_model_step(theta_model: nn.Module, theta: Sequence[torch.Tensor],
     g = torch.autograd.grad(loss, list(theta))
     g_tilde = g
     if rho > 0:
-        eps = lwsam_perturbation(g, scales, rho)
-        saved = [p.detach().clone() for p in theta]
-        with torch.no_grad():
-            for p, e in zip(theta, eps):
-                p.add_(e)
-        g_tilde = torch.autograd.grad(loss_fn(theta_model(xb), yb), list(theta))
-        with torch.no_grad():
-            for p, s in zip(theta, saved):
-                p.copy_(s)
+        g_tilde = perturbed_gradient(theta_model, theta, lwsam_perturbation(g, scales, rho),
+                                     xb, yb, loss_fn)
     for p, gi in zip(theta, g):
         p.grad = gi.detach()
     opt_theta.step()

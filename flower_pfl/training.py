@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flower_pfl.plgu_math import lwsam_perturbation
+from flower_pfl.plgu_math import lwsam_perturbation, perturbed_gradient
 
 
 @dataclass(frozen=True)
@@ -223,14 +223,8 @@ def lwsam_step(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor,
     grads = torch.autograd.grad(loss, tensors)
     g_pert, g_plain = grads[:len(perturbed)], grads[len(perturbed):]
     if rho > 0 and perturbed:
-        eps = lwsam_perturbation(g_pert, scales, rho)
-        with torch.no_grad():
-            for p, e in zip(perturbed, eps):
-                p.add_(e)
-        g_pert = torch.autograd.grad(loss_fn(model(xb), yb), list(perturbed))
-        with torch.no_grad():
-            for p, e in zip(perturbed, eps):
-                p.sub_(e)
+        g_pert = perturbed_gradient(model, perturbed, lwsam_perturbation(g_pert, scales, rho),
+                                    xb, yb, loss_fn)
     for p, g in zip(tensors, list(g_pert) + list(g_plain)):
         p.grad = g.detach()
     opt.step()
