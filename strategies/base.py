@@ -450,6 +450,15 @@ class PersonalizedStrategy(Checkpointing, Strategy):
                     log(INFO, "[flower-pfl] partition-id %d is back (node %s)", pid, proxy.cid)
                 self.pid_of_cid[proxy.cid] = pid
                 self.proxies[pid] = proxy
+        # a node that comes back under a node id already mapped (node authentication keeps
+        # the id across restarts) needs no handshake: take its current proxy again
+        for cid, proxy in available.items():
+            pid = self.pid_of_cid.get(cid)
+            if pid is not None and (pid not in self.proxies
+                                    or self.proxies[pid].cid not in available):
+                if self._federation_checked and pid not in self.proxies:
+                    log(INFO, "[flower-pfl] partition-id %d is back (node %s)", pid, cid)
+                self.proxies[pid] = proxy
         # drop proxies of nodes that disconnected (a restarted SuperNode gets a new proxy)
         gone = sorted(pid for pid, p in self.proxies.items() if p.cid not in available)
         if gone:

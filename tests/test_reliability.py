@@ -493,3 +493,24 @@ def test_node_that_leaves_is_not_fatal_and_rejoins_under_its_partition_id(tmp_pa
     assert int(last[2]["fit-rounds"]) == 3 and int(last[0]["fit-rounds"]) == 4
     server = {int(r["round"]): r for r in _read(tmp_path / "server.csv")}
     assert int(server[2]["sampled"]) == 3 and int(server[3]["sampled"]) == 4
+
+
+def test_node_that_rejoins_under_the_same_node_id_is_sampled_again(tmp_path):
+    """Deployment with node authentication: a restarted SuperNode keeps its node id. Gone at
+    one round's start and back at the next, it must be sampled again (it was mapped already,
+    so no handshake re-adds it; found by the namespace deployment test)."""
+    cfg = small_config(strategy="fedavg", clients=4, rounds=4, model="mclr",
+                       **{"fraction-fit": 1.0, "data.subsample": 2000})
+    manager = inprocess.make_federation(4)
+    node = next(p for p in manager.all().values() if p.context.node_config["partition-id"] == 2)
+
+    def churn(strategy_obj, r):
+        if r == 1:
+            manager.unregister(node)
+        if r == 2:  # back under the SAME node id
+            manager.register(inprocess.InProcessProxy(node.cid, node.context))
+    inprocess.run(cfg, tmp_path, manager=manager, on_round=churn)
+    rows = _read(tmp_path / "clients.csv")
+    by_round = {r: sorted(int(x["partition-id"]) for x in rows if x["round"] == str(r))
+                for r in range(1, 5)}
+    assert by_round == {1: [0, 1, 2, 3], 2: [0, 1, 3], 3: [0, 1, 2, 3], 4: [0, 1, 2, 3]}
