@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from flower_pfl.attention import fedamp_alpha_bound, fedamp_weights
-from flower_pfl.params import ModelMatrix
+from flower_pfl.algorithms.attention import fedamp_alpha_bound, fedamp_weights
+from flower_pfl.learning.params import ModelMatrix
 
 
 def timed(fn, repeat: int = 1) -> float:

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sim_overhead import peak_pss  # benchmarks/, this script's directory
 
-from flower_pfl.procs import pids_naming, process_tree
-from flower_pfl.rayhead import RAY_SHORT_TMP_DIR, RAY_SHORT_TMP_PREFIX
+from flower_pfl.running.procs import pids_naming, process_tree
+from flower_pfl.running.rayhead import RAY_SHORT_TMP_DIR, RAY_SHORT_TMP_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,7 +76,7 @@ def run_mode(mode: str, matrix_path: Path, work: Path) -> dict:
                             stderr=subprocess.STDOUT, text=True)
     # The shared Ray instance daemonizes (re-parented to init) and its workers rename
     # themselves (`ray::ClientAppActor`); its temp dir is the private TMPDIR or, where that
-    # path is too long for Ray's sockets, a new short one (flower_pfl.rayhead.ray_temp_dir).
+    # path is too long for Ray's sockets, a new short one (flower_pfl.running.rayhead.ray_temp_dir).
     # Count every process naming one of those (gcs, raylet, agents) with its descendants.
     short = os.path.join(RAY_SHORT_TMP_DIR, RAY_SHORT_TMP_PREFIX + "*")
     ray_dirs_before = set(glob.glob(short))

@@ -1,7 +1,7 @@
 """Compare strategies on one configuration, in one process (same data, same seed).
 
 Runs each strategy with its real Strategy and NumPyClient classes through
-flower_pfl.inprocess (no Ray: fast for small studies) and prints final and best
+flower_pfl.running.inprocess (no Ray: fast for small studies) and prints final and best
 (BMTA) personalized accuracy, worst-10% accuracy and the global accuracy where there is
 one.  For experiments of record use `flower-pfl run` (Flower's simulation engine).
 
@@ -17,7 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from flower_pfl import config, inprocess
+from flower_pfl import config
+from flower_pfl.running import inprocess
 
 
 def main() -> None:

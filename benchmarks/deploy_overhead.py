@@ -18,8 +18,8 @@ from pathlib import Path
 import yaml
 
 from flower_pfl import config
-from flower_pfl.deploy import Deployment, make_ca, make_node_key
-from flower_pfl.launch import run_simulation
+from flower_pfl.running.deploy import Deployment, make_ca, make_node_key
+from flower_pfl.running.launch import run_simulation
 
 
 def per_round(results: Path) -> float:

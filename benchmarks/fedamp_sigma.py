@@ -21,10 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_pfl import config, inprocess
-from flower_pfl.attention import fedamp_auto_weights, fedamp_weights, offdiag_mass, peak_over_mean
-from flower_pfl.client_data import load_client_data
-from flower_pfl.partitions import group_of_clients
+from flower_pfl import config
+from flower_pfl.algorithms.attention import (
+    fedamp_auto_weights,
+    fedamp_weights,
+    offdiag_mass,
+    peak_over_mean,
+)
+from flower_pfl.learning.client_data import load_client_data
+from flower_pfl.learning.partitions import group_of_clients
+from flower_pfl.running import inprocess
 
 
 def main() -> None:

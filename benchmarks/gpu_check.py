@@ -15,9 +15,9 @@ import time
 import torch
 
 from flower_pfl import config
-from flower_pfl.client_data import load_client_data
-from flower_pfl.models import model_for, resolve_device
-from flower_pfl.training import TrainSpec, evaluate, train
+from flower_pfl.learning.client_data import load_client_data
+from flower_pfl.learning.models import model_for, resolve_device
+from flower_pfl.learning.training import TrainSpec, evaluate, train
 
 
 def run(cfg, device, steps, epochs=1):

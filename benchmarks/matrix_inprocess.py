@@ -4,7 +4,7 @@
 cell at a time: the experiment of record.  On a machine with many cores and a GPU, a matrix
 of small-model cells is bound by one simulation's start and by its one-round-at-a-time
 clients; this script runs the same cells (the same ``cell.yaml`` the bench writes, the same
-Strategy and NumPyClient classes) through ``flower_pfl.inprocess`` -- the direct-call
+Strategy and NumPyClient classes) through ``flower_pfl.running.inprocess`` -- the direct-call
 transport the tests use -- with ``--jobs`` cells at a time, each in its own process (with
 ``device: auto`` on the GPU where there is one).  Each finished cell's ``bench-cell.json``
 says ``"engine": "inprocess"`` and the table marks its row, so a table never passes an
@@ -35,10 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flower_pfl import bench
 from flower_pfl import config as config_mod
-from flower_pfl.matrix import Cell, MatrixError, load_matrix
-from flower_pfl.results import read_summary
+from flower_pfl.reporting.results import read_summary
+from flower_pfl.running import bench
+from flower_pfl.running.matrix import Cell, MatrixError, load_matrix
 
 
 def run_cell(cell_dir: Path, t0: float) -> int:
@@ -46,7 +46,7 @@ def run_cell(cell_dir: Path, t0: float) -> int:
     started the process (its wall time counts the interpreter's start and imports)."""
     import torch
 
-    from flower_pfl import inprocess
+    from flower_pfl.running import inprocess
 
     try:
         cfg = config_mod.load(cell_dir / "cell.yaml")

@@ -3,7 +3,7 @@
 pFedBreD_ns does, per client and round, R local iterations of K prox SGD steps (+ one loss
 gradient for lg / mh) on one mini-batch each, plus R envelope steps (no gradient); FedAvg
 does ``train.epochs`` passes of mini-batch SGD.  This script runs both strategies with their
-real clients in ONE process (flower_pfl/inprocess.py, no Ray), times only the fit phase of
+real clients in ONE process (flower_pfl/running/inprocess.py, no Ray), times only the fit phase of
 each round (client training + server aggregation; evaluation excluded) and prints seconds
 per round, the number of gradient evaluations (SGD steps) per round, and both ratios.
 
@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from flower_pfl import config, inprocess, registry
+from flower_pfl import config, registry
+from flower_pfl.running import inprocess
 
 
 def fit_rounds(cfg, rounds: int) -> tuple[list[float], list[float]]:

@@ -2,7 +2,7 @@
 
 Issue 29's workload: FMNIST DNN, pathological 2 classes per client, 20 clients all sampled,
 batch 10, 1 local epoch.  The script runs the real strategies and clients in ONE process
-(flower_pfl/inprocess.py: each message goes through the round trip of a simulation,
+(flower_pfl/running/inprocess.py: each message goes through the round trip of a simulation,
 without Ray) and times a round two ways: the fit phase (every client's local training plus
 the server's aggregation -- FedAMP's attention included) and the whole round (fit phase
 plus every client's evaluation, as in a simulation round; the evaluation does the same work
@@ -37,9 +37,10 @@ import time
 
 import torch
 
-import clients.base
-from flower_pfl import config, inprocess, registry
-from flower_pfl.training import Prox, prox_penalty, train
+import flower_pfl.clients.base
+from flower_pfl import config, registry
+from flower_pfl.learning.training import Prox, prox_penalty, train
+from flower_pfl.running import inprocess
 
 
 def autograd_train(model, *args, regularizer=None, **kwargs):
@@ -56,11 +57,11 @@ def old_path(on: bool):
     if not on:
         yield
         return
-    clients.base.train = autograd_train
+    flower_pfl.clients.base.train = autograd_train
     try:
         yield
     finally:
-        clients.base.train = train
+        flower_pfl.clients.base.train = train
 
 
 class Federation:

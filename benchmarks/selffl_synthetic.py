@@ -27,8 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_pfl import config, data, inprocess
-from flower_pfl import selffl_math as sm
+from flower_pfl import config
+from flower_pfl.algorithms import selffl_math as sm
+from flower_pfl.learning import data
+from flower_pfl.running import inprocess
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "selffl-synthetic.yaml"
 VARIANTS = {"oracle": ["hyper.selffl.oracle=true"],

@@ -13,7 +13,7 @@ evaluates every round (global-model evaluation off, so each client evaluates one
    the whole command, fixed cost = wall - rounds x s/round, and the peak of the summed
    PSS (/proc/<pid>/smaps_rollup) of the launcher and every process it started, sampled every
    0.5 s, minus the launcher's PSS before the run started.
-3. ``inprocess``: the same YAML through ``flower_pfl.inprocess`` in one child process (the
+3. ``inprocess``: the same YAML through ``flower_pfl.running.inprocess`` in one child process (the
    engine of benchmarks/matrix_inprocess.py: the same Strategy and NumPyClient classes and
    Flower messages, direct calls instead of SuperLink + Ray), measured as ``sim`` is.
 
@@ -57,9 +57,15 @@ def plain(tree: dict) -> dict:
     import torch
 
     from flower_pfl import config
-    from flower_pfl.client_data import load_client_data
-    from flower_pfl.models import get_arrays, initial_arrays, model_for, resolve_device, set_arrays
-    from flower_pfl.training import TrainSpec, evaluate, train
+    from flower_pfl.learning.client_data import load_client_data
+    from flower_pfl.learning.models import (
+        get_arrays,
+        initial_arrays,
+        model_for,
+        resolve_device,
+        set_arrays,
+    )
+    from flower_pfl.learning.training import TrainSpec, evaluate, train
 
     torch.set_num_threads(1)  # as one Ray actor with num-cpus 1
     cfg = config.validate(dict(tree), source="plain")
@@ -128,7 +134,7 @@ def peak_pss(pids, interval_s: float = 0.5) -> Iterator[dict]:
 
 
 def sim(tree: dict, out: Path, engine: str = "flwr") -> dict:
-    from flower_pfl.procs import process_tree
+    from flower_pfl.running.procs import process_tree
 
     tree = dict(tree, **{"run-name": "sim" if engine == "flwr" else engine})
     env = dict(os.environ)

@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from clients.base import PFLClient
-from flower_pfl.baselines_math import apfl_step, mixture
-from flower_pfl.models import get_arrays
-from flower_pfl.training import batches
+from flower_pfl.algorithms.baselines_math import apfl_step, mixture
+from flower_pfl.clients.base import PFLClient
+from flower_pfl.learning.models import get_arrays
+from flower_pfl.learning.training import batches
 
 
 class APFLClient(PFLClient):

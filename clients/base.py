@@ -24,13 +24,19 @@ from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
 from torch.nn import functional as F
 
-from flower_pfl import devices
-from flower_pfl.client_data import load_client_data
 from flower_pfl.config import RunConfig
-from flower_pfl.data import ClientData
-from flower_pfl.models import NamedLayers, get_arrays, model_for, resolve_device, set_arrays
+from flower_pfl.learning import devices
+from flower_pfl.learning.client_data import load_client_data
+from flower_pfl.learning.data import ClientData
+from flower_pfl.learning.models import (
+    NamedLayers,
+    get_arrays,
+    model_for,
+    resolve_device,
+    set_arrays,
+)
+from flower_pfl.learning.training import TrainSpec, evaluate, gaussian_nll, train
 from flower_pfl.reliability import EXTRA_ARRAYS, parse_parts, split_parts
-from flower_pfl.training import TrainSpec, evaluate, gaussian_nll, train
 
 
 class ClientState:
@@ -218,7 +224,7 @@ class PFLClient(NumPyClient):
         try:
             devices.start_fit(self.device)  # CUDA: this fit's peak memory, not the process'
             arrays, metrics = self.fit_round(parameters, config)
-            device = devices.fit_report(self.device)  # where it trained (flower_pfl.devices)
+            device = devices.fit_report(self.device)  # where it trained (learning.devices)
             meta = self.state.get_values("meta") or {"fit-rounds": 0}
             meta["fit-rounds"] = int(meta["fit-rounds"]) + 1  # survives rounds: context.state
             meta["last-round"] = self.round

@@ -12,8 +12,8 @@ evaluates the global model beside it (Ditto-G).
 
 from __future__ import annotations
 
-from clients.fedavg import FedAvgClient
-from flower_pfl.training import Prox, params_of
+from flower_pfl.clients.fedavg import FedAvgClient
+from flower_pfl.learning.training import Prox, params_of
 
 
 class DittoClient(FedAvgClient):

@@ -8,7 +8,7 @@ personalized model and uploaded.
 
 from __future__ import annotations
 
-from clients.base import PersonalStateClient
+from flower_pfl.clients.base import PersonalStateClient
 
 
 class FedACSClient(PersonalStateClient):

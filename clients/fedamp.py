@@ -11,8 +11,8 @@ in context.state as the client's personalized model and uploaded.
 
 from __future__ import annotations
 
-from clients.base import PersonalStateClient
-from flower_pfl.training import Prox, params_of
+from flower_pfl.clients.base import PersonalStateClient
+from flower_pfl.learning.training import Prox, params_of
 
 
 class FedAMPClient(PersonalStateClient):

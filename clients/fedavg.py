@@ -9,8 +9,8 @@ model again).
 
 from __future__ import annotations
 
-from clients.base import PFLClient
-from flower_pfl.models import get_arrays
+from flower_pfl.clients.base import PFLClient
+from flower_pfl.learning.models import get_arrays
 
 
 class FedAvgClient(PFLClient):

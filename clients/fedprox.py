@@ -15,8 +15,8 @@ on the client's training data -- exactly FedAvg-FT's evaluation path (inherited)
 
 from __future__ import annotations
 
-from clients.fedavg import FedAvgClient, FedAvgFTClient
-from flower_pfl.training import Prox, params_of
+from flower_pfl.clients.fedavg import FedAvgClient, FedAvgFTClient
+from flower_pfl.learning.training import Prox, params_of
 
 
 class FedProxClient(FedAvgClient):

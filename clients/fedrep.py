@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.base import PFLClient
-from clients.fedsam import LWSAMClientMixin, layer_tensors
-from flower_pfl.models import get_arrays
+from flower_pfl.clients.base import PFLClient
+from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
+from flower_pfl.learning.models import get_arrays
 
 
 class FedRepClient(LWSAMClientMixin, PFLClient):

@@ -2,7 +2,7 @@
 Minimization", ICML 2022; PLGU's [33]) and the LWSAM helpers the PLGU clients share.
 
 FedSAM: start from the global model w^t, run the configured local steps with SAM
-(:func:`flower_pfl.training.lwsam_step` with Lambda = I: eps = rho g/||g||, then the
+(:func:`flower_pfl.learning.training.lwsam_step` with Lambda = I: eps = rho g/||g||, then the
 gradient at w + eps), upload Delta = w^K - w^t. The personalized model IS the global model.
 """
 
@@ -13,10 +13,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from clients.base import PFLClient
-from flower_pfl.models import NamedLayers, get_arrays, layer_groups
-from flower_pfl.plgu_math import two_model_train
-from flower_pfl.training import batches, train_lwsam
+from flower_pfl.algorithms.plgu_math import two_model_train
+from flower_pfl.clients.base import PFLClient
+from flower_pfl.learning.models import NamedLayers, get_arrays, layer_groups
+from flower_pfl.learning.training import batches, train_lwsam
 
 
 def layer_tensors(model: NamedLayers) -> list[list[torch.Tensor]]:
@@ -37,9 +37,10 @@ def per_layer(arrays: Sequence[np.ndarray], groups: list[tuple[str, list[int]]]
 
 
 class LWSAMClientMixin:
-    """Runs :func:`flower_pfl.training.train_lwsam` (one model) or
-    :func:`flower_pfl.plgu_math.two_model_train` (Algorithm 1's two models) on the client's
-    data, with the same mini-batch schedule as :func:`flower_pfl.training.train`."""
+    """Runs :func:`flower_pfl.learning.training.train_lwsam` (one model) or
+    :func:`flower_pfl.algorithms.plgu_math.two_model_train` (Algorithm 1's two models) on the
+    client's
+    data, with the same mini-batch schedule as :func:`flower_pfl.learning.training.train`."""
 
     def lwsam_train(self: PFLClient, model: NamedLayers, perturbed: Sequence[torch.Tensor],
                     scales: Sequence[float], rho: float, plain: Sequence[torch.Tensor] = (),

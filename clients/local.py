@@ -5,7 +5,7 @@ The model lives in ``context.state`` between rounds; nothing is uploaded.
 
 from __future__ import annotations
 
-from clients.base import PersonalStateClient
+from flower_pfl.clients.base import PersonalStateClient
 
 
 class LocalClient(PersonalStateClient):

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from torch.nn import functional as F
 
-from clients.fedavg import FedAvgClient
-from flower_pfl.baselines_math import batches_per_step, perfedavg_step
-from flower_pfl.models import get_arrays
-from flower_pfl.training import batches
+from flower_pfl.algorithms.baselines_math import batches_per_step, perfedavg_step
+from flower_pfl.clients.fedavg import FedAvgClient
+from flower_pfl.learning.models import get_arrays
+from flower_pfl.learning.training import batches
 
 
 class PerFedAvgClient(FedAvgClient):

@@ -11,7 +11,7 @@
 context.state (mirrored to the node's state-dir in deployment) keeps theta_{i,R} (key
 ``personal``: the personalized model, evaluated as P) and, for meg / mh, the memorized
 w_{i,R} (key ``pfedbred-w``) that the next round's meta-step uses.  A client's first round
-starts both from the received w^(t-1).  The math is flower_pfl/pfedbred_math.py; the
+starts both from the received w^(t-1).  The math is flower_pfl/algorithms/pfedbred_math.py; the
 hyper-parameters come from the strategy in the fit config.
 """
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from clients.base import PersonalStateClient
-from flower_pfl import pfedbred_math as pm
-from flower_pfl.models import get_arrays
-from flower_pfl.training import batches
+from flower_pfl.algorithms import pfedbred_math as pm
+from flower_pfl.clients.base import PersonalStateClient
+from flower_pfl.learning.models import get_arrays
+from flower_pfl.learning.training import batches
 
 MEMORY_KEY = "pfedbred-w"
 

@@ -10,9 +10,9 @@ The client also keeps theta~_i in ``context.state``: PLGU-GHN's scores need it.
 
 from __future__ import annotations
 
-from clients.base import PFLClient
-from clients.fedsam import LWSAMClientMixin, layer_tensors
-from flower_pfl.models import get_arrays
+from flower_pfl.clients.base import PFLClient
+from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
+from flower_pfl.learning.models import get_arrays
 
 
 class PFedHNClient(LWSAMClientMixin, PFLClient):

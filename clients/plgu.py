@@ -4,7 +4,7 @@
 PLGU-LF, one round of sampled client i (Algorithm 2, lines 6-10):
   6  xi_i by eq. 6 between its personal model theta_i^t and the global w^t
      (no personal model yet: theta_i^t = w^t, all distances 0, uniform scores);
-     Lambda_i = diag(L * xi_i) (flower_pfl/plgu_math.py: uniform = SAM, ||eps|| = rho)
+     Lambda_i = diag(L * xi_i) (flower_pfl/algorithms/plgu_math.py: uniform = SAM, ||eps|| = rho)
   7  L^Per = the D layers with the largest xi, L^Uni = the others
   8  theta~^0: L^Uni layers <- w^t, L^Per layers <- theta_i^t (kept local: "frozen")
   9  Algorithm 1, ``reading: two-model`` (the default, as printed): theta~ and a global copy
@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.base import PFLClient
-from clients.fedrep import FedRepClient
-from clients.fedsam import LWSAMClientMixin, deltas, layer_tensors, per_layer
-from clients.pfedhn import PFedHNClient
-from flower_pfl import plgu_math as pm
-from flower_pfl.models import get_arrays
+from flower_pfl.algorithms import plgu_math as pm
+from flower_pfl.clients.base import PFLClient
+from flower_pfl.clients.fedrep import FedRepClient
+from flower_pfl.clients.fedsam import LWSAMClientMixin, deltas, layer_tensors, per_layer
+from flower_pfl.clients.pfedhn import PFedHNClient
+from flower_pfl.learning.models import get_arrays
 
 
 class PLGULFClient(LWSAMClientMixin, PFLClient):

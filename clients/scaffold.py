@@ -21,15 +21,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from clients.base import PFLClient
-from flower_pfl.baselines_math import (
+from flower_pfl.algorithms.baselines_math import (
     CONTROL,
     CONTROL_DELTA,
     linear_term,
     scaffold_client_control,
     scaffold_control_delta,
 )
-from flower_pfl.models import get_arrays
+from flower_pfl.clients.base import PFLClient
+from flower_pfl.learning.models import get_arrays
 from flower_pfl.reliability import UploadTemplate
 
 

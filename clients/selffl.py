@@ -35,12 +35,12 @@ import time
 import numpy as np
 import torch
 
-from clients.base import PersonalStateClient
-from flower_pfl import selffl_math as sm
-from flower_pfl.models import get_arrays
-from flower_pfl.params import ParamSpec
+from flower_pfl.algorithms import selffl_math as sm
+from flower_pfl.clients.base import PersonalStateClient
+from flower_pfl.learning.models import get_arrays
+from flower_pfl.learning.params import ParamSpec
+from flower_pfl.learning.training import train
 from flower_pfl.reliability import UploadTemplate
-from flower_pfl.training import train
 
 
 def _known(value) -> float:

@@ -4,20 +4,20 @@
                    [--tensorboard DIR] [--verbose | --quiet]
     flower-pfl validate [--config FILE] [--set key=value ...]
     flower-pfl strategies [NAME]
-    flower-pfl partition [--config FILE] [--set key=value ...] --out DIR   (flower_pfl/shards.py)
-    flower-pfl bench MATRIX.yaml [--seeds ...] [--set key=value ...]   (flower_pfl/bench.py)
-    flower-pfl certs DIR | node-key DIR NAME | deploy ...                 (flower_pfl/deploy.py)
-    flower-pfl superlink | supernode | submit ...                         (flower_pfl/sites.py)
+    flower-pfl partition [--config FILE] [--set key=value ...] --out DIR   (learning/shards.py)
+    flower-pfl bench MATRIX.yaml [--seeds ...] [--set key=value ...]   (flower_pfl/running/bench.py)
+    flower-pfl certs DIR | node-key DIR NAME | deploy ...                 (running/deploy.py)
+    flower-pfl superlink | supernode | submit ...                         (running/sites.py)
 
 Only this module parses arguments and turns outcomes into exit statuses (0 done; 1 the run
 failed; 2 a bad configuration or argument, nothing started; 128+N stopped by signal N); the
 modules it calls -- launch (``run``: one simulation), bench and tables, deploy, sites,
 shards -- are libraries and never import it.  What ``run`` and ``bench`` print while a
-federation runs: :mod:`flower_pfl.console` (``--verbose``: Flower's and Ray's own log).
+federation runs: :mod:`flower_pfl.reporting.console` (``--verbose``: Flower's and Ray's own log).
 
 ``run`` is the one source of truth for the client count: it validates the YAML first
 (one clear error, nothing started; a bad ``--set`` is named as such), then
-:func:`flower_pfl.launch.run_simulation` starts a private SuperLink, runs ``flwr run``
+:func:`flower_pfl.running.launch.run_simulation` starts a private SuperLink, runs ``flwr run``
 with ``num-supernodes`` and client resources taken from the YAML, checks the run's FINAL
 status and stops every process it started by PID, also on failure, Ctrl-C, SIGTERM or
 SIGHUP.
@@ -37,14 +37,15 @@ from pathlib import Path
 from typing import Sequence
 
 from flower_pfl import config as config_mod
-from flower_pfl import registry, tracking
-from flower_pfl.bench import run_bench
-from flower_pfl.console import BenchConsole, RunConsole
-from flower_pfl.launch import TRACKING_KEYS, resume_config, run_simulation
-from flower_pfl.matrix import MatrixError, load_matrix
-from flower_pfl.procs import APP_DIR, LaunchError, Terminated, stop_on_signals
+from flower_pfl import registry
 from flower_pfl.reliability import preflight
-from flower_pfl.tables import collect, write_plots, write_table
+from flower_pfl.reporting import tracking
+from flower_pfl.reporting.console import BenchConsole, RunConsole
+from flower_pfl.reporting.tables import collect, write_plots, write_table
+from flower_pfl.running.bench import run_bench
+from flower_pfl.running.launch import TRACKING_KEYS, resume_config, run_simulation
+from flower_pfl.running.matrix import MatrixError, load_matrix
+from flower_pfl.running.procs import APP_DIR, LaunchError, Terminated, stop_on_signals
 
 WIDTH = 100  # the strategies list fits a terminal this wide
 
@@ -120,20 +121,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # strategies x settings x seeds: its own parser
         return bench_main(argv[1:])
     if argv[:1] in (["superlink"], ["supernode"], ["submit"]):  # one command per machine
-        from flower_pfl.sites import main as sites_main
+        from flower_pfl.running.sites import main as sites_main
 
         return sites_main(argv)
     args = build_parser().parse_args(argv)
     args.config_given = any(a == "--config" or a.startswith("--config=") for a in argv)
 
     if args.command == "certs":
-        from flower_pfl.deploy import make_ca
+        from flower_pfl.running.deploy import make_ca
 
         paths = make_ca(args.dir, args.host or ("127.0.0.1", "localhost", "::1"))
         print("\n".join(f"{k}: {v}" for k, v in paths.items()))
         return 0
     if args.command == "node-key":
-        from flower_pfl.deploy import make_node_key
+        from flower_pfl.running.deploy import make_node_key
 
         private, public = make_node_key(args.dir, args.name)
         print(f"private: {private}\npublic:  {public}")
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flower-pfl: {exc}", file=sys.stderr)
         return 2
     if args.command == "partition":
-        from flower_pfl.shards import partition_command
+        from flower_pfl.learning.shards import partition_command
 
         return partition_command(cfg.values, args.out, args.config, args.set or [])
     if args.command == "validate":
@@ -228,8 +229,8 @@ def strategies_command(name: str | None) -> int:
 
 
 def deploy_command(args, cfg: config_mod.RunConfig) -> int:
-    from flower_pfl.deploy import deploy
-    from strategies.base import default_results_dir
+    from flower_pfl.running.deploy import deploy
+    from flower_pfl.strategies.base import default_results_dir
 
     if not args.certs and not args.insecure:
         print("flower-pfl: deploy needs --certs DIR (TLS + node auth) or --insecure",
@@ -262,7 +263,7 @@ def actor_estimate(cfg: config_mod.RunConfig) -> int | None:
 def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequence[str],
                 resume_dir: Path | None) -> int:
     """``flower-pfl run``: preflight, the federation with its console, the summary."""
-    from strategies.base import default_results_dir
+    from flower_pfl.strategies.base import default_results_dir
 
     results_dir = resume_dir or default_results_dir(cfg)
     console = RunConsole(cfg["rounds"], clients=cfg["clients"], actors=actor_estimate(cfg),
@@ -298,7 +299,7 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:
-    """``flower-pfl bench MATRIX.yaml ...`` (flower_pfl/bench.py, flower_pfl/matrix.py)."""
+    """``flower-pfl bench MATRIX.yaml ...`` (running/bench.py, running/matrix.py)."""
     p = argparse.ArgumentParser(prog="flower-pfl bench",
                                 description="strategies x settings x seeds, each cell a real "
                                 "run; the whole matrix is validated before any cell runs; "

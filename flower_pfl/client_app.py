@@ -22,7 +22,7 @@ class RegistryClient(NumPyClient):
     def _client(self, config) -> NumPyClient:
         name = config.get("strategy")
         if name is None:  # handshake: any client answers get_properties the same way
-            from clients.base import PFLClient
+            from flower_pfl.clients.base import PFLClient
 
             return PFLClient(self.ctx)
         return registry.get(str(name)).client_cls()(self.ctx)

@@ -83,7 +83,7 @@ FIELDS: dict[str, Field] = {
     "output-dir": Field((str,), "outputs", None, "a directory path"),
     "run-name": Field((str,), None, None, "a name for the results folder", nullable=True),
     "cache-dir": Field((str,), None, None, "a directory for data/partition caches", nullable=True),
-    # experiment tracking (flower_pfl/tracking.py): what is written beside the results files
+    # experiment tracking (reporting/tracking.py): what is written beside the results files
     "tracking": Field((str,), "none", _in(("none", "tensorboard")), "one of ['none', "
                       "'tensorboard'] (TensorBoard event files: pip install "
                       "'flower-pfl[tensorboard]')", nullable=True),

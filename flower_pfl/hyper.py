@@ -30,8 +30,8 @@ class Entry:
     """A registered algorithm: server Strategy + client NumPyClient + hyper-parameters."""
 
     name: str
-    strategy: str  # "module:Class"
-    client: str  # "module:Class"
+    strategy: str  # "module:Class" inside the flower_pfl package, e.g. "strategies.fedamp:FedAMP"
+    client: str  # "module:Class" inside the flower_pfl package, e.g. "clients.fedamp:FedAMPClient"
     summary: str
     hyper: Mapping[str, Hyper] = field(default_factory=dict)
     #: checks that need the rest of the configuration: (values, hyper) -> problems
@@ -88,7 +88,7 @@ def check_value(name: str, value: Any, types: tuple[type, ...],
 
 def _load(path: str) -> type:
     module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return getattr(importlib.import_module(f"flower_pfl.{module}"), attr)
 
 
 POS = lambda v: v > 0  # noqa: E731 - a one-line check for the catalog's Hyper tables

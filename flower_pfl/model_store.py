@@ -12,7 +12,7 @@ client (n x d) and need the pairwise quantities of those models (squared distanc
   (``os.preadv``/``os.pwrite``), not through a mapping: pages of a mapping that were
   touched count in the process's resident set (``ru_maxrss``) until unmapped, while
   pages read with ``pread`` stay in the kernel's page cache, which the kernel reclaims;
-* centred at the reference r (the initial model; as :class:`flower_pfl.params.ModelMatrix`):
+* centred at the reference r (the initial model, as :class:`~.learning.params.ModelMatrix` did):
   a client that never uploaded is r itself, a zero row that is never stored nor read;
 * float16 rows carry a per-row scale (the row's largest |value| is stored as 2^15): no
   overflow for any finite model, relative error <= 2^-11 per value in float16's normal
@@ -140,7 +140,7 @@ def plan_from_config(values: Mapping[str, Any], num_rows: int, dim: int) -> Plan
 class ModelStore:
     """n client models (rows) centred at a reference, with an incrementally kept Gram matrix.
 
-    The interface of :class:`flower_pfl.params.ModelMatrix` (``update``, ``sq_distances``,
+    The interface of :class:`flower_pfl.learning.params.ModelMatrix` (``update``, ``sq_distances``,
     ``cosine``, ``combine``, ``model``, ``seen``, ...) plus ``write``/``refresh`` (one row
     at a time, then one pass), ``combine_rows`` (large outputs) and the checkpoint hooks."""
 

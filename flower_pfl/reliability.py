@@ -290,8 +290,8 @@ def preflight(cfg, results_dir: str | Path | None = None) -> None:
     if results_dir is not None:
         check_output_dir(results_dir)
     values = cfg.values if hasattr(cfg, "values") else cfg
-    from flower_pfl import data as data_mod
-    from flower_pfl.partitions import get_partition
+    from flower_pfl.learning import data as data_mod
+    from flower_pfl.learning.partitions import get_partition
 
     if values["data.dataset"] == "synthetic-gaussian":
         return
@@ -308,7 +308,7 @@ def preflight(cfg, results_dir: str | Path | None = None) -> None:
                                  f"'data.subsample' or change 'data.test-fraction'")
     import torch
 
-    from flower_pfl.models import model_for
+    from flower_pfl.learning.models import model_for
 
     model = model_for(values)
     sample = data_mod.to_tensor(x[part.train[0][:1]], values["data.dataset"])

@@ -10,7 +10,7 @@ by the registry.
 
 from __future__ import annotations
 
-from strategies.fedavg import FedAvg
+from flower_pfl.strategies.fedavg import FedAvg
 
 
 class APFL(FedAvg):

@@ -12,8 +12,8 @@
   ``aggregate_updates`` as :class:`ClientUpdate` objects;
 * every ``eval-every`` rounds (and in the last round) asks ALL clients to evaluate their
   personalized model (and the global model where there is one), then writes the
-  statistics of :mod:`flower_pfl.metrics` to the results folder and Flower's log, with
-  the devices the clients trained on (:mod:`flower_pfl.devices`; string metrics, kept out
+  statistics of :mod:`flower_pfl.learning.metrics` to the results folder and Flower's log, with
+  the devices the clients trained on (:mod:`flower_pfl.learning.devices`; string metrics, kept out
   of every numeric summary).
 
 Subclasses implement the paper's Algorithm box: ``fit_payload``, ``aggregate_updates``
@@ -33,10 +33,10 @@ Reliability (docs/reliability.md), also written once here:
   is not an error (the run goes on with the nodes it has) and a node that comes back is
   mapped to its partition-id again;
 * every ``checkpoint-every`` rounds an atomic checkpoint; ``resume()`` continues from it
-  (the :class:`~strategies.checkpointing.Checkpointing` mixin).
+  (the :class:`~flower_pfl.strategies.checkpointing.Checkpointing` mixin).
 
 The federation's vocabulary -- ``ClientUpdate``, ``ClientStore``, the failure proxy and
-the errors -- lives in :mod:`strategies.federation` (re-exported here).
+the errors -- lives in :mod:`flower_pfl.strategies.federation` (re-exported here).
 """
 
 from __future__ import annotations
@@ -67,14 +67,15 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from flower_pfl import devices, reliability
+from flower_pfl import reliability
 from flower_pfl.config import RunConfig
-from flower_pfl.metrics import summarize
+from flower_pfl.learning import devices
+from flower_pfl.learning.metrics import summarize
+from flower_pfl.learning.params import ParamSpec
 from flower_pfl.model_store import LazyArrays
-from flower_pfl.params import ParamSpec
-from flower_pfl.results import ResultsWriter
-from strategies.checkpointing import Checkpointing
-from strategies.federation import (
+from flower_pfl.reporting.results import ResultsWriter
+from flower_pfl.strategies.checkpointing import Checkpointing
+from flower_pfl.strategies.federation import (
     ClientFailure,
     ClientStore,
     ClientUpdate,
@@ -182,7 +183,7 @@ class PersonalizedStrategy(Checkpointing, Strategy):
     # ---------------------------------------------------------------- Strategy methods
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         if self._initial is None:
-            from flower_pfl.models import initial_arrays
+            from flower_pfl.learning.models import initial_arrays
 
             self._initial = initial_arrays(self.cfg)
         self.spec = ParamSpec.of(self._initial)
@@ -477,7 +478,7 @@ def _client_row(res: EvaluateRes, metric: str) -> dict[str, Any]:
     if f"global_{metric}" in m:
         row[f"global_{metric}"] = float(m[f"global_{metric}"])
         row["global_loss"] = float(m["global_loss"])
-    row.update(devices.select(m))  # the device of its last fit (flower_pfl.devices)
+    row.update(devices.select(m))  # the device of its last fit (flower_pfl.learning.devices)
     return row
 
 

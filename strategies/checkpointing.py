@@ -19,7 +19,7 @@ from typing import Any
 from flwr.common.logger import log
 
 from flower_pfl import reliability
-from strategies.federation import ResumeError
+from flower_pfl.strategies.federation import ResumeError
 
 
 class Checkpointing:

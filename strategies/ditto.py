@@ -9,7 +9,7 @@ evaluated every evaluation round: Ditto-P (v_i, the personalized column) and Dit
 
 from __future__ import annotations
 
-from strategies.fedavg import FedAvg
+from flower_pfl.strategies.fedavg import FedAvg
 
 
 class Ditto(FedAvg):

@@ -38,8 +38,8 @@ from logging import WARNING
 import numpy as np
 from flwr.common.logger import log
 
-from flower_pfl.attention import consensus_weights, fedacs_weights, quantile_threshold
-from strategies.message_passing import MessagePassingStrategy
+from flower_pfl.algorithms.attention import consensus_weights, fedacs_weights, quantile_threshold
+from flower_pfl.strategies.message_passing import MessagePassingStrategy
 
 
 def selection_share(xi: np.ndarray, rows: np.ndarray, peers: np.ndarray,

@@ -34,8 +34,8 @@ from logging import WARNING
 import numpy as np
 from flwr.common.logger import log
 
-from flower_pfl.attention import fedamp_auto_weights, fedamp_weights, offdiag_mass
-from strategies.message_passing import MessagePassingStrategy
+from flower_pfl.algorithms.attention import fedamp_auto_weights, fedamp_weights, offdiag_mass
+from flower_pfl.strategies.message_passing import MessagePassingStrategy
 
 #: below this mean weight on peers FedAMP is Local training in all but name
 MIN_PEER_MASS = 1e-3

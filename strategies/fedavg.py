@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 
 def weighted_average(arrays: Sequence[Sequence[np.ndarray]], weights: Sequence[float]

@@ -12,7 +12,7 @@ the global model for ``finetune-steps`` SGD steps (FedAvg-FT's evaluation, share
 
 from __future__ import annotations
 
-from strategies.fedavg import FedAvg, FedAvgFT
+from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
 
 
 class FedProx(FedAvg):

@@ -17,8 +17,8 @@ from logging import WARNING
 import numpy as np
 from flwr.common.logger import log
 
-from flower_pfl.models import layer_groups, model_for
-from strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.learning.models import layer_groups, model_for
+from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 
 class FedRep(PersonalizedStrategy):

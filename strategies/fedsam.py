@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 from flwr.common.logger import log
 
-from strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 
 def apply_mean_delta(global_arrays: Sequence[np.ndarray], updates: Sequence[ClientUpdate]

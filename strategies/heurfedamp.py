@@ -18,8 +18,8 @@ from logging import WARNING
 
 from flwr.common.logger import log
 
-from flower_pfl.attention import heurfedamp_weights, peak_over_mean
-from strategies.message_passing import MessagePassingStrategy
+from flower_pfl.algorithms.attention import heurfedamp_weights, peak_over_mean
+from flower_pfl.strategies.message_passing import MessagePassingStrategy
 
 #: peak / mean peer weight below this: attention is uniform over the peers
 MIN_PEAK_OVER_MEAN = 1.1

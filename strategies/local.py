@@ -6,7 +6,7 @@ schedules rounds and collects evaluations; no weights travel in either direction
 
 from __future__ import annotations
 
-from strategies.base import PersonalizedStrategy
+from flower_pfl.strategies.base import PersonalizedStrategy
 
 
 class Local(PersonalizedStrategy):

@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 from flwr.common.logger import log
 
-from flower_pfl.attention import peak_over_mean
+from flower_pfl.algorithms.attention import peak_over_mean
 from flower_pfl.model_store import ModelStore, RowMatrix, plan_from_config
-from strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 #: the store's file and the scratch files of large cloud models, under the results folder
 STATE_DIR = "state"

@@ -10,7 +10,7 @@ steps of size alpha on its training data (Per-FedAvg-P) and the global model its
 
 from __future__ import annotations
 
-from strategies.fedavg import FedAvg
+from flower_pfl.strategies.fedavg import FedAvg
 
 
 class PerFedAvg(FedAvg):

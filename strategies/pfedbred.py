@@ -6,7 +6,7 @@ Personalized Prior", NeurIPS 2023, Algorithm 1 (server side); and pFedMe -- Dinh
              eta, eta_alpha, batch size)
     line 12  w^(t) = (1 - beta) w^(t-1) + beta E_I w_{i,R}^(t)
 The client side (line 9's envelope gradient, theta's start, the mh-lookahead variant) is
-documented in flower_pfl/pfedbred_math.py.
+documented in flower_pfl/algorithms/pfedbred_math.py.
 
 beta = 1 is plain averaging; beta > 1 extrapolates (pFedMe's trick); beta = 0 would freeze
 the global model and is rejected by config validation (flower_pfl/catalog/pfedbred.py).
@@ -24,8 +24,8 @@ from logging import WARNING
 
 from flwr.common.logger import log
 
-from flower_pfl import pfedbred_math as pm
-from strategies.base import PersonalizedStrategy
+from flower_pfl.algorithms import pfedbred_math as pm
+from flower_pfl.strategies.base import PersonalizedStrategy
 
 CLIENT_KEYS = ("lambda", "alpha", "alpha-m", "local-iterations", "prox-steps", "batch-size",
                "theta-init")

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flower_pfl import plgu_math as pm
-from strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.algorithms import plgu_math as pm
+from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 
 class PFedHN(PersonalizedStrategy):

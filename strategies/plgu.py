@@ -1,6 +1,6 @@
 """PLGU servers (Qu et al., CVPR 2023): PLGU-LF (Algorithm 2), PLGU-GRep (Algorithm 3),
 PLGU-GHN (PLGU on pFedHN). The client sides are in clients/plgu.py, the math in
-flower_pfl/plgu_math.py.
+flower_pfl/algorithms/plgu_math.py.
 
 PLGU-LF (scheme I, with a global model), Algorithm 2:
   4  sample C^t (the base's seeded sampling)
@@ -23,11 +23,11 @@ from logging import WARNING
 
 from flwr.common.logger import log
 
-from flower_pfl.models import model_for
-from strategies.base import ClientUpdate
-from strategies.fedrep import FedRep
-from strategies.fedsam import FedSAM, apply_mean_delta, warn_rho_zero
-from strategies.pfedhn import PFedHN
+from flower_pfl.learning.models import model_for
+from flower_pfl.strategies.base import ClientUpdate
+from flower_pfl.strategies.fedrep import FedRep
+from flower_pfl.strategies.fedsam import FedSAM, apply_mean_delta, warn_rho_zero
+from flower_pfl.strategies.pfedhn import PFedHN
 
 
 class PLGULF(FedSAM):

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flower_pfl.baselines_math import CONTROL, CONTROL_DELTA, scaffold_server
-from strategies.base import PersonalizedStrategy
+from flower_pfl.algorithms.baselines_math import CONTROL, CONTROL_DELTA, scaffold_server
+from flower_pfl.strategies.base import PersonalizedStrategy
 
 #: the upload's extra part: dc_i = c_i+ - c_i (line 13); the download's: c
 

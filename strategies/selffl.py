@@ -29,7 +29,7 @@ init_coef, l_m and eta_m; one INFO line per round sums them up.  Mechanism off: 
 sigma_0^2 falls SIGMA0_DROP_ORDERS orders of magnitude below its peak the personal
 models have collapsed onto the global model (Self-FL = FedAvg); the measure
 ``sigma0_sq_drop_orders`` is in server.csv and a WARNING names the hyper-parameter.
-Guards and fallbacks for every division/log: flower_pfl/selffl_math.py.
+Guards and fallbacks for every division/log: flower_pfl/algorithms/selffl_math.py.
 
 Memory: the server keeps no model per client; a round's uploads arrive serialised, are
 decoded one at a time into a float32 :class:`~flower_pfl.model_store.RowMatrix` (in
@@ -47,9 +47,9 @@ from logging import INFO, WARNING
 import numpy as np
 from flwr.common.logger import log
 
-from flower_pfl import selffl_math as sm
+from flower_pfl.algorithms import selffl_math as sm
 from flower_pfl.model_store import RowMatrix, plan_from_config
-from strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 OPTIMUM_OFFSET = sm.OPTIMUM_OFFSET
 PRIME_ROUNDS = 2  # warm-up rounds at the end of the warm-up that already sample eqs. 13-14
@@ -97,7 +97,7 @@ class SelfFL(PersonalizedStrategy):
         self.eq13_samples = pick("eq13-samples")
         self.warmup_rounds = int(pick("warmup-rounds"))
         if self.hyper["oracle"]:
-            from flower_pfl.data import gaussian_truth
+            from flower_pfl.learning.data import gaussian_truth
 
             truth = gaussian_truth(self.cfg.values)
             self.sigma0_sq = truth.sigma0_sq

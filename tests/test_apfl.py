@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from flower_pfl.baselines_math import apfl_step
+from flower_pfl.algorithms.baselines_math import apfl_step
 from flower_pfl.config import ConfigError
 from tests.conftest import small_config
 from tests.test_baselines import TINY, replay_fit, state_arrays, state_values, two_rounds
@@ -83,9 +83,9 @@ def test_alpha_zero_or_one_is_rejected(alpha):
 def test_personalized_model_is_the_mixture_of_v_and_w():
     """APFL's personalized model: vbar_i = alpha_i v_i + (1 - alpha_i) w with the client's
     stored v_i and alpha_i and the global w it is sent; w alone is the global model."""
-    from clients.apfl import APFLClient
-    from flower_pfl.models import initial_arrays, model_for, set_arrays
-    from flower_pfl.training import evaluate
+    from flower_pfl.clients.apfl import APFLClient
+    from flower_pfl.learning.models import initial_arrays, model_for, set_arrays
+    from flower_pfl.learning.training import evaluate
     from tests.test_baselines import make_client
 
     cfg = small_config(strategy="apfl", **TINY)
@@ -115,7 +115,7 @@ def test_round_two_trains_the_stored_v_not_a_copy_of_w(tmp_path):
 
     from flwr.common import parameters_to_ndarrays
 
-    from clients.base import ClientState
+    from flower_pfl.clients.base import ClientState
 
     cfg = small_config(strategy="apfl", rounds=2, **TINY)
     s, proxies, before, ins, res = two_rounds(cfg, tmp_path)

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from flower_pfl import inprocess
-from strategies.base import FederationError
+from flower_pfl.running import inprocess
+from flower_pfl.strategies.base import FederationError
 from tests.conftest import small_config
 
 PATHOLOGICAL = {"data.partition": "pathological", "data.classes-per-client": 2,
@@ -92,7 +92,7 @@ def test_sampling_is_seeded_and_sized(tmp_path):
 def test_node_count_must_match_config(tmp_path):
     cfg = small_config(strategy="fedavg", clients=5)
     manager = inprocess.make_federation(4)
-    import strategies.base as base
+    import flower_pfl.strategies.base as base
     old, base.WAIT_FOR_NODES_S = base.WAIT_FOR_NODES_S, 0.5
     try:
         with pytest.raises(FederationError, match="clients = 5 but the federation has 4"):
@@ -145,7 +145,7 @@ def state_arrays(state, key, accepted_round: int = 10**9):
     are staged until the next message confirms the round: clients/base.py)."""
     import copy
 
-    from clients.base import ClientState
+    from flower_pfl.clients.base import ClientState
 
     view = ClientState(copy.deepcopy(state))
     view.resolve(accepted_round)
@@ -155,7 +155,7 @@ def state_arrays(state, key, accepted_round: int = 10**9):
 def state_values(state, key, accepted_round: int = 10**9):
     import copy
 
-    from clients.base import ClientState
+    from flower_pfl.clients.base import ClientState
 
     view = ClientState(copy.deepcopy(state))
     view.resolve(accepted_round)
@@ -180,8 +180,8 @@ def test_fedprox_ft_personalizes_the_global_model(tmp_path):
 
 # ------------------------------------------------------ each baseline's mechanism, fast
 def test_fedavg_aggregate_is_the_sample_weighted_mean(tmp_path):
-    from strategies.base import ClientUpdate
-    from strategies.fedavg import FedAvg
+    from flower_pfl.strategies.base import ClientUpdate
+    from flower_pfl.strategies.fedavg import FedAvg
 
     s = FedAvg(small_config(strategy="fedavg", **TINY), results_dir=tmp_path)
     s.initialize_parameters(None)
@@ -223,9 +223,9 @@ def test_fedavg_ft_evaluates_the_global_model_fine_tuned_on_train_data():
     on the client's training data (not kept); FedAvg's is the global model itself."""
     import torch
 
-    from clients.fedavg import FedAvgClient, FedAvgFTClient
-    from flower_pfl.models import initial_arrays
-    from flower_pfl.training import evaluate
+    from flower_pfl.clients.fedavg import FedAvgClient, FedAvgFTClient
+    from flower_pfl.learning.models import initial_arrays
+    from flower_pfl.learning.training import evaluate
 
     cfg = small_config(strategy="fedavg-ft", **PATHOLOGICAL, model="mclr")
     w = initial_arrays(cfg)

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flower_pfl import bench, matrix, rayhead, results, tables
 from flower_pfl.config import merge
+from flower_pfl.reporting import results, tables
+from flower_pfl.running import bench, matrix, rayhead
 
 STRATEGIES = ["fedavg", "fedacs"]
 SEEDS = [0, 1]
@@ -285,7 +286,7 @@ def test_inprocess_cells_land_in_the_bench_layout_marked_as_such(tiny, tmp_path)
              for s in SEEDS]
     assert float(row["bmta"]) == pytest.approx(sum(bmtas) / 2, abs=1e-9)
     md = (dest / "table.md").read_text()
-    assert "| fedavg (in-process) |" in md and "flower_pfl.inprocess" in md
+    assert "| fedavg (in-process) |" in md and "flower_pfl.running.inprocess" in md
     assert _table(out)["fedavg"]["engine"] == "flwr"  # the flwr-run cells: not marked
     assert "(in-process)" not in (out / "table.md").read_text()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

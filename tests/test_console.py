@@ -1,4 +1,4 @@
-"""What `flower-pfl run` and `flower-pfl bench` print (flower_pfl/console.py).
+"""What `flower-pfl run` and `flower-pfl bench` print (flower_pfl/reporting/console.py).
 
 The fast tests feed the console the lines of a real `flwr run --stream` (captured below,
 ANSI codes and Flower's History dump included) and check what a researcher sees: one line
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from flower_pfl import console, inprocess
+from flower_pfl.reporting import console
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flower_pfl import client_data, data, partitions
+from flower_pfl.learning import client_data, data, partitions
 from tests.conftest import small_config
 
 

@@ -11,8 +11,8 @@ if sys.version_info >= (3, 11):
 else:  # Flower installs tomli on 3.10
     import tomli as tomllib
 
-from flower_pfl.deploy import Deployment, check_gpus, make_ca
-from flower_pfl.procs import LaunchError
+from flower_pfl.running.deploy import Deployment, check_gpus, make_ca
+from flower_pfl.running.procs import LaunchError
 
 
 def test_relative_certificate_paths_reach_flower_absolute(tmp_path, monkeypatch):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flower_pfl.deploy import Deployment, make_ca, make_node_key
-from flower_pfl.procs import is_alive
+from flower_pfl.running.deploy import Deployment, make_ca, make_node_key
+from flower_pfl.running.procs import is_alive
 
 # Real SuperLink + SuperNode processes with TLS: 1-2 minutes each.
 pytestmark = pytest.mark.slow

@@ -7,7 +7,8 @@ import logging
 
 import torch
 
-from flower_pfl import devices, inprocess
+from flower_pfl.learning import devices
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
 MIB = 2 ** 20

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flwr.common import FitIns
 
-from flower_pfl import inprocess
 from flower_pfl.config import ConfigError
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 from tests.test_baselines import TINY, replay_fit, state_arrays, two_rounds
 

@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 from flower_pfl import config, registry
-from flower_pfl.launch import run_simulation, simulation_superlink
-from flower_pfl.procs import LaunchError, is_alive
-from flower_pfl.rayhead import shared_ray
-from strategies.base import PersonalizedStrategy
-from strategies.message_passing import MessagePassingStrategy
+from flower_pfl.running.launch import run_simulation, simulation_superlink
+from flower_pfl.running.procs import LaunchError, is_alive
+from flower_pfl.running.rayhead import shared_ray
+from flower_pfl.strategies.base import PersonalizedStrategy
+from flower_pfl.strategies.message_passing import MessagePassingStrategy
 
 pytestmark = pytest.mark.slow
 

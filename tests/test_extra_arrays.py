@@ -1,7 +1,7 @@
 """Extra arrays travel as arrays: Self-FL's d_m and SCAFFOLD's dc_i follow the model in the
 upload (their c in the download) and meet the same upload check as a model array.
 
-In-process (flower_pfl/inprocess.py) on a small real FMNIST subset; a transport between
+In-process (flower_pfl/running/inprocess.py) on a small real FMNIST subset; a transport between
 server and clients tampers with chosen uploads after the client built them.
 """
 
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from flower_pfl import inprocess, reliability
+from flower_pfl import reliability
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
 #: per strategy: its extra part's name, and the overrides of a short run with d_m in round 1

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flower_pfl import inprocess
-from flower_pfl.attention import consensus_weights, fedacs_weights, quantile_threshold
-from flower_pfl.partitions import group_of_clients
+from flower_pfl.algorithms.attention import consensus_weights, fedacs_weights, quantile_threshold
+from flower_pfl.learning.partitions import group_of_clients
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
 S = np.array([[1.0, 0.9, 0.2, 0.6],
@@ -83,7 +83,7 @@ def test_selected_peers_are_mostly_in_the_own_group(tmp_path):
 
 
 def test_selection_share_and_mechanism_off_cases_by_hand():
-    from strategies.fedacs import selection_share
+    from flower_pfl.strategies.fedacs import selection_share
 
     peers = np.array([True, True, True, False])  # client 3 never uploaded
     rows = np.array([0, 1])

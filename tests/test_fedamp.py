@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from flower_pfl import inprocess
-from flower_pfl.attention import (
+from flower_pfl.algorithms.attention import (
     DegenerateAttention,
     fedamp_alpha_bound,
     fedamp_auto_weights,
     fedamp_weights,
     heurfedamp_weights,
 )
-from flower_pfl.params import ModelMatrix
-from flower_pfl.training import prox_penalty
+from flower_pfl.learning.params import ModelMatrix
+from flower_pfl.learning.training import prox_penalty
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
 D = np.array([[0.0, 1.0, 4.0],
@@ -110,8 +110,8 @@ def _drift(prox_coef, tmp_path):
     """Distance ||w_i - u_i|| after one round of the real FedAMP client."""
     from flwr.common import Context, RecordDict
 
-    from clients.fedamp import FedAMPClient
-    from flower_pfl.models import initial_arrays
+    from flower_pfl.clients.fedamp import FedAMPClient
+    from flower_pfl.learning.models import initial_arrays
 
     cfg = small_config(strategy="fedamp", **{"train.epochs": 2, "train.lr": 0.05})
     ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
@@ -136,7 +136,7 @@ def _in_group_share(xi, groups):
 
 @pytest.mark.parametrize("strategy", ["fedamp", "heurfedamp"])
 def test_attention_concentrates_within_practical_groups(strategy, tmp_path):
-    from flower_pfl.partitions import group_of_clients
+    from flower_pfl.learning.partitions import group_of_clients
 
     cfg = small_config(strategy=strategy, clients=12, rounds=4, **{
         "data.partition": "practical", "data.groups": 3, "data.subsample": 12000})
@@ -214,9 +214,9 @@ def _cloud_models(strategy, pids, server_round):
 
 def _cloud_accuracy(strategy, cfg, pids, cloud):
     """Accuracy of each client's cloud model u_i on its own test split."""
-    from flower_pfl.client_data import load_client_data
-    from flower_pfl.models import model_for, set_arrays
-    from flower_pfl.training import evaluate
+    from flower_pfl.learning.client_data import load_client_data
+    from flower_pfl.learning.models import model_for, set_arrays
+    from flower_pfl.learning.training import evaluate
 
     model, out = model_for(cfg), []
     for k, pid in enumerate(pids):
@@ -230,8 +230,8 @@ def _cloud_accuracy(strategy, cfg, pids, cloud):
 def test_diverged_client_cannot_drag_its_group_down(strategy, tmp_path, monkeypatch):
     """Client 1's local training diverges: its upload is finite (the upload check lets it
     through) but 1000x its model. Its group-mates' cloud models must not follow it."""
-    from strategies.base import ClientUpdate
-    from strategies.message_passing import MessagePassingStrategy
+    from flower_pfl.strategies.base import ClientUpdate
+    from flower_pfl.strategies.message_passing import MessagePassingStrategy
 
     cfg = small_config(strategy=strategy, clients=9, rounds=2, **{
         "data.partition": "practical", "data.groups": 3, "data.subsample": 4000})
@@ -317,7 +317,7 @@ def test_strategy_attention_is_eq7_and_eq8_of_the_stored_models(strategy, tmp_pa
     xi_ij = (1 - min-self-weight) exp(-d_ij/sigma) / max_i sum_j exp(-d_ij/sigma)) and
     HeurFedAMP (xi_ij = softmax_j(sigma cos_ij) (1 - self-weight))."""
     from flower_pfl import registry
-    from strategies.base import ClientUpdate
+    from flower_pfl.strategies.base import ClientUpdate
 
     cfg = small_config(strategy=strategy, clients=4, model="mclr", **{"data.subsample": 2000})
     s = registry.get(strategy).strategy_cls()(cfg, results_dir=tmp_path)

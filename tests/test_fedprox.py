@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from clients.fedprox import FedProxClient, FedProxFTClient
-from flower_pfl import inprocess
+from flower_pfl.clients.fedprox import FedProxClient, FedProxFTClient
 from flower_pfl.config import ConfigError
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 from tests.test_baselines import TINY, make_client
 
@@ -44,7 +44,7 @@ def test_fedprox_keeps_the_global_model_closer_to_its_start_than_fedavg(tmp_path
 def test_fedprox_ft_trains_as_fedprox_and_evaluates_as_fedavg_ft():
     assert FedProxFTClient.fit_round is FedProxClient.fit_round
     assert FedProxFTClient.regularizer is FedProxClient.regularizer
-    from clients.fedavg import FedAvgFTClient
+    from flower_pfl.clients.fedavg import FedAvgFTClient
 
     assert FedProxFTClient.personal_model is FedAvgFTClient.personal_model
 

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from flwr.common import FitIns, parameters_to_ndarrays
 
-from flower_pfl import inprocess
-from flower_pfl.models import initial_arrays, model_for, set_arrays
-from flower_pfl.training import evaluate
+from flower_pfl.learning.models import initial_arrays, model_for, set_arrays
+from flower_pfl.learning.training import evaluate
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 from tests.test_baselines import TINY, replay_fit, state_arrays, two_rounds
 
@@ -59,7 +59,7 @@ def test_personalized_evaluation_uses_the_stored_head(tmp_path):
         reported = {int(r["partition-id"]): float(r["loss"])
                     for r in csv.DictReader(fh) if r["round"] == "2"}
     assert sorted(reported) == list(range(cfg["clients"]))
-    from flower_pfl.client_data import load_client_data
+    from flower_pfl.learning.client_data import load_client_data
 
     model, init_head = model_for(cfg), initial_arrays(cfg)[2:]
     for proxy in manager.all().values():

@@ -16,8 +16,9 @@ import json
 import numpy as np
 import pytest
 
-from flower_pfl import inprocess, registry
-from strategies.message_passing import MessagePassingStrategy
+from flower_pfl import registry
+from flower_pfl.running import inprocess
+from flower_pfl.strategies.message_passing import MessagePassingStrategy
 from tests.conftest import small_config
 
 ROUNDS, CLIENTS = 2, 3
@@ -58,8 +59,8 @@ def test_every_strategy_runs_through_the_message_path(strategy, tmp_path):
 def test_a_metric_flower_cannot_carry_fails_the_round(tmp_path, monkeypatch):
     """The transport is Flower's: a reply with a value no MetricRecord holds (a numpy
     float32) does not reach the strategy, as it would not in a real run."""
-    from clients.base import PFLClient
-    from strategies.federation import RoundError
+    from flower_pfl.clients.base import PFLClient
+    from flower_pfl.strategies.federation import RoundError
 
     original = PFLClient.fit
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from flower_pfl.metrics import best_mean, summarize, tail_count
+from flower_pfl.learning.metrics import best_mean, summarize, tail_count
 
 
 def test_summarize_by_hand():
@@ -45,8 +45,8 @@ def test_five_percent_tails_over_many_clients():
 def test_every_stat_key_reaches_the_rounds_table(tmp_path):
     import csv as _csv
 
-    from flower_pfl.metrics import STAT_KEYS
-    from flower_pfl.results import ResultsWriter
+    from flower_pfl.learning.metrics import STAT_KEYS
+    from flower_pfl.reporting.results import ResultsWriter
 
     writer = ResultsWriter(tmp_path, {})
     stats = summarize([0.1, 0.5, 0.9])
@@ -71,7 +71,7 @@ def test_empty_is_an_error():
 def test_csv_rows_keep_columns_when_they_vary(tmp_path):
     import csv as _csv
 
-    from flower_pfl.results import _append_csv
+    from flower_pfl.reporting.results import _append_csv
 
     path = tmp_path / "t.csv"
     _append_csv(path, [{"round": 1, "a": 1}, {"round": 1, "a": 2}])

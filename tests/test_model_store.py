@@ -17,8 +17,8 @@ import pickle
 import numpy as np
 import pytest
 
-from flower_pfl import config, inprocess, reliability
-from flower_pfl.attention import fedacs_weights, fedamp_auto_weights, heurfedamp_weights
+from flower_pfl import config, reliability
+from flower_pfl.algorithms.attention import fedacs_weights, fedamp_auto_weights, heurfedamp_weights
 from flower_pfl.model_store import (
     DiskRows,
     MemoryRows,
@@ -27,6 +27,7 @@ from flower_pfl.model_store import (
     StoreFileError,
     plan_store,
 )
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
 TINY_MB = 0.05  # block and output buffers at their 64 KiB floor: several blocks per pass

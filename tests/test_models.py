@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flower_pfl.models import build_model, get_arrays, resolve_device, set_arrays
+from flower_pfl.learning.models import build_model, get_arrays, resolve_device, set_arrays
 
 
 @pytest.mark.parametrize("name, layers", [("mclr", ["fc"]), ("dnn", ["fc1", "fc2"]),

@@ -38,8 +38,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flower_pfl import data
-from flower_pfl.procs import is_alive, stop_tree
+from flower_pfl.learning import data
+from flower_pfl.running.procs import is_alive, stop_tree
 
 pytestmark = pytest.mark.slow
 
@@ -287,7 +287,7 @@ def test_hosts_in_namespaces_run_fedamp_and_a_killed_host_rejoins_with_its_state
     # a client host cannot read the pooled dataset: loading it there fails
     host, _, node_env, hidden = nodes["n0"]
     probe = subprocess.run(["ip", "netns", "exec", net.ns["n0"], "sh", "-c", HIDE, "sh",
-                            sys.executable, "-c", "from flower_pfl import data; "
+                            sys.executable, "-c", "from flower_pfl.learning import data; "
                             "data.load_pooled('fmnist', None, None)"],
                            env={**node_env, "FPL_HIDE": " ".join(hidden)},
                            capture_output=True, text=True, timeout=120)

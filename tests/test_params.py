@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flower_pfl.params import (
+from flower_pfl.learning.params import (
     ModelMatrix,
     ParamSpec,
     pairwise_cosine_naive,

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import clients.perfedavg as client_module
-from flower_pfl import inprocess
-from flower_pfl.baselines_math import hvp_finite_difference, perfedavg_direction
+import flower_pfl.clients.perfedavg as client_module
+from flower_pfl.algorithms.baselines_math import hvp_finite_difference, perfedavg_direction
 from flower_pfl.config import ConfigError
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 from tests.test_baselines import TINY
 
@@ -131,9 +131,9 @@ def _meta_fit_by_hand(w0, x, y, groups, alpha, beta, variant):
 def test_client_fit_moves_w_by_minus_beta_times_the_meta_gradient(variant):
     """The real client's fit on real FMNIST data: two meta-updates of MCLR, each exactly
     w - beta * (the FO or HF meta-gradient on its own consecutive batches D, D'[, D''])."""
-    from clients.perfedavg import PerFedAvgClient
-    from flower_pfl.models import initial_arrays
-    from flower_pfl.training import batches
+    from flower_pfl.clients.perfedavg import PerFedAvgClient
+    from flower_pfl.learning.models import initial_arrays
+    from flower_pfl.learning.training import batches
     from tests.test_baselines import make_client
 
     alpha, beta, steps, size = 0.5, 0.3, 2, 16

@@ -12,12 +12,13 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from clients.base import ClientState
-from flower_pfl import client_data, inprocess
-from flower_pfl import plgu_math as pm
-from flower_pfl.models import build_model, get_arrays, initial_arrays
-from flower_pfl.training import TrainSpec, train, train_lwsam
-from strategies.base import ClientUpdate
+from flower_pfl.algorithms import plgu_math as pm
+from flower_pfl.clients.base import ClientState
+from flower_pfl.learning import client_data
+from flower_pfl.learning.models import build_model, get_arrays, initial_arrays
+from flower_pfl.learning.training import TrainSpec, train, train_lwsam
+from flower_pfl.running import inprocess
+from flower_pfl.strategies.base import ClientUpdate
 from tests.conftest import small_config
 
 
@@ -193,7 +194,7 @@ def _theta_w(seed=3):
 
 
 def _scales(model, lam):
-    from clients.fedsam import layer_tensors
+    from flower_pfl.clients.fedsam import layer_tensors
 
     return [float(lam[l]) for l, layer in enumerate(layer_tensors(model)) for _ in layer]
 
@@ -206,7 +207,7 @@ def test_two_model_theta_is_plain_sgd_bit_for_bit_and_w_takes_lwsam():
     ref = build_model("cnn", (1, 28, 28), 10, seed=3)
     train(ref, d.x_train, d.y_train, spec, torch.Generator().manual_seed(7),
           torch.device("cpu"))
-    from flower_pfl.training import batches
+    from flower_pfl.learning.training import batches
 
     def data(n):
         gen = torch.Generator().manual_seed(7)
@@ -226,8 +227,8 @@ def test_eps_on_the_cnn_is_proportional_to_scores_with_norm_rho_and_uniform_is_s
     """On the CNN with real scores (eq. 6 between two real models) and a real gradient:
     ||eps_l|| / ||eps_l^SAM|| proportional to xi_l, ||eps|| = rho, and uniform scores give
     FedSAM's eps = rho g/||g|| exactly."""
-    from clients.fedsam import layer_tensors, per_layer
-    from flower_pfl.models import layer_groups
+    from flower_pfl.clients.fedsam import layer_tensors, per_layer
+    from flower_pfl.learning.models import layer_groups
 
     _, d = _client_data()
     model = build_model("cnn", (1, 28, 28), 10, seed=3)
@@ -298,7 +299,7 @@ def test_fedrep_head_is_personal_and_body_is_shared(tmp_path):
 def test_grep_scores_follow_eq10(tmp_path):
     from flwr.common import Context, RecordDict
 
-    from clients.plgu import PLGUGRepClient
+    from flower_pfl.clients.plgu import PLGUGRepClient
 
     cfg = _cfg("plgu-grep")
     ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
@@ -337,7 +338,7 @@ def test_hypernetwork_gets_the_client_delta_as_gradient():
 
 
 def test_pfedhn_server_step_moves_hypernetwork_and_embedding(tmp_path):
-    from strategies.pfedhn import PFedHN
+    from flower_pfl.strategies.pfedhn import PFedHN
 
     cfg = _cfg("pfedhn")
     s = PFedHN(cfg, results_dir=tmp_path)
@@ -381,7 +382,7 @@ def test_plgu_lf_keeps_the_layer_that_differs_personal_even_when_it_is_the_last(
     from its own fc2, uploads no delta for it -- and shares fc1. Lambda = L xi = (0, 2)
     gives the universal fc1 no perturbation: the fit equals the rho = 0 fit bit for bit,
     while a client whose fc1 also differs gets one."""
-    from clients.plgu import PLGULFClient
+    from flower_pfl.clients.plgu import PLGULFClient
     from tests.test_baselines import make_client
 
     cfg = _cfg("plgu-lf", model="dnn", **{"train.steps": 5})
@@ -424,7 +425,7 @@ def test_plgu_lf_keeps_the_layer_that_differs_personal_even_when_it_is_the_last(
 def test_grep_and_ghn_scores_single_out_a_later_layer():
     """Eq. 10 (PLGU-GRep, over the body) and PLGU-GHN's eq. 6 put all of Lambda = L xi on
     the one layer that differs -- here the last body layer (fc1) / the last layer (fc2)."""
-    from clients.plgu import PLGUGHNClient, PLGUGRepClient
+    from flower_pfl.clients.plgu import PLGUGHNClient, PLGUGRepClient
     from tests.test_baselines import make_client
 
     cfg = _cfg("plgu-grep")
@@ -452,8 +453,8 @@ def test_grep_and_ghn_scores_single_out_a_later_layer():
 def test_fedsam_client_runs_sam_and_uploads_its_delta():
     """One local step of the real FedSAM client on its first mini-batch, by hand: g at w,
     eps = rho g/||g||, g~ at w + eps, upload Delta = -lr g~."""
-    from clients.fedsam import FedSAMClient
-    from flower_pfl.training import batches
+    from flower_pfl.clients.fedsam import FedSAMClient
+    from flower_pfl.learning.training import batches
     from tests.test_baselines import make_client
 
     rho, lr = 0.5, 0.05
@@ -487,7 +488,7 @@ def test_fedsam_client_runs_sam_and_uploads_its_delta():
 
 
 def test_mean_delta_moves_each_array_by_the_mean_of_those_who_shared_it():
-    from strategies.fedsam import apply_mean_delta
+    from flower_pfl.strategies.fedsam import apply_mean_delta
 
     w = [np.zeros(2, np.float32), np.ones(3, np.float32)]
     ups = [ClientUpdate(0, [np.array([1.0, 2.0]), np.full(3, 3.0)], 10, {"shared": "11"}),

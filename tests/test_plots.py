@@ -1,4 +1,4 @@
-"""The figures a run and a bench write (flower_pfl/plots.py, results.py, tables.py).
+"""The figures a run and a bench write (flower_pfl/reporting/plots.py, results.py, tables.py).
 
 Each figure is drawn from a real in-process run (the real Strategy and ClientApp through
 Flower's message path) and inspected as matplotlib drew it, just before it is saved:
@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flower_pfl import inprocess, plots
-from flower_pfl.results import read_rows, read_summary
+from flower_pfl.reporting import plots
+from flower_pfl.reporting.results import read_rows, read_summary
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from flower_pfl.client_data import load_client_data
-from flower_pfl.models import model_for
-from flower_pfl.training import (
+from flower_pfl.learning.client_data import load_client_data
+from flower_pfl.learning.models import model_for
+from flower_pfl.learning.training import (
     PROX_VALUE_EVERY,
     Prox,
     TrainSpec,
@@ -146,7 +146,7 @@ def test_train_never_builds_the_autograd_term_of_a_prox():
 
 def _autograd_train(monkeypatch):
     """Route clients/base.py's ``train`` through today's autograd path (Prox -> callable)."""
-    import clients.base
+    import flower_pfl.clients.base
 
     def old_train(model, *args, regularizer=None, **kwargs):
         if isinstance(regularizer, Prox):
@@ -154,13 +154,13 @@ def _autograd_train(monkeypatch):
             regularizer = lambda m: prox_penalty(m, prox.center, prox.coef)  # noqa: E731
         return train(model, *args, regularizer=regularizer, **kwargs)
 
-    monkeypatch.setattr(clients.base, "train", old_train)
+    monkeypatch.setattr(flower_pfl.clients.base, "train", old_train)
 
 
 def _fit(cls, config, arrays=None, state=None):
     from flwr.common import Context, RecordDict
 
-    from flower_pfl.models import initial_arrays
+    from flower_pfl.learning.models import initial_arrays
 
     cfg = small_config(strategy=config.pop("strategy"),
                        **{**TINY, "model": "dnn", "train.batch-size": 10, "train.lr": 0.05})
@@ -172,9 +172,9 @@ def _fit(cls, config, arrays=None, state=None):
 
 
 def _client_case(name):
-    from clients.ditto import DittoClient
-    from clients.fedamp import FedAMPClient
-    from clients.fedprox import FedProxClient
+    from flower_pfl.clients.ditto import DittoClient
+    from flower_pfl.clients.fedamp import FedAMPClient
+    from flower_pfl.clients.fedprox import FedProxClient
 
     return {"fedamp": (FedAMPClient, "prox-coef", {"strategy": "fedamp"}),
             "fedprox": (FedProxClient, "mu", {"strategy": "fedprox"}),
@@ -217,7 +217,7 @@ def test_client_round_equals_the_autograd_prox_term(name, monkeypatch):
 
 # ------------------------------------------------------------------ pFedMe's prox steps
 def _prox_steps_autograd(model, mu, lam, alpha, steps, xb, yb):
-    """pFedBreD/pFedMe line 8 as written before issue 29 (flower_pfl/pfedbred_math.py)."""
+    """pFedBreD/pFedMe line 8 as written before issue 29 (algorithms/pfedbred_math.py)."""
     params = list(model.parameters())
     for _ in range(steps):
         loss = F.cross_entropy(model(xb), yb) + prox_penalty(model, mu, lam)
@@ -253,7 +253,7 @@ def test_pfedme_prox_steps_fused_equal_autograd(lam):
     fused = run(_prox_steps_fused, lam)
     assert _same(fused, run(_prox_steps_autograd, lam))
     assert _gap(fused, run(_prox_steps_fused, 0.0)) > 1e-5
-    from flower_pfl import pfedbred_math
+    from flower_pfl.algorithms import pfedbred_math
 
     net = _model(cfg)  # the project's own function, whichever way it computes the term
     pfedbred_math.prox_steps(net, mu, lam, 0.01, 5, xb, yb, F.cross_entropy)

@@ -1,6 +1,6 @@
 """Reliability: bad uploads, client failures, transactional client state, checkpoint/resume.
 
-In-process (flower_pfl/inprocess.py: the real Strategy and ClientApp, Flower's message
+In-process (flower_pfl/running/inprocess.py: the real Strategy and ClientApp, Flower's message
 path in one process) with failures injected in the transport or the client; the real
 `flower-pfl run` path (SIGTERM mid-run, resume, repeated starts) is in the slow tier,
 named `test_real_*` so a reader sees what costs a `flwr run`.
@@ -21,10 +21,11 @@ import pytest
 import yaml
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from clients.base import ClientState, PFLClient
-from flower_pfl import inprocess, reliability
+from flower_pfl import reliability
+from flower_pfl.clients.base import ClientState, PFLClient
 from flower_pfl.reliability import check_update
-from strategies.base import RoundError
+from flower_pfl.running import inprocess
+from flower_pfl.strategies.base import RoundError
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -255,7 +256,7 @@ def _same_metrics(a, b, tol=1e-9):
 
 
 def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path):
-    from strategies.base import ResumeError
+    from flower_pfl.strategies.base import ResumeError
 
     cfg = small_config(strategy="fedavg", rounds=2, clients=4, model="mclr",
                        **{"checkpoint-every": 1, "data.subsample": 2000})
@@ -296,7 +297,7 @@ def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, t
     import torch
 
     from flower_pfl import config
-    from flower_pfl.procs import is_alive, process_tree
+    from flower_pfl.running.procs import is_alive, process_tree
 
     # 10 rounds, SIGTERM after the round-2 checkpoint: on an idle machine an MCLR round takes
     # well under a second, and with 4 rounds the run could finish before the signal landed
@@ -362,7 +363,7 @@ def test_unwritable_output_dir_is_named(tmp_path):
 
 
 def test_model_not_fitting_the_data_is_named(tmp_path, monkeypatch):
-    from flower_pfl import data
+    from flower_pfl.learning import data
     from flower_pfl.reliability import PreflightError, preflight
 
     cfg = small_config(model="mclr", **{"data.subsample": 2000})
@@ -393,7 +394,7 @@ def test_cli_refuses_bad_input_before_starting(tmp_path):
 
 
 def test_flower_processes_get_one_blas_thread_and_the_watchdog_fires(tmp_path):
-    from flower_pfl.procs import LaunchError, ProcessSet, flwr_env, stream_run
+    from flower_pfl.running.procs import LaunchError, ProcessSet, flwr_env, stream_run
 
     env = flwr_env(tmp_path / "home", 1)
     assert env["OPENBLAS_NUM_THREADS"] == "1"  # no OpenBLAS thread pool: no exec_blas spin
@@ -414,7 +415,7 @@ def test_flower_processes_get_one_blas_thread_and_the_watchdog_fires(tmp_path):
 def test_real_repeated_starts_of_a_model_matrix_run_do_not_hang(tmp_path):
     # issue 15: 1 of 6 identical FedACS starts sat in [INIT] for 10 minutes (BLAS spin).
     from flower_pfl import config
-    from flower_pfl.launch import run_simulation
+    from flower_pfl.running.launch import run_simulation
 
     path = _tiny_yaml(tmp_path, "fedacs", clients=40, rounds=1, **{"fraction-fit": 0.1,
                                                                  "stall-timeout": 240,
@@ -444,7 +445,7 @@ def _with_pids(pids: list[int]):
     ([0, 1, 1, 3], r"two nodes report partition-id 1"),
 ])
 def test_handshake_refuses_bad_partition_ids(tmp_path, pids, needle):
-    from strategies.base import FederationError
+    from flower_pfl.strategies.base import FederationError
 
     cfg = small_config(strategy="fedavg", clients=4, rounds=1, model="mclr",
                        **{"data.subsample": 2000})
@@ -455,7 +456,7 @@ def test_handshake_refuses_bad_partition_ids(tmp_path, pids, needle):
 def test_a_node_failing_the_first_handshake_is_named_with_its_reason(tmp_path):
     """The first handshake must end in a FederationError that names the node and why (it
     raised NameError once: the helper that words the reason was not imported)."""
-    from strategies.base import FederationError
+    from flower_pfl.strategies.base import FederationError
 
     class Broken(inprocess.InProcessProxy):
         def get_properties(self, ins, timeout, group_id):

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from clients.base import PFLClient
-from flower_pfl import inprocess
-from flower_pfl.baselines_math import (
+from flower_pfl.algorithms.baselines_math import (
     linear_term,
     scaffold_client_control,
     scaffold_control_delta,
     scaffold_server,
 )
+from flower_pfl.clients.base import PFLClient
 from flower_pfl.config import ConfigError
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 from tests.test_baselines import TINY, replay_fit, state_arrays, two_rounds
 

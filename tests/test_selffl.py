@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flower_pfl import config, data, inprocess
-from flower_pfl import selffl_math as sm
-from strategies.base import ClientUpdate
+from flower_pfl import config
+from flower_pfl.algorithms import selffl_math as sm
+from flower_pfl.learning import data
+from flower_pfl.running import inprocess
+from flower_pfl.strategies.base import ClientUpdate
 
 SYNTH = str(Path(__file__).resolve().parent.parent / "configs" / "selffl-synthetic.yaml")
 
@@ -142,7 +144,7 @@ def test_estimated_variances_never_produce_nan(tmp_path):
 
 
 def test_server_uses_variance_weights_not_a_plain_mean(tmp_path):
-    from strategies.selffl import SelfFL
+    from flower_pfl.strategies.selffl import SelfFL
 
     cfg = config.load(SYNTH, ["clients=3", "hyper.selffl.variance-estimator=surrogate"])
     strategy = SelfFL(cfg, results_dir=tmp_path)
@@ -162,7 +164,7 @@ def test_server_uses_variance_weights_not_a_plain_mean(tmp_path):
 def test_client_starts_from_eq10_not_from_the_global_model(tmp_path):
     from flwr.common import Context, RecordDict
 
-    from clients.selffl import SelfFLClient
+    from flower_pfl.clients.selffl import SelfFLClient
 
     cfg = config.load(SYNTH, ["clients=4"])
     ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
@@ -214,7 +216,7 @@ def test_orders_of_magnitude_drop_by_hand():
 def _selffl_client(cfg, pid=0):
     from flwr.common import Context, RecordDict
 
-    from clients.selffl import SelfFLClient
+    from flower_pfl.clients.selffl import SelfFLClient
 
     ctx = Context(run_id=0, node_id=1, node_config={"partition-id": pid}, state=RecordDict(),
                   run_config={})
@@ -293,7 +295,7 @@ def test_early_warmup_rounds_take_no_variance_sample(tmp_path):
     """Section 3.2's warm start: the early warm-up rounds' fluctuation stays out of eqs.
     13-14 (the client runs no bootstrap fit and adds no sample); the last PRIME_ROUNDS
     warm-up rounds already sample, so Self-FL starts with both variances known."""
-    from strategies.selffl import PRIME_ROUNDS, SelfFL
+    from flower_pfl.strategies.selffl import PRIME_ROUNDS, SelfFL
 
     cfg = config.load(SYNTH, ["clients=4", "hyper.selffl.warmup-rounds=4"])
     strategy = SelfFL(cfg, results_dir=tmp_path)
@@ -315,7 +317,7 @@ def test_early_warmup_rounds_take_no_variance_sample(tmp_path):
 
 
 def test_warmup_auto_warm_starts_a_network_not_the_scalar_model(tmp_path):
-    from strategies.selffl import SelfFL
+    from flower_pfl.strategies.selffl import SelfFL
 
     main = str(Path(SYNTH).parent.parent / "simulation.yaml")
     for path, overrides, expected in [(SYNTH, ["rounds=40"], 0),
@@ -328,7 +330,7 @@ def test_warmup_auto_warm_starts_a_network_not_the_scalar_model(tmp_path):
 
 
 def test_server_eq14_uses_the_local_optima_not_the_personal_models(tmp_path):
-    from strategies.selffl import OPTIMUM_OFFSET, SelfFL
+    from flower_pfl.strategies.selffl import OPTIMUM_OFFSET, SelfFL
 
     cfg = config.load(SYNTH, ["clients=3"])  # default estimator: bootstrap
     strategy = SelfFL(cfg, results_dir=tmp_path)
@@ -416,7 +418,7 @@ def test_every_fallback_is_counted_in_server_csv(tmp_path):
 
 
 def test_fallback_counts_follow_the_client_rules(tmp_path):
-    from strategies.selffl import RULE_COLUMNS, SelfFL
+    from flower_pfl.strategies.selffl import RULE_COLUMNS, SelfFL
 
     cfg = config.load(SYNTH, ["clients=6", "hyper.selffl.variance-estimator=surrogate"])
     strategy = SelfFL(cfg, results_dir=tmp_path)

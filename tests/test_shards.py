@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from flower_pfl import cli, client_data, data, inprocess, partitions, shards
+from flower_pfl import cli
+from flower_pfl.learning import client_data, data, partitions, shards
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -222,7 +224,7 @@ def _node_config(cmd: list[str]) -> str:
 def test_deploy_data_root_of_shards_gives_each_node_its_own_folder(tmp_path, made):
     """`flower-pfl deploy --data-root <partition --out>`: node i gets <out>/i, not the
     parent (which holds no dataset and would fail, or the pooled data if it did)."""
-    from flower_pfl.deploy import Deployment
+    from flower_pfl.running.deploy import Deployment
 
     out = made[1]
     dep = Deployment(tmp_path / "work", 4, None, data_root=str(out))
@@ -237,7 +239,7 @@ def test_deploy_data_root_of_shards_gives_each_node_its_own_folder(tmp_path, mad
 
 
 def _supernode_args(*extra: str):
-    from flower_pfl import sites
+    from flower_pfl.running import sites
 
     return sites.supernode_parser().parse_args(
         ["--superlink", "10.0.0.1:9092", "--ca", "certs/ca.crt", "--key", "keys/c.key",
@@ -246,9 +248,9 @@ def _supernode_args(*extra: str):
 
 def test_supernode_takes_its_shard_with_relative_paths_and_checks_its_identity(
         tmp_path, made, monkeypatch):
-    from flower_pfl.deploy import make_ca, make_node_key
-    from flower_pfl.procs import LaunchError
-    from flower_pfl.sites import supernode_plan
+    from flower_pfl.running.deploy import make_ca, make_node_key
+    from flower_pfl.running.procs import LaunchError
+    from flower_pfl.running.sites import supernode_plan
 
     monkeypatch.chdir(tmp_path)
     make_ca("certs")

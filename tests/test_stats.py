@@ -1,4 +1,4 @@
-"""flower_pfl.stats: Student's t (CDF, quantile), the paired interval and its verdict,
+"""flower_pfl.reporting.stats: Student's t (CDF, quantile), the paired interval and its verdict,
 against closed forms and printed table values."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from flower_pfl import stats
+from flower_pfl.reporting import stats
 
 # t_{0.975, df} from printed tables (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2), 6+ digits
 T975 = {1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 5: 2.570582, 9: 2.262157,

@@ -1,4 +1,4 @@
-"""TensorBoard tracking (flower_pfl/tracking.py), written from where rounds are recorded.
+"""TensorBoard tracking (flower_pfl/reporting/tracking.py), written from where rounds are recorded.
 
 A 3-round in-process run (the real Strategy and ClientApp through Flower's message path)
 with ``tracking: tensorboard``; the event files are read back with TensorBoard's own
@@ -12,8 +12,9 @@ import csv
 
 import pytest
 
-from flower_pfl import inprocess, tracking
-from flower_pfl.results import ResultsWriter
+from flower_pfl.reporting import tracking
+from flower_pfl.reporting.results import ResultsWriter
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
 pytest.importorskip("tensorboard", reason="the optional tensorboard extra is not installed "

@@ -7,8 +7,8 @@ import csv
 import pytest
 import torch
 
-from flower_pfl import inprocess
-from flower_pfl.training import TrainSpec, batches
+from flower_pfl.learning.training import TrainSpec, batches
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 from tests.test_baselines import TINY
 

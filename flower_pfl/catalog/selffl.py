@@ -60,7 +60,7 @@ ENTRIES = [
                 "h_m = sigma_m^-2 (exact for the Gaussian model); 'measured' = h_m from how "
                 "fast the round's bootstrap fit contracted (needs the bootstrap estimator; "
                 "with a trace variance over a network's parameters eq. 8 literally gives one "
-                "step, see flower_pfl/selffl_math.py); 'auto' = measured with the bootstrap "
+                "step, see algorithms/selffl_math.py); 'auto' = measured with the bootstrap "
                 "estimator on a model of more than one parameter (where sigma_m^2 is a "
                 "trace), variance otherwise (the scalar synthetic task, the surrogate, the "
                 "oracle)"),

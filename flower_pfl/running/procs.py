@@ -1,6 +1,6 @@
 """Process management shared by the simulation launcher and the deployment launcher.
 
-``flower_pfl.launch`` (``flower-pfl run``) and ``flower_pfl.deploy`` (``flower-pfl deploy``)
+``running.launch`` (``flower-pfl run``) and ``running.deploy`` (``flower-pfl deploy``)
 both start Flower processes (SuperLink, SuperNodes, ``flwr run``) and must stop every one
 of them -- and everything those start (SuperExec, ServerApp, Ray) -- by PID, also on
 failure, Ctrl-C, SIGTERM or SIGHUP.  That machinery lives here, so the imports run one
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-APP_DIR = Path(__file__).resolve().parent.parent
+APP_DIR = Path(__file__).resolve().parents[2]
 
 
 class LaunchError(RuntimeError):

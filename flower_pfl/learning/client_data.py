@@ -1,8 +1,8 @@
 """A client's local data: its own shard, or its part of the pooled dataset.
 
 Which one a client gets is decided here, above the two modules that know how:
-:mod:`flower_pfl.data` (the pooled dataset, its partition, the tensors) and
-:mod:`flower_pfl.shards` (one site's shard written by ``flower-pfl partition``, checked
+:mod:`flower_pfl.learning.data` (the pooled dataset, its partition, the tensors) and
+:mod:`flower_pfl.learning.shards` (one site's shard written by ``flower-pfl partition``, checked
 against the run's settings).  A node's ``data-root`` holding a shard manifest is read as
 that shard and never falls back to the pooled set; any other ``data-root`` is read as the
 dataset's folder instead of ``data.root``.
@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 import torch
 
-from flower_pfl import data, partitions, shards
-from flower_pfl.data import ClientData
+from flower_pfl.learning import data, partitions, shards
+from flower_pfl.learning.data import ClientData
 
 _CACHE: dict[tuple[str, int], ClientData] = {}
 MAX_CACHED = 64  # bound memory in long-lived simulation actors

@@ -4,13 +4,13 @@
 port, runtime dependency installation off) -- or runs on a shared one
 (:func:`simulation_superlink`, the bench's) -- calls ``flwr run`` with ``num-supernodes``
 and client resources taken from the YAML (:func:`federation_config`), checks the run's
-FINAL status (:func:`flower_pfl.procs.flwr_run`: ``flwr run --stream`` exits 0 even when
+FINAL status (:func:`flower_pfl.running.procs.flwr_run`: ``flwr run --stream`` exits 0 even when
 the run failed) and stops every process it started -- SuperLink, SuperExec, ServerApp,
 Ray -- by PID, also on failure or Ctrl-C.  :func:`resume_config` rebuilds the configuration
 of a run to resume from its checkpoint (the tracking keys, :data:`TRACKING_KEYS`, may
 differ: they change no result).  The command line: :mod:`flower_pfl.cli`; what it prints
 while a run goes (it passes ``echo=False`` and its console's ``on_line``):
-:mod:`flower_pfl.console`.
+:mod:`flower_pfl.reporting.console`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from flower_pfl import config as config_mod
-from flower_pfl.procs import (  # noqa: F401 - LaunchError: what run_simulation raises
+from flower_pfl.running.procs import (  # noqa: F401 - LaunchError: what run_simulation raises
     APP_DIR,
     LaunchError,
     ProcessSet,
@@ -35,7 +35,7 @@ from flower_pfl.procs import (  # noqa: F401 - LaunchError: what run_simulation 
 )
 
 #: configuration keys that say where a run's numbers are also written, not what runs: a
-#: resumed run may set them differently (flower_pfl/tracking.py)
+#: resumed run may set them differently (flower_pfl/reporting/tracking.py)
 TRACKING_KEYS = ("tracking", "tracking-dir")
 
 

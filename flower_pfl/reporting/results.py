@@ -4,7 +4,7 @@
 * ``rounds.csv``    -- one row per evaluation round: statistics of the personalized (and,
                        where the strategy has one, global) accuracies over ALL clients
 * ``clients.csv``   -- one row per client per evaluation round (with ``device``,
-                       ``gpu_name``, ``gpu_peak_mib`` of its last fit: flower_pfl.devices)
+                       ``gpu_name``, ``gpu_peak_mib`` of its last fit: flower_pfl.learning.devices)
 * ``fit.csv``       -- one row per accepted upload: round, partition-id, num-examples, the
                        device it trained on (``device``; on CUDA ``gpu_name`` and
                        ``gpu_peak_mib``) and the client's numeric fit metrics (train_loss,
@@ -18,7 +18,7 @@
                        model's mean where there is one) beside the loss (train, test),
                        written when the run ends
 * ``tensorboard/``  -- with ``tracking: tensorboard``: the same records as TensorBoard
-                       events (:mod:`flower_pfl.tracking`; the writer hands them over)
+                       events (:mod:`flower_pfl.reporting.tracking`; the writer hands them over)
 
 Everything is appended/rewritten as it happens, not only at the end.
 
@@ -37,9 +37,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from flower_pfl import tracking
 from flower_pfl.atomic import atomic_write_text
-from flower_pfl.metrics import STAT_KEYS, best_mean
+from flower_pfl.learning.metrics import STAT_KEYS, best_mean
+from flower_pfl.reporting import tracking
 
 
 class ResultsWriter:
@@ -121,7 +121,7 @@ class ResultsWriter:
     def write_curves(self) -> Path:
         """``curves.png``: this run's accuracy (personalized mean, worst-10%, top-10%; the
         global model's mean) vs round, beside its loss."""
-        from flower_pfl import plots  # matplotlib: imported only when a figure is drawn
+        from flower_pfl.reporting import plots  # matplotlib: imported only when a figure is drawn
 
         values = self.config.get("values", {})
         return plots.run_curves(self.rounds, self.dir / "curves.png",
@@ -183,15 +183,15 @@ def true_groups(values: Mapping[str, Any]) -> list[int] | None:
     """The partition's ground-truth client groups (FedAMP practical), else None."""
     if values.get("data.partition") != "practical":
         return None
-    from flower_pfl.partitions import group_of_clients
+    from flower_pfl.learning.partitions import group_of_clients
 
     return group_of_clients(int(values["clients"]), int(values["data.groups"])).tolist()
 
 
 def write_heatmap_png(path: Path, matrix: np.ndarray, groups: Sequence[int] | None = None,
                       title: str = "", untrained: Sequence[int] = ()) -> None:
-    """Write ``matrix`` as a heatmap PNG (matplotlib, :func:`flower_pfl.plots.heatmap`)."""
-    from flower_pfl import plots
+    """Write ``matrix`` as a heatmap PNG (matplotlib, :func:`~.plots.heatmap`)."""
+    from flower_pfl.reporting import plots
 
     name = Path(path).stem.split("-")[-1]
     plots.heatmap(np.asarray(matrix, dtype=np.float64), Path(path), title=title, groups=groups,

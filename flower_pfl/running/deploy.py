@@ -11,7 +11,7 @@ SuperNode authentication), one SuperNode per client with ``partition-id``,
 simulation; it checks the run's final status and stops every process by PID.
 
 On separate machines the same pieces are started one machine at a time by
-``flower-pfl superlink`` / ``supernode`` / ``submit`` (flower_pfl/sites.py); both use the
+``flower-pfl superlink`` / ``supernode`` / ``submit`` (flower_pfl/running/sites.py); both use the
 building blocks below (SuperLink and SuperNode command lines, the ``flwr`` connection
 file, key registration, submitting a run and checking its status), so a deployment on
 one machine and one on many start Flower the same way.
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from flower_pfl.procs import (
+from flower_pfl.running.procs import (
     APP_DIR,
     LaunchError,
     ProcessSet,
@@ -117,7 +117,7 @@ def make_node_key(directory: str | Path, name: str) -> tuple[Path, Path]:
 
 # ------------------------------------------------------------------ building blocks
 # One function per piece of a deployment; ``Deployment`` (one machine) and the per-machine
-# commands in flower_pfl/sites.py (``flower-pfl superlink/supernode/submit``) both use them.
+# commands in flower_pfl/running/sites.py (``flower-pfl superlink/supernode/submit``) both use them.
 def split_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` (IPv6 as ``[::1]:9092``) -> (host, port)."""
     host, sep, port = address.rpartition(":")
@@ -200,7 +200,7 @@ def register_key(public_key: Path, name: str, connection: str, env: dict) -> str
 def node_data_root(data_root: str | None, pid: int) -> str | None:
     """The ``data-root`` of node ``pid``: ``<data_root>/<pid>`` when that is a shard folder
     (``flower-pfl partition --out <data_root>``), else ``data_root`` itself (a dataset)."""
-    from flower_pfl.shards import is_shard_folder
+    from flower_pfl.learning.shards import is_shard_folder
 
     if data_root and is_shard_folder(Path(data_root) / str(pid)):
         return str(Path(data_root) / str(pid))

@@ -1,25 +1,25 @@
 """``flower-pfl bench MATRIX.yaml``: run a matrix's cells, resume where it stopped.
 
-Every cell of a :class:`~flower_pfl.matrix.Matrix` is one ``flwr run`` in Ray simulation (the
+Every cell of a :class:`~.matrix.Matrix` is one ``flwr run`` in Ray simulation (the
 ``flower-pfl run`` path) on its own YAML, ``<out>/runs/<setting>/<strategy>/seed-<s>/
 cell.yaml``, written in full before the run: ``flower-pfl run --config <that file>``
 reproduces the cell alone. A cell whose ``summary.json`` says ``completed`` for an identical
 ``cell.yaml`` is skipped on a rerun, so an interrupted bench resumes where it stopped; a
 changed cell configuration -- or a changed registry default it resolves to (its
 ``config.json``) -- reruns.  A run that completed while clients failed
-(:func:`flower_pfl.results.client_failures`) is no number and reruns.
+(:func:`flower_pfl.reporting.results.client_failures`) is no number and reruns.
 
 All cells of one bench share ONE SuperLink (``--superlink per-cell`` starts one per run, as
 ``flower-pfl run`` does); ``--ray shared`` also starts ONE Ray instance
-(:mod:`flower_pfl.rayhead`) that every cell's simulation attaches to (``RAY_ADDRESS``)
+(:mod:`flower_pfl.running.rayhead`) that every cell's simulation attaches to (``RAY_ADDRESS``)
 instead of a Ray start and stop per run. See docs/BENCHMARKS.md (a) for what each saves.
 A failed run (e.g. Ray's start timed out) or one in which clients failed is run again up
 to ``retries`` times; a configuration error is not retried.
 
-When the cells have run, :mod:`flower_pfl.tables` writes the table, the paired
-comparisons and the figures.  The matrix format: :mod:`flower_pfl.matrix` (validated whole
+When the cells have run, :mod:`flower_pfl.reporting.tables` writes the table, the paired
+comparisons and the figures.  The matrix format: :mod:`flower_pfl.running.matrix` (validated whole
 before any cell runs) and docs/bench.md.  What the console shows (cell k of N, the round
-inside the current cell): :class:`flower_pfl.console.BenchConsole`, handed in as
+inside the current cell): :class:`flower_pfl.reporting.console.BenchConsole`, handed in as
 ``progress``.
 """
 
@@ -37,13 +37,13 @@ from typing import Any, Iterator, Mapping, Sequence
 import yaml
 
 from flower_pfl import config as config_mod
-from flower_pfl.console import fmt_s
-from flower_pfl.launch import federation_config, run_simulation, simulation_superlink
-from flower_pfl.matrix import Cell, Matrix
-from flower_pfl.procs import APP_DIR, LaunchError, ProcessSet, RunOutcome, flwr_run
-from flower_pfl.rayhead import shared_ray
-from flower_pfl.results import client_failures, read_json, read_summary
-from flower_pfl.tables import collect, write_plots, write_table
+from flower_pfl.reporting.console import fmt_s
+from flower_pfl.reporting.results import client_failures, read_json, read_summary
+from flower_pfl.reporting.tables import collect, write_plots, write_table
+from flower_pfl.running.launch import federation_config, run_simulation, simulation_superlink
+from flower_pfl.running.matrix import Cell, Matrix
+from flower_pfl.running.procs import APP_DIR, LaunchError, ProcessSet, RunOutcome, flwr_run
+from flower_pfl.running.rayhead import shared_ray
 
 
 # ------------------------------------------------------------------------------- cells
@@ -149,7 +149,7 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
 
     A cell whose run failed (e.g. Ray's start timed out) or in which clients failed is run
     again up to ``retries`` times; a configuration error is not retried.  ``progress``
-    (a :class:`~flower_pfl.console.BenchConsole`) is told which cell runs
+    (a :class:`~flower_pfl.reporting.console.BenchConsole`) is told which cell runs
     (``cell(k, key, rounds)``), gets every output line of its run (``feed``) and the
     cells done (``cells_done(k, eta)``)."""
     out.mkdir(parents=True, exist_ok=True)

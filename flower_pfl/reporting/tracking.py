@@ -1,7 +1,7 @@
 """Experiment tracking: a run's per-round numbers as TensorBoard event files.
 
 ``tracking: tensorboard`` in the run YAML (or ``flower-pfl run --tensorboard DIR``) makes
-the run's :class:`~flower_pfl.results.ResultsWriter` -- in the ServerApp process, where
+the run's :class:`~flower_pfl.reporting.results.ResultsWriter` -- in the ServerApp process, where
 rounds are recorded -- hand every record to a :class:`TensorBoardTracker` as well:
 
 * per evaluated round (step = the round): ``personalized/mean``, ``/weighted_mean``,

@@ -51,8 +51,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from flower_pfl import deploy
-from flower_pfl.procs import (
+from flower_pfl.running import deploy
+from flower_pfl.running.procs import (
     APP_DIR,
     LaunchError,
     ProcessSet,
@@ -203,7 +203,7 @@ def superlink_main(argv: Sequence[str]) -> int:
 # ------------------------------------------------------------------------ supernode
 def supernode_plan(args) -> tuple[list[str], dict, str]:
     """The ``flower-supernode`` command, its environment and a line saying what it is."""
-    from flower_pfl import shards
+    from flower_pfl.learning import shards
 
     if args.partition_id < 0:
         raise LaunchError(f"--partition-id {args.partition_id}: must be >= 0")
@@ -330,7 +330,7 @@ def supernode_main(argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------- submit
 def submit_main(argv: Sequence[str]) -> int:
     from flower_pfl import config as config_mod
-    from strategies.base import default_results_dir
+    from flower_pfl.strategies.base import default_results_dir
 
     p = argparse.ArgumentParser(prog="flower-pfl submit", description="Run a YAML on a "
                                 "running SuperLink and check that it completed.")

@@ -1,5 +1,5 @@
-"""Datasets and client tensors (the partitions: :mod:`flower_pfl.partitions`; which data a
-client gets: :mod:`flower_pfl.client_data`).
+"""Datasets and client tensors (the partitions: :mod:`flower_pfl.learning.partitions`; which data a
+client gets: :mod:`flower_pfl.learning.client_data`).
 
 How a client's data is made (deterministic in ``seed``):
 

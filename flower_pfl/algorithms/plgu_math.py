@@ -6,7 +6,7 @@ Layer personalization score, eq. 6 (PLGU-LF) / eq. 10 (PLGU-GRep, on the body la
     xi_{i,l} = ||theta_{i,l} - w_l|| / dim(w_l),   normalized so that sum_l xi_{i,l} = 1
 
   ``||.||`` is the Euclidean norm over ALL entries of layer l (weight and bias together),
-  dim(w_l) their number. A "layer" is one group of :func:`flower_pfl.models.layer_groups`.
+  dim(w_l) their number. A "layer" is one group of :func:`flower_pfl.learning.models.layer_groups`.
   Open point: all distances zero (a client whose personal model IS the global one, e.g. on
   its first participation) -- eq. 6 is 0/0; we return uniform scores 1/L (no layer is
   more personal than another).
@@ -174,7 +174,7 @@ def two_model_train(theta_model: nn.Module, theta: Sequence[torch.Tensor],
                     weight_decay: float = 0.0, loss_fn: LossFn = F.cross_entropy
                     ) -> dict[str, float]:
     """Algorithm 1's K steps (:func:`two_model_step`), one per given mini-batch, both models
-    with SGD at the same settings (as :func:`flower_pfl.training.train`)."""
+    with SGD at the same settings (as :func:`flower_pfl.learning.training.train`)."""
     theta_model.train()
     opt_theta = torch.optim.SGD(list(theta), lr=lr, momentum=momentum,
                                 weight_decay=weight_decay)

@@ -2,8 +2,8 @@
 
 Pure drawing: every function takes plain numbers (rows of ``rounds.csv``/``summary.json``,
 per-client accuracies, a weight matrix) and writes one PNG. Nothing here reads results
-folders or knows about Flower, so :mod:`flower_pfl.results` (one run) and
-:mod:`flower_pfl.tables` (a bench matrix of runs) share it.
+folders or knows about Flower, so :mod:`flower_pfl.reporting.results` (one run) and
+:mod:`flower_pfl.reporting.tables` (a bench matrix of runs) share it.
 
 * :func:`run_curves`   -- one run: personalized mean, worst-10% and top-10% and the global
                           model's mean vs round, beside the loss (train, personalized test);

@@ -27,8 +27,8 @@ A matrix file (see ``benchmarks/*.yaml``; ``flower-pfl bench`` runs it)::
 reports A − B on each seed where both finished -- the final personalized mean, the
 personalized worst-10% and, where both have a global model, the global final mean --
 with its mean, the 95% Student-t interval and a verdict (holds / does not hold / tie /
-n/a with one seed; lower is better for an error metric): :mod:`flower_pfl.tables`,
-:mod:`flower_pfl.stats`.
+n/a with one seed; lower is better for an error metric): :mod:`flower_pfl.reporting.tables`,
+:mod:`flower_pfl.reporting.stats`.
 
 A cell's YAML is the base, then the matrix's ``set``, the setting's ``set``, the strategy's
 overrides and the command line's ``--set`` (:func:`flower_pfl.config.merge`), with its
@@ -52,7 +52,7 @@ import yaml
 
 from flower_pfl import registry
 from flower_pfl.config import ConfigError, merge, validate
-from flower_pfl.procs import APP_DIR
+from flower_pfl.running.procs import APP_DIR
 
 # which of our numbers sits beside the paper's: matrix's `compare` -> table column
 COMPARE = {"bmta": "bmta", "final": "final_mean", "weighted": "final_weighted"}

@@ -177,7 +177,7 @@ def resolve_device(name: str) -> torch.device:
 
 def model_for(cfg) -> NamedLayers:
     """The configured model with the run's seeded initial weights."""
-    from flower_pfl.data import NUM_CLASSES, input_shape
+    from flower_pfl.learning.data import NUM_CLASSES, input_shape
 
     dataset = cfg["data.dataset"]
     if dataset == "synthetic-gaussian":

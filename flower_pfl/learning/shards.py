@@ -1,17 +1,18 @@
 """Data per site: each client machine holds only its own shard, not the whole dataset.
 
 A *shard* is one client's local data exactly as the simulation splits it
-(:func:`flower_pfl.data.load_pooled` + :func:`flower_pfl.partitions.get_partition`): its train
+(:func:`~flower_pfl.learning.data.load_pooled` +
+:func:`~flower_pfl.learning.partitions.get_partition`): its train
 and test images as the pooled arrays hold them (uint8 ``(N, C, H, W)``, int64 labels), so
 a client that loads its shard gets bit-identical tensors through the same normalisation
-(:func:`flower_pfl.data.to_tensor`).  ``flower-pfl partition --config FILE --out DIR``
+(:func:`flower_pfl.learning.data.to_tensor`).  ``flower-pfl partition --config FILE --out DIR``
 writes one folder per client, ``DIR/<partition-id>/``, holding
 
 * ``shard.npz``: the arrays ``x_train``, ``y_train``, ``x_test``, ``y_test``;
 * ``manifest.json``: ``partition-id``, ``num-partitions``, ``dataset``, ``num-classes``,
   ``counts`` (``train``/``test``), ``label-histogram`` (``train``/``test``, one count per
-  class), ``settings-hash`` (:func:`flower_pfl.partitions.partition_key` of the configuration),
-  ``settings`` (the values of :data:`flower_pfl.partitions.PARTITION_KEYS` the hash is made of,
+  class), ``settings-hash`` (:func:`~.partitions.partition_key` of the configuration),
+  ``settings`` (the values of :data:`~.partitions.PARTITION_KEYS` the hash is made of,
   for a human to read), ``shard-sha256`` (a checksum of ``shard.npz``) and ``command``
   (how the shard was made).
 
@@ -19,7 +20,7 @@ Both files are written atomically (a temporary file, then ``os.replace``); the m
 last, so a folder with a manifest always has a complete shard.
 
 A SuperNode started with ``--node-config 'data-root="<DIR>/<i>" ...'`` loads that shard
-(:func:`flower_pfl.client_data.load_client_data` sees the manifest and calls :func:`load_shard`)
+(:func:`~.client_data.load_client_data` sees the manifest and calls :func:`load_shard`)
 and never the pooled dataset.  The check: the shard is refused, with a message naming
 both hashes, every differing setting (``key: shard value vs run value``) and the command
 that remakes it, when its ``settings-hash`` is not the run's, when its ``partition-id``
@@ -42,7 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from flower_pfl import data, partitions
+from flower_pfl.learning import data, partitions
 
 MANIFEST = "manifest.json"
 SHARD_FILE = "shard.npz"
@@ -240,7 +241,7 @@ def check_shard(manifest: Mapping[str, Any], cfg: Mapping[str, Any], partition_i
 def load_shard(folder: str | os.PathLike, cfg: Mapping[str, Any], partition_id: int
                ) -> data.ClientData:
     """The client data of the shard in ``folder`` (checked with :func:`check_shard` and
-    against its manifest), as :func:`flower_pfl.client_data.load_client_data` gives it from
+    against its manifest), as :func:`flower_pfl.learning.client_data.load_client_data` gives it from
     the pooled set."""
     import torch
 

@@ -18,7 +18,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from flower_pfl.procs import LaunchError, free_port, is_alive, pids_naming, process_tree, stop_tree
+from flower_pfl.running.procs import (
+    LaunchError,
+    free_port,
+    is_alive,
+    pids_naming,
+    process_tree,
+    stop_tree,
+)
 
 # Ray puts its AF_UNIX sockets at <temp-dir>/session_<date>_<time>_<pid>/sockets/plasma_store
 # (~65 bytes below the temp dir) and refuses paths over 107 bytes.

@@ -1,7 +1,7 @@
 """A bench's report: its table, its paired comparisons and its figures.
 
-From the finished cells of a :class:`~flower_pfl.matrix.Matrix` (read back through
-:mod:`flower_pfl.results`), writes into the bench's output folder:
+From the finished cells of a :class:`~flower_pfl.running.matrix.Matrix` (read back through
+:mod:`flower_pfl.reporting.results`), writes into the bench's output folder:
 
 * ``table.md`` and ``table.csv`` -- per setting and strategy, mean +- sample std over the
   finished seeds of the final-round mean, weighted mean, worst-10%, top-10%, worst-5%,
@@ -14,17 +14,17 @@ From the finished cells of a :class:`~flower_pfl.matrix.Matrix` (read back throu
   the personalized worst-10% and worst-5% and, where both have a global model, the global
   final mean and worst-5%
   (like with like); mean d and the 95% Student-t interval d +- t_{0.975, n-1} s_d / sqrt(n)
-  (:func:`flower_pfl.stats.paired_interval`); verdict: holds (the interval excludes 0 on
+  (:func:`flower_pfl.reporting.stats.paired_interval`); verdict: holds (the interval excludes 0 on
   A's better side), does not hold (on B's), tie (contains 0), n/a (1 seed).  Lower is
   better for an error metric.
 * per setting ``curves-<setting>.png`` (personalized mean, worst-10% and the global
   model's mean vs round, the paper's number as a dotted line), ``clients-<setting>.png``
-  and ``heatmap-<setting>-<strategy>-<matrix>.png`` (:mod:`flower_pfl.plots`; clients
+  and ``heatmap-<setting>-<strategy>-<matrix>.png`` (:mod:`flower_pfl.reporting.plots`; clients
   ordered by their true group where the partition has groups, clients not trained by the
   last evaluated round marked).
 
 Choices left open: a cell counts only where its run completed with every client (see
-:func:`flower_pfl.results.client_failures`); s/round is measured after the first
+:func:`flower_pfl.reporting.results.client_failures`); s/round is measured after the first
 evaluation (the start is not a round's cost).
 """
 
@@ -38,8 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from flower_pfl import config as config_mod
-from flower_pfl.matrix import COMPARE, Cell, Matrix
-from flower_pfl.results import (
+from flower_pfl.reporting.results import (
     MATRIX_BINARY,
     MATRIX_LABELS,
     client_failures,
@@ -53,7 +52,8 @@ from flower_pfl.results import (
     true_groups,
     untrained,
 )
-from flower_pfl.stats import mean_std, paired_interval, verdict
+from flower_pfl.reporting.stats import mean_std, paired_interval, verdict
+from flower_pfl.running.matrix import COMPARE, Cell, Matrix
 
 # The table's columns: (record key, header)
 COLUMNS = (
@@ -174,7 +174,7 @@ PAIR_FIELDS = ("setting", "a", "b", "column", "model", "n", "seeds", "diffs", "m
 
 def pair_records(matrix: Matrix, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per setting, pair (A, B) and compared column: A - B on each seed where both finished,
-    its mean, the 95% Student-t interval and the verdict (:mod:`flower_pfl.stats`).  The
+    its mean, the 95% Student-t interval and the verdict (:mod:`flower_pfl.reporting.stats`).  The
     global column only where both strategies have a global model."""
     by_key = {(r["setting"], r["strategy"]): r for r in records}
     rows = []
@@ -323,7 +323,7 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
             w.writerows(pairs)
         lines += pairs_md(matrix, pairs)
     if any("inprocess" in r.get("engine", "") for r in records):
-        lines += ["Rows marked (in-process) ran their cells through `flower_pfl.inprocess` "
+        lines += ["Rows marked (in-process) ran their cells through `flower_pfl.running.inprocess` "
                   "(benchmarks/matrix_inprocess.py: the same cell.yaml, Strategy and client "
                   "classes, direct calls instead of `flwr run`; s/round is then not the "
                   "simulation's).", ""]
@@ -336,7 +336,7 @@ def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> li
     """Per setting: curves over rounds (with the paper's numbers), per-client distribution
     of the final round, and the heatmaps of the matrices a strategy saved (first finished
     seed; its last evaluated round, clients not trained by then marked)."""
-    from flower_pfl import plots  # matplotlib: imported only when figures are drawn
+    from flower_pfl.reporting import plots  # matplotlib: imported only when figures are drawn
 
     written = []
     compared = {"bmta": "BMTA", "final": "final mean", "weighted": "weighted mean"}

@@ -17,14 +17,14 @@ third of the cost (docs/BENCHMARKS.md, issue 29).  Not fused on purpose:
 ``grad + coef*d`` as one ``add(alpha=coef)``/``addcmul`` (an FMA on CPU: one rounding
 instead of two, so not the autograd result).  A parameter the model uses twice gets its
 data gradient summed by autograd first here, and possibly in another order in the old
-single backward; no model in flower_pfl/models.py shares a parameter.  A Prox's
+single backward; no model in flower_pfl/learning/models.py shares a parameter.  A Prox's
 ``reg_loss`` is the mean of ``0.5*coef*sum ||w - c||^2`` over every ``PROX_VALUE_EVERY``-th
 step (the first included), from ``torch._foreach_norm`` (the autograd value up to float
 rounding): the value at every step would cost one more pass over the parameters per
 step, a third again of the fused gradient's own three (docs/BENCHMARKS.md, issue 29).
 
 ``lwsam_step`` is the one local optimizer step of SAM / LWSAM (PLGU Algorithm 1, eqs. 4-5,
-p = q = 2; the perturbation itself is :func:`flower_pfl.plgu_math.lwsam_perturbation`):
+p = q = 2; the perturbation itself is :func:`flower_pfl.algorithms.plgu_math.lwsam_perturbation`):
 gradient g at theta, ascent eps = rho * Lambda g / ||g|| on the ``perturbed`` tensors,
 gradient g~ at theta + eps, then one optimizer step with g~ on the perturbed tensors and
 with the plain g on the ``plain`` tensors (Algorithm 1's personalized update, line 5).
@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flower_pfl.plgu_math import lwsam_perturbation, perturbed_gradient
+from flower_pfl.algorithms.plgu_math import lwsam_perturbation, perturbed_gradient
 
 
 @dataclass(frozen=True)

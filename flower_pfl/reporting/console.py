@@ -2,7 +2,7 @@
 
 Every line of ``flwr run --stream`` (the ServerApp's Flower log, ANSI coloured; Ray's and
 Python's warnings; Flower's notices) goes to ``<results>/flwr-run.log`` unchanged
-(:func:`flower_pfl.procs.stream_run`); :class:`RunConsole` shows a researcher's view:
+(:func:`flower_pfl.running.procs.stream_run`); :class:`RunConsole` shows a researcher's view:
 one line per evaluated round (the strategy's ``[flower-pfl] round N: ...`` line,
 :func:`parse_round`, written short by :func:`format_round`: personalized mean, worst-10%,
 top-10%, best so far, the global model's mean; elapsed and ETA without a bar), on a
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
-from flower_pfl.results import metric_of, read_summary, read_values
+from flower_pfl.reporting.results import metric_of, read_summary, read_values
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 LOG_LINE = re.compile(r"^(?P<actor>\([^)]*pid=\d+[^)]*\)\s*)?"

@@ -1,6 +1,6 @@
 """Partitions: which pooled samples each client holds, and its local train/test split.
 
-Deterministic in ``seed`` (see :mod:`flower_pfl.data` for the whole recipe):
+Deterministic in ``seed`` (see :mod:`flower_pfl.learning.data` for the whole recipe):
 
 * the pooled labels are split among ``clients`` partitions: ``iid``, ``dirichlet`` (alpha)
   and ``pathological`` (k classes per client) through flwr-datasets' partitioners;
@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from flower_pfl.data import DataError, default_cache_dir
+from flower_pfl.learning.data import DataError, default_cache_dir
 
 
 def practical_partition(labels: np.ndarray, num_clients: int, num_groups: int,

@@ -1,0 +1,43 @@
+"""strategies/ and clients/ are top-level folders but live in the flower_pfl namespace.
+
+An installed flower-pfl must not collide with another project's ``strategies`` or ``clients``
+module: from a source tree flower_pfl/__init__.py adds the folders to the package's path; a
+wheel installs them inside the package (pyproject's ``package-dir``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_foreign_strategies_package_first_on_the_path_does_not_shadow_ours(tmp_path):
+    for name in ("strategies", "clients"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(
+            f"raise ImportError('the foreign {name} package was imported')\n")
+    code = ("from flower_pfl import registry; e = registry.get('fedamp'); "
+            "print(e.strategy_cls().__module__, e.client_cls().__module__)")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["flower_pfl.strategies.fedamp", "flower_pfl.clients.fedamp"]
+
+
+def test_the_wheel_installs_strategies_and_clients_inside_the_package(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                          "--no-build-isolation", "-q", str(ROOT), "-w", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    (wheel,) = tmp_path.glob("flower_pfl-*.whl")
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert tops == {"flower_pfl", wheel.name.split("-py3")[0] + ".dist-info"}
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"flower_pfl/strategies/fedamp.py", "flower_pfl/clients/fedamp.py",
+            "flower_pfl/algorithms/attention.py"} <= names
