@@ -2,12 +2,12 @@
 
 Drives each Strategy through Flower's own methods -- ``initialize_parameters``,
 ``configure_fit`` (handshake, sampling, attention, payload serialisation) and
-``aggregate_fit`` (upload deserialisation, aggregation) -- with synthetic uploads: every
-sampled client returns the model's arrays plus client-specific Gaussian noise, metrics
-``partition-id``/``num-train``/``train_loss``. The model is a synthetic MLP-shaped parameter
-list of ~1M floats (784x1024, 1024, 1024x200, 200, 200x10, 10 = 1,010,850), so layer-wise
-strategies (PLGU, FedRep) see layers. A strategy that needs uploads of another shape (e.g.
-control variates) fails here and is reported as "not measured" with the reason.
+``aggregate_fit`` (upload deserialisation, aggregation) -- with synthetic uploads
+(benchmarks/synthetic_uploads.py: every sampled client returns the model's arrays plus
+client-specific Gaussian noise; the model is a synthetic MLP-shaped parameter list of
+1,010,850 floats, so layer-wise strategies (PLGU, FedRep) see layers). A strategy that
+needs uploads of another shape (e.g. control variates) fails here and is reported as "not
+measured" with the reason.
 
 (b) ``--mode ratio``: server seconds per round (configure_fit + aggregate_fit, all n clients
     sampled, round 2 onwards, median over rounds) for n in --clients, divided by ONE bare fp32
@@ -35,60 +35,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-SHAPES = [(784, 1024), (1024,), (1024, 200), (200,), (200, 10), (10,)]
-
-
-def model_arrays(seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [(0.05 * rng.standard_normal(s)).astype(np.float32) for s in SHAPES]
-
-
-class FakeProxy:
-    """Answers the handshake with its partition-id; nothing else is ever called."""
-
-    def __init__(self, cid: str, pid: int) -> None:
-        from flwr.common import Code, GetPropertiesRes, Status
-
-        self.cid, self.node_id = cid, int(cid)
-        self._res = GetPropertiesRes(Status(Code.OK, ""), {"partition-id": pid})
-
-    def get_properties(self, ins, timeout, group_id):
-        return self._res
-
-
-def make_manager(n: int):
-    from flwr.server.client_manager import SimpleClientManager
-    from flwr.server.client_proxy import ClientProxy
-
-    class Proxy(FakeProxy, ClientProxy):
-        def __init__(self, cid, pid):
-            ClientProxy.__init__(self, cid)
-            FakeProxy.__init__(self, cid, pid)
-
-        def get_parameters(self, *a):
-            raise NotImplementedError
-
-        def fit(self, *a):
-            raise NotImplementedError
-
-        def evaluate(self, *a):
-            raise NotImplementedError
-
-        def reconnect(self, *a):
-            raise NotImplementedError
-
-    manager = SimpleClientManager()
-    for pid in range(n):
-        manager.register(Proxy(str(1000 + pid), pid))
-    return manager
+from benchmarks.synthetic_uploads import (  # noqa: E402
+    SHAPES,
+    make_manager,
+    model_arrays,
+    timed_rounds,
+)
 
 
 def server_rounds(strategy_name: str, n: int, fraction: float, rounds: int,
                   out: Path) -> list[float]:
     """Seconds of configure_fit + aggregate_fit per round (uploads built outside the clock)."""
-    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-
     from flower_pfl import config, registry
 
     cfg = config.validate({"strategy": strategy_name, "clients": n, "fraction-fit": fraction,
@@ -98,30 +55,8 @@ def server_rounds(strategy_name: str, n: int, fraction: float, rounds: int,
                                                           results_dir=out)
     manager = make_manager(n)
     params = strategy.initialize_parameters(manager)
-    template = strategy.upload_template()
-    rng = np.random.default_rng(1)
-    times = []
-    for rnd in range(1, rounds + 1):
-        t0 = time.perf_counter()
-        instructions = strategy.configure_fit(rnd, params, manager)
-        t_conf = time.perf_counter() - t0
-        results = []
-        for proxy, ins in instructions:  # the clients' side: not timed
-            pid = int(proxy.get_properties(None, None, None).properties["partition-id"])
-            sent = parameters_to_ndarrays(ins.parameters)
-            # what this strategy's clients upload (FedRep/PLGU-GRep: the body only)
-            base = sent if [a.shape for a in sent] == [a.shape for a in template] else template
-            up = [(a + 0.01 * rng.standard_normal(a.shape)).astype(np.float32) for a in base]
-            results.append((proxy, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(up), 100,
-                                          {"partition-id": pid, "num-train": 100,
-                                           "train_loss": 1.0, "local_steps": 10,
-                                           "sigma_sq": 0.01})))
-        t0 = time.perf_counter()
-        new, _ = strategy.aggregate_fit(rnd, results, [])
-        times.append(t_conf + time.perf_counter() - t0)
-        if new is not None:
-            params = new
-    return times
+    return [t_conf + t_agg
+            for _, _, t_conf, t_agg in timed_rounds(strategy, params, manager, rounds)]
 
 
 def gram_seconds(n: int, d: int) -> float:

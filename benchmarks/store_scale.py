@@ -3,7 +3,8 @@ clients x d = 1,010,850 (docs/BENCHMARKS.md, "Model store on disk: 10,000 client
 
 One fresh process per (strategy, n, fraction) -- ``ru_maxrss`` is that process's own peak
 -- drives the Strategy through Flower's methods with synthetic uploads, as
-benchmarks/server_cost.py does (its fake client manager and MLP-shaped model): each round
+benchmarks/server_cost.py does (benchmarks/synthetic_uploads.py: the fake client manager,
+the MLP-shaped model, the noisy uploads): each round
 ``configure_fit`` (sampling, attention, the cloud models, every payload serialised) and
 ``aggregate_fit`` (every upload checked, decoded into the store, the Gram refresh). The
 uploads (payload + client-specific noise) are built outside the clock; the instructions
@@ -44,7 +45,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.server_cost import make_manager, model_arrays  # noqa: E402
+from benchmarks.synthetic_uploads import (  # noqa: E402
+    make_manager,
+    model_arrays,
+    timed_rounds,
+)
 
 SLICE = 8192
 
@@ -78,8 +83,6 @@ def prefill(strategy, rank: int = 4) -> None:
 
 def run_one(name: str, n: int, fraction: float, rounds: int, store: str, dtype: str,
             budget_mb: float | None, do_prefill: bool, workdir: Path) -> dict:
-    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-
     from flower_pfl import config, registry
 
     tree = {"strategy": name, "clients": n, "fraction-fit": fraction, "min-fit-clients": 1,
@@ -100,28 +103,8 @@ def run_one(name: str, n: int, fraction: float, rounds: int, store: str, dtype: 
         if do_prefill and getattr(strategy.store, "matrix", None) is not None:
             prefill(strategy)
         prefill_s = time.perf_counter() - t0
-        rng = np.random.default_rng(1)
         rows = []
-        for rnd in range(1, rounds + 1):
-            t0 = time.perf_counter()
-            instructions = strategy.configure_fit(rnd, params, manager)
-            t_conf = time.perf_counter() - t0
-            results = []
-            for proxy, ins in instructions:  # the clients' side: not timed
-                pid = int(proxy.get_properties(None, None, None).properties["partition-id"])
-                up = [(a + 0.01 * rng.standard_normal(a.shape, dtype=np.float32))
-                      for a in parameters_to_ndarrays(ins.parameters)]
-                results.append((proxy, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(up),
-                                              100, {"partition-id": pid, "num-train": 100,
-                                                    "train_loss": 1.0, "sigma_sq": 0.01})))
-                del up
-            k = len(results)
-            t0 = time.perf_counter()
-            new, _ = strategy.aggregate_fit(rnd, results, [])
-            t_agg = time.perf_counter() - t0
-            del instructions, results
-            if new is not None:
-                params = new
+        for rnd, k, t_conf, t_agg in timed_rounds(strategy, params, manager, rounds):
             matrix = getattr(strategy.store, "matrix", None)
             m = int(matrix.seen.sum()) if matrix is not None else 0
             rows.append({"round": rnd, "k": k, "stored": m, "configure_s": round(t_conf, 2),

@@ -1,4 +1,5 @@
-"""What `flower-pfl run` and `flower-pfl bench` print (flower_pfl/reporting/console.py).
+"""What `flower-pfl run` and `flower-pfl bench` print (flower_pfl/reporting/console.py and
+its parts log_lines.py, console_output.py).
 
 The fast tests feed the console the lines of a real `flwr run --stream` (captured below,
 ANSI codes and Flower's History dump included) and check what a researcher sees: one line
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from flower_pfl.reporting import console
+from flower_pfl.reporting import console, console_output, log_lines
 from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
@@ -207,25 +208,25 @@ def test_the_progress_bar_on_a_terminal_keeps_the_round_lines():
     with c:
         for line in RAW:
             c.feed(line + "\n")
-    text = console.strip_ansi(buf.getvalue())
+    text = log_lines.strip_ansi(buf.getvalue())
     assert "round 3/3  personalized 45.06%" in text
     assert "ETA" not in [ln for ln in text.splitlines() if ln.startswith("round 3/3")][0]
 
 
 def test_parse_round_reads_the_strategy_line_and_refuses_others():
     line = next(x for x in RAW if "round 2: personalized" in x)
-    r = console.parse_round(line)
+    r = log_lines.parse_round(line)
     assert (r.round, r.mean, r.worst10, r.best, r.global_, r.answered, r.missing) == \
         (2, 0.3996, 0.0, 0.3996, 0.3996, 4, 0)
-    assert console.parse_round("[flower-pfl] round 2: something else") is None
-    mse = console.RoundInfo(4, "mse", 0.5, 0.9, 0.1, 0.4, None, 3, 1, "")
-    assert console.format_round(mse, 10) == ("round  4/10  personalized mse 0.5000  worst-10% "
-                                             "0.9000  top-10% 0.1000  best 0.4000 | 1 client(s)"
-                                             " did not answer")
+    assert log_lines.parse_round("[flower-pfl] round 2: something else") is None
+    mse = log_lines.RoundInfo(4, "mse", 0.5, 0.9, 0.1, 0.4, None, 3, 1, "")
+    assert log_lines.format_round(mse, 10) == ("round  4/10  personalized mse 0.5000  "
+                                               "worst-10% 0.9000  top-10% 0.1000  best 0.4000"
+                                               " | 1 client(s) did not answer")
 
 
 def test_eta_leaves_the_first_round_out():
-    t = console._RoundTracker(10)
+    t = console_output.RoundTracker(10)
     t.started, t.first = 0.0, 1
     t.first_done_t, t.done = 30.0, 1  # round 1 took 30 s (Ray's start)
     assert t.eta(now=30.0) == 9 * 30.0
@@ -263,7 +264,7 @@ def test_bench_console_shows_the_cell_and_the_round_inside_it():
         assert tasks["prac/fedavg/seed-1: round 3/3"].completed == 3
         b.cells_done(2, 30.0)
         assert b.out.progress.tasks[0].completed == 2
-    text = console.strip_ansi(buf.getvalue())
+    text = log_lines.strip_ansi(buf.getvalue())
     assert "[bench] m: 4 cells" in text and "History" not in text
     # piped: the bench's own lines only (a cell's rounds would be thousands of lines)
     buf = io.StringIO()

@@ -37,7 +37,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import yaml
 
 from flower_pfl import config as config_mod
-from flower_pfl.reporting.console import fmt_s
+from flower_pfl.reporting.log_lines import fmt_s
 from flower_pfl.reporting.results import client_failures, read_json, read_summary
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.launch import federation_config, run_simulation, simulation_superlink

@@ -1,0 +1,81 @@
+"""The mutation suite's table: what each mutation patches and which tests must notice.
+
+The entries live as data in benchmarks/data/mutations.yaml (its header says what each
+field means); :func:`load_mutations` reads them into :class:`Mutation` records and refuses an
+entry with a missing or an unknown field.  :func:`check_patches` checks that every patch
+still applies (its ``old`` text occurs exactly once in its file, the names are unique) and
+:func:`check_coverage` that every registered strategy is covered by at least one mutation
+and that no mutation names an unknown strategy; benchmarks/mutations.py runs both before
+anything else.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = Path(__file__).resolve().parent / "data" / "mutations.yaml"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    strategies: tuple[str, ...]
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest targets, the cheapest killer first (-x stops there)
+
+
+def load_mutations(path: Path = TABLE) -> tuple[Mutation, ...]:
+    """The entries of the table at ``path``, in its order."""
+    entries = yaml.safe_load(Path(path).read_text()) or []
+    wanted = [f.name for f in fields(Mutation)]
+    out = []
+    for i, entry in enumerate(entries):
+        keys = set(entry) if isinstance(entry, dict) else set()
+        if keys != set(wanted):
+            raise ValueError(f"{path}: entry {i + 1} ({entry.get('name') if keys else entry!r})"
+                             f" needs exactly the fields {wanted}; missing "
+                             f"{sorted(set(wanted) - keys)}, unknown {sorted(keys - set(wanted))}")
+        out.append(Mutation(str(entry["name"]), tuple(entry["strategies"]), entry["file"],
+                            entry["old"], entry["new"], tuple(entry["tests"])))
+    return tuple(out)
+
+
+def check_patches(mutations, root: Path = ROOT) -> list[str]:
+    """Every ``old`` text must occur exactly once in its file (else the patch has rotted)."""
+    problems = []
+    for m in mutations:
+        path = root / m.file
+        if not path.is_file():
+            problems.append(f"{m.name}: {m.file} does not exist")
+            continue
+        count = path.read_text().count(m.old)
+        if count != 1:
+            problems.append(f"{m.name}: the old text occurs {count} times in {m.file} "
+                            f"(must be exactly once): {m.old!r}")
+        if m.old == m.new:
+            problems.append(f"{m.name}: old and new text are the same")
+    names = [m.name for m in mutations]
+    problems += [f"mutation name {n!r} is used twice" for n in sorted(set(names))
+                 if names.count(n) > 1]
+    return problems
+
+
+def check_coverage(mutations) -> list[str]:
+    """Every registered strategy must be covered by at least one mutation."""
+    sys.path.insert(0, str(ROOT))
+    from flower_pfl import registry
+
+    covered = {s for m in mutations for s in m.strategies}
+    problems = [f"strategy {s!r} is registered but no mutation covers it (add one to "
+                f"benchmarks/data/mutations.yaml)"
+                for s in sorted(set(registry.REGISTRY) - covered)]
+    problems += [f"mutation covers {s!r}, which is not a registered strategy"
+                 for s in sorted(covered - set(registry.REGISTRY))]
+    return problems
