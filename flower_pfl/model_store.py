@@ -29,11 +29,22 @@ needs, ``Plan.block_bytes`` at most), so its memory is bounded whatever n x d is
 * ``U = Xi W`` = sum over the stored rows with a non-zero weight, one pass, written block
   by block to memory or, when large and the store is on disk, to a scratch file.
 
+Except float32 rows in memory (the default below the budget): there the Gram rows and
+``U = Xi W`` are ONE product each over all n rows, exactly as
+:class:`~flower_pfl.learning.params.ModelMatrix` computed them (``ModelMatrix.update``,
+``ModelMatrix.combine``: the refreshed rows in the order they were written, all n rows as
+the other operand; the temporaries: a copy of the refreshed rows and the outputs),
+so results are bit for bit those of the code before the store
+(blocked float32 products summed in float64 round differently, and FedAMP's training
+carries such differences into the clients' losses).  ``ModelStore.one_product = False``
+gives the memory store the blocked passes too.
+
 Which rows live where is :func:`plan_store`'s choice: in memory when the rows, the Gram
 matrix and the buffers fit the budget, else on disk; the YAML keys ``server.model-store``
 (auto | memory | disk), ``server.store-dtype`` and ``server.memory-budget-mb`` override it.
-The memory and disk stores compute the same blocks in the same order: float32 results are
-identical bit for bit (tests/test_model_store.py).
+The disk store and the blocked memory store compute the same blocks in the same order:
+float32 results are identical bit for bit; the default memory store equals ModelMatrix bit
+for bit (tests/test_model_store.py).
 
 Checkpoints without a second copy of the rows: the file IS the checkpoint of the rows.
 :meth:`ModelStore.pin` (called before a checkpoint is pickled) fsyncs the file and pins
@@ -114,15 +125,18 @@ def plan_store(num_rows: int, dim: int, dtype: str = "float32", budget_bytes: in
     budget = int(budget_bytes) if budget_bytes else default_budget_bytes()
     plan = Plan("memory", dtype, budget)
     rows = num_rows * dim * np.dtype(dtype).itemsize
-    need = rows + 4 * num_rows * num_rows + plan.block_bytes + plan.output_bytes
+    # in memory, float32 rows are combined in one product (as ModelMatrix did): its copy of
+    # the round's rows is at most the rows themselves
+    copy = rows if dtype == "float32" else 0
+    need = rows + copy + 4 * num_rows * num_rows + plan.block_bytes + plan.output_bytes
     gb = 2.0**30
     if requested != "auto":
         why = f"server.model-store: {requested} (set in the configuration)"
         backend = requested
     else:
         backend = "memory" if need <= budget else "disk"
-        why = (f"rows {num_rows} x {dim} {dtype} = {rows / gb:.2f} GiB, with the Gram matrix "
-               f"and buffers {need / gb:.2f} GiB {'<=' if backend == 'memory' else '>'} the "
+        why = (f"rows {num_rows} x {dim} {dtype} = {rows / gb:.2f} GiB, with the Gram matrix, "
+               f"buffers and copies {need / gb:.2f} GiB {'<=' if backend == 'memory' else '>'} the "
                f"budget {budget / gb:.2f} GiB (server.memory-budget-mb; server.model-store "
                f"overrides the choice)")
     return Plan(backend, dtype, budget, why)
@@ -144,6 +158,10 @@ class ModelStore:
     ``cosine``, ``combine``, ``model``, ``seen``, ...) plus ``write``/``refresh`` (one row
     at a time, then one pass), ``combine_rows`` (large outputs) and the checkpoint hooks."""
 
+    #: float32 rows in memory: the Gram rows and Xi W as ONE product over all rows each, as
+    #: ModelMatrix computed them (bit for bit); False: column blocks, as on disk
+    one_product = True
+
     def __init__(self, num_rows: int, reference: np.ndarray, plan: Plan | None = None,
                  folder: str | Path | None = None) -> None:
         self.reference = np.asarray(reference, dtype=np.float32).copy()
@@ -164,9 +182,13 @@ class ModelStore:
         self.cross = np.zeros(num_rows, dtype=np.float64)  # b = Xc r
         self.seen = np.zeros(num_rows, dtype=bool)  # written at least once
         self.dirty = np.zeros(num_rows, dtype=bool)  # written, Gram rows not refreshed
+        self.dirty_order: list[int] = []  # the dirty rows in the order they were written
         self.scale = np.ones(num_rows, dtype=np.float32)  # float16 rows: value * scale
         self.crc = np.zeros(num_rows, dtype=np.uint32)  # CRC-32 of each stored row (disk)
         self.row_round = np.zeros(num_rows, dtype=np.int64)  # round each row was written
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"dirty_order": [], **state})  # (checkpoints from before it)
 
     num_rows = property(lambda self: self.gram_c.shape[0])
     dim = property(lambda self: self.reference.shape[0])
@@ -182,6 +204,8 @@ class ModelStore:
         if isinstance(self.rows, DiskRows):
             self.crc[i] = zlib.crc32(np.ascontiguousarray(centred))
         self.rows.write(i, centred)
+        if not self.dirty[i]:
+            self.dirty_order.append(int(i))
         self.seen[i] = self.dirty[i] = True
         self.row_round[i] = server_round
 
@@ -218,12 +242,26 @@ class ModelStore:
             np.multiply(raw, scale, out=view)
             yield c0, c1, view
 
+    def in_one_product(self) -> bool:
+        """Whether the Gram and Xi W are computed as ModelMatrix did (see ``one_product``)."""
+        return (self.one_product and isinstance(self.rows, MemoryRows)
+                and self.dtype == np.float32)
+
     # ---------------------------------------------------------------------- the Gram
     def refresh(self) -> None:
         """Recompute the Gram rows/columns of the rows written since the last refresh:
-        one pass over the stored rows in column blocks, O(dirty x stored x d)."""
+        one pass over the stored rows in column blocks, O(dirty x stored x d) (in memory:
+        one product, :meth:`refresh_in_one_product`)."""
         rows = np.flatnonzero(self.dirty)
         if len(rows) == 0:
+            return
+        order, self.dirty_order = self.dirty_order, []
+        if self.in_one_product():
+            # in write order, as ModelMatrix.update got them: BLAS rounds a row's products
+            # according to its position in the operand
+            written = [i for i in order if self.dirty[i]]
+            rest = sorted(set(rows.tolist()) - set(written))  # (recompute(): every stored row)
+            self.refresh_in_one_product(np.array(written + rest, dtype=np.int64))
             return
         stored = np.flatnonzero(self.seen)
         pos = np.searchsorted(stored, rows)
@@ -236,6 +274,20 @@ class ModelStore:
         self.gram_c[np.ix_(rows, stored)] = acc
         self.gram_c[np.ix_(stored, rows)] = acc.T
         self.cross[rows] = cross
+        self.dirty[rows] = False
+
+    def refresh_in_one_product(self, rows: np.ndarray) -> None:
+        """``ModelMatrix.update``'s arithmetic on the in-memory rows (all n, unseen = 0)."""
+        x = self.rows.data
+        if 2 * len(rows) >= self.num_rows:  # one symmetric X X^T (syrk), as ModelMatrix
+            self.gram_c = x @ x.T
+            self.cross = (x @ self.reference).astype(np.float64)
+        else:
+            changed = x[rows]
+            block = changed @ x.T
+            self.gram_c[rows, :] = block
+            self.gram_c[:, rows] = block.T
+            self.cross[rows] = changed @ self.reference
         self.dirty[rows] = False
 
     def recompute(self) -> None:
@@ -296,6 +348,10 @@ class ModelStore:
         -- store on disk, rows larger than ``Plan.output_bytes`` -- in ``scratch``.
         One pass over the stored rows with a non-zero weight: ``Xi W = Xi Xc + (Xi 1) r^T``."""
         weights = np.asarray(weights, dtype=np.float32)
+        if self.in_one_product():  # ModelMatrix.combine: one (m x n) @ (n x d) product
+            u = weights @ self.rows.data
+            u += weights.sum(axis=1, dtype=np.float32)[:, None] * self.reference[None, :]
+            return RowMatrix(u.shape[0], self.dim, self.plan, data=u)
         out = RowMatrix(weights.shape[0], self.dim, self.plan, scratch)
         cols = np.flatnonzero(self.seen & (weights != 0).any(axis=0))
         used = np.ascontiguousarray(weights[:, cols])

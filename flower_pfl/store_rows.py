@@ -156,13 +156,18 @@ class DiskRows:
 class RowMatrix:
     """m float32 rows (memory or a scratch file): whole rows, column blocks, or an array."""
 
-    def __init__(self, num_rows: int, dim: int, plan: Plan, scratch: Path | None = None) -> None:
+    def __init__(self, num_rows: int, dim: int, plan: Plan, scratch: Path | None = None,
+                 data: np.ndarray | None = None) -> None:
+        """``data``: the rows, an (m x d) float32 array computed in memory, held as is."""
         self.shape = (int(num_rows), int(dim))
         self.block_bytes = plan.block_bytes
         big = num_rows * dim * 4 > plan.output_bytes and plan.backend == "disk"
         self.rows: MemoryRows | DiskRows = (
             DiskRows(scratch, num_rows, dim, np.float32, identity=True)
-            if big and scratch is not None else MemoryRows(num_rows, dim, np.float32))
+            if big and scratch is not None and data is None
+            else MemoryRows(num_rows, dim, np.float32))
+        if data is not None:
+            self.rows.data = np.asarray(data, dtype=np.float32).reshape(self.shape)
 
     def write(self, k: int, vector: np.ndarray) -> None:
         self.rows.write(k, vector)

@@ -1,6 +1,7 @@
-"""The model store (flower_pfl/model_store.py): disk = memory bit for bit (store and
-strategies), float16 within its stated tolerance, the budget's choice, the incremental Gram
-refresh, and checkpoint/resume with the store's file as the checkpoint of the rows.
+"""The model store (flower_pfl/model_store.py): the memory store = the old ModelMatrix bit
+for bit, disk = the memory store's blocked mode bit for bit (store and strategies), float16
+within its stated tolerance, the budget's choice, the incremental Gram refresh, and
+checkpoint/resume with the store's file as the checkpoint of the rows.
 
 Small real runs: FedAMP and FedACS in process on an FMNIST subset (mclr, 6 clients, half
 sampled) with ``server.memory-budget-mb`` tiny, so that every pass over the rows takes
@@ -19,6 +20,7 @@ import pytest
 
 from flower_pfl import config, reliability
 from flower_pfl.algorithms.attention import fedacs_weights, fedamp_auto_weights, heurfedamp_weights
+from flower_pfl.learning.params import ModelMatrix
 from flower_pfl.model_store import (
     DiskRows,
     MemoryRows,
@@ -49,12 +51,52 @@ def _rows(path, name, skip=TIMING):
 
 @pytest.fixture(scope="module", params=["fedamp", "fedacs"])
 def runs(request, tmp_path_factory):
-    """The same run with the rows in memory and on disk."""
+    """The same run with the rows on disk and in memory, computed in column blocks as on
+    disk (``one_product`` off; the default memory store is ModelMatrix's arithmetic)."""
     out = {}
     for store in ("memory", "disk"):
         path = tmp_path_factory.mktemp(f"{request.param}-{store}")
-        out[store] = (inprocess.run(_cfg(request.param, store), path), path)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ModelStore, "one_product", False)
+            out[store] = (inprocess.run(_cfg(request.param, store), path), path)
     return out
+
+
+def test_memory_store_equals_model_matrix_bit_for_bit():
+    """The default memory store computes the Gram rows and U = Xi W as ModelMatrix did (the
+    code before the store): results of FedAMP/HeurFedAMP bit for bit the old ones."""
+    n, d = 64, 3000
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal(d).astype(np.float32)
+    plan = plan_store(n, d, "float32", int(TINY_MB * 2**20), "memory")
+    old, new, blocked = ModelMatrix(n, ref), ModelStore(n, ref, plan), ModelStore(n, ref, plan)
+    blocked.one_product = False
+    assert len(list(blocked.blocks(np.arange(n)))) > 1  # the blocked mode: several blocks
+    # round 1: 40 of 64 rows (ModelMatrix's full X X^T), then a few (its row update); rows
+    # in upload order, not sorted; 18 clients never upload (their rows stay the reference)
+    order = rng.permutation(n)
+    for rows in (order[:40], order[38:43], order[[0, 50, 7, 44, 3]], order[[45, 9, 2]]):
+        vectors = (ref + rng.standard_normal((len(rows), d))).astype(np.float32)
+        for store in (old, new, blocked):
+            store.update(rows, vectors)
+    assert isinstance(new.rows, MemoryRows) and new.in_one_product() and (~new.seen).sum() == 18
+    rows, peers = order[[4, 0, 50, 60]], new.seen.copy()
+    for name in ("gram_c", "cross", "seen"):
+        assert np.array_equal(getattr(old, name), getattr(new, name)), name
+    for m in ("sq_distances", "cosine", "raw_gram"):
+        assert np.array_equal(getattr(old, m)(rows), getattr(new, m)(rows)), m
+    assert np.array_equal(old.drift(), new.drift())
+    sigma = float(np.median(new.sq_distances(rows)[:, peers]))
+    xi, _ = fedamp_auto_weights(new.sq_distances(rows), rows, peers, sigma, 0.5)
+    assert (xi[:, peers] > 0).all()  # attention on every peer
+    every = rng.random((n, n)).astype(np.float32)
+    every[:, rng.permutation(n)[:16]] = 0.0  # peers left out (outliers, never uploaded)
+    for weights in (xi, every / every.sum(axis=1, keepdims=True)):
+        assert np.array_equal(old.combine(weights), new.combine(weights))
+        assert np.array_equal(old.combine(weights), np.asarray(new.combine_rows(weights)))
+    # the blocked passes (the disk store's arithmetic) round differently: the check bites
+    assert not np.array_equal(old.gram_c, blocked.gram_c)
+    assert not np.array_equal(old.sq_distances(rows), blocked.sq_distances(rows))
 
 
 def test_disk_store_gives_the_same_run_bit_for_bit(runs):
@@ -93,7 +135,9 @@ def _fill(store, vectors, rounds=((0, 1, 2), (3, 4), (1, 5), (0, 2, 4))):
 def test_store_level_disk_equals_memory_bit_for_bit(runs, tmp_path):
     ref, vectors = _stored(runs)
     budget = int(TINY_MB * 2**20)
-    mem = _fill(ModelStore(6, ref, plan_store(6, len(ref), "float32", budget, "memory")), vectors)
+    mem = ModelStore(6, ref, plan_store(6, len(ref), "float32", budget, "memory"))
+    mem.one_product = False  # the memory store's blocked mode (the default: ModelMatrix's)
+    mem = _fill(mem, vectors)
     disk = _fill(ModelStore(6, ref, plan_store(6, len(ref), "float32", budget, "disk"), tmp_path),
                  vectors)
     assert len(list(mem.blocks(np.arange(6)))) > 1  # several column blocks per pass
