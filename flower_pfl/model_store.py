@@ -128,7 +128,9 @@ def plan_store(num_rows: int, dim: int, dtype: str = "float32", budget_bytes: in
     # in memory, float32 rows are combined in one product (as ModelMatrix did): its copy of
     # the round's rows is at most the rows themselves
     copy = rows if dtype == "float32" else 0
-    need = rows + copy + 4 * num_rows * num_rows + plan.block_bytes + plan.output_bytes
+    # the buffers are never larger than the rows they hold
+    need = (rows + copy + 4 * num_rows * num_rows + min(plan.block_bytes, rows)
+            + min(plan.output_bytes, rows))
     gb = 2.0**30
     if requested != "auto":
         why = f"server.model-store: {requested} (set in the configuration)"

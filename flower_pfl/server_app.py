@@ -12,14 +12,26 @@ Run config keys (pyproject.toml ``[tool.flwr.app.config]``):
 
 The legacy server loop always counts rounds from 1; :class:`ResumableServer` starts at
 the strategy's ``start_round`` instead, so a resumed run continues with the next round.
+
+The ServerApp's strategies do their math in numpy; only the initial model needs torch (its
+seeded initialisation).  :func:`initial_arrays_apart` builds it in a short-lived child
+process, so the ServerApp process never imports torch (importing this CUDA build of torch
+costs a process ~280 MB of private memory, even on a CPU run) unless its strategy does
+(pFedHN's hypernetwork).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import timeit
 from logging import INFO
 from pathlib import Path
 
+import numpy as np
 from flwr.common import Context
 from flwr.common.logger import log
 from flwr.server import Server, ServerApp, ServerAppComponents, ServerConfig
@@ -58,6 +70,29 @@ class ResumableServer(Server):
         return history, timeit.default_timer() - start
 
 
+#: the child of :func:`initial_arrays_apart`: the run's values (JSON) in, arrays (npz) out
+_CHILD = ("import json, sys, numpy as np\n"
+          "from flower_pfl.learning.models import initial_arrays\n"
+          "values = json.loads(open(sys.argv[1]).read())\n"
+          "np.savez(sys.argv[2], *initial_arrays(values))\n")
+
+
+def initial_arrays_apart(values) -> list[np.ndarray]:
+    """``flower_pfl.learning.models.initial_arrays`` of the run's ``values``, computed in a
+    child process (same interpreter, same ``sys.path``) so that this one never imports
+    torch; the arrays are bit for bit the ones computed here."""
+    with tempfile.TemporaryDirectory(prefix="flower-pfl-init-") as tmp:
+        cfg_path, out = Path(tmp) / "values.json", Path(tmp) / "arrays.npz"
+        cfg_path.write_text(json.dumps(dict(values), default=str))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        done = subprocess.run([sys.executable, "-c", _CHILD, str(cfg_path), str(out)],
+                              env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"building the initial model failed:\n{done.stderr[-3000:]}")
+        with np.load(out) as z:
+            return [z[f"arr_{i}"] for i in range(len(z.files))]
+
+
 def _flag(value) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes")
 
@@ -67,7 +102,8 @@ def build_strategy(context: Context):
     path = config_mod.resolve_config_path(str(rc.get("config-file", "simulation.yaml")), APP_DIR)
     cfg = config_mod.load(path, str(rc.get("overrides", "")) or None)
     results_dir = str(rc.get("results-dir", "")) or None
-    strategy = registry.get(cfg.strategy).strategy_cls()(cfg, results_dir=results_dir)
+    strategy = registry.get(cfg.strategy).strategy_cls()(
+        cfg, initial_arrays=initial_arrays_apart(cfg.values), results_dir=results_dir)
     client_state = str(rc.get("client-state-dir", ""))
     if client_state and int(cfg["checkpoint-every"]) > 0:
         strategy.client_state_dir = Path(client_state)

@@ -22,17 +22,18 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from flower_pfl import config as config_mod
+from flower_pfl.running import procs as procs_mod
 from flower_pfl.running.procs import (  # noqa: F401 - LaunchError: what run_simulation raises
     APP_DIR,
     LaunchError,
     ProcessSet,
     RunOutcome,
-    bin_path,
-    flwr_env,
-    flwr_run,
-    free_port,
-    wait_http,
 )
+
+#: Ray settings of a simulation's private Ray instance (its raylet reads ``RAY_<name>``; a
+#: value set in the environment wins). Ray starts one idle Python worker per CPU for the
+#: first driver (~50-90 MB each) besides the ClientApp actors, which never use them.
+RAY_ENV = {"RAY_prestart_worker_first_driver": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 #: configuration keys that say where a run's numbers are also written, not what runs: a
 #: resumed run may set them differently (flower_pfl/reporting/tracking.py)
@@ -40,20 +41,29 @@ TRACKING_KEYS = ("tracking", "tracking-dir")
 
 
 # ------------------------------------------------------------------------ processes
+def simulation_env(flwr_home: Path, port: int) -> dict:
+    """The environment of a simulation SuperLink and all it starts: Flower's
+    (:func:`flower_pfl.running.procs.flwr_env`) with :data:`RAY_ENV` where not set."""
+    env = procs_mod.flwr_env(flwr_home, port)
+    for key, value in RAY_ENV.items():
+        env.setdefault(key, value)
+    return env
+
+
 @contextmanager
 def simulation_superlink(workdir: Path, log_path: Path) -> Iterator[tuple[dict, ProcessSet]]:
     """A private simulation SuperLink on a free loopback port; stopped on exit."""
     flwr_home = workdir / "flwr-home"
     flwr_home.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    env = flwr_env(flwr_home, port)
+    port = procs_mod.free_port()
+    env = simulation_env(flwr_home, port)
     procs = ProcessSet()
     try:
-        proc = procs.start([bin_path("flower-superlink"), "--insecure", "--simulation",
+        proc = procs.start([procs_mod.bin_path("flower-superlink"), "--insecure", "--simulation",
                             "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(port),
                             "--disable-runtime-dependency-installation"],
                            env, log_path)
-        wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
+        procs_mod.wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
         yield env, procs
     finally:
         procs.stop()
@@ -95,10 +105,11 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
                 superlink[1].snapshot()
                 before = set(superlink[1].known)
             env, procs = superlink
-            outcome = flwr_run(run_config, workdir, env, procs, results_dir / "flwr-run.log",
-                               federation_config=federation_config(cfg, num_supernodes),
-                               app_dir=app_dir, echo=echo, timeout_s=timeout_s,
-                               on_line=on_line, stall_s=cfg["stall-timeout"], append=resume)
+            outcome = procs_mod.flwr_run(
+                run_config, workdir, env, procs, results_dir / "flwr-run.log",
+                federation_config=federation_config(cfg, num_supernodes), app_dir=app_dir,
+                echo=echo, timeout_s=timeout_s, on_line=on_line, stall_s=cfg["stall-timeout"],
+                append=resume)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return RunOutcome(outcome.status, outcome.run_id, set(procs.known) - before)
