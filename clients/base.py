@@ -37,6 +37,7 @@ from flower_pfl.learning.models import (
 )
 from flower_pfl.learning.training import TrainSpec, evaluate, gaussian_nll, train
 from flower_pfl.reliability import EXTRA_ARRAYS, parse_parts, split_parts
+from flower_pfl.reporting.results import metric_of
 
 
 class ClientState:
@@ -203,6 +204,7 @@ class PFLClient(NumPyClient):
         self.data: ClientData | None = None
         self.device = torch.device("cpu")
         self.spec: TrainSpec | None = None
+        self.round = 0  # the server round of the message being answered (setup)
 
     # ------------------------------------------------------------------ subclass hooks
     def fit_round(self, parameters: NDArrays, config: Mapping[str, Scalar]
@@ -244,7 +246,7 @@ class PFLClient(NumPyClient):
         model = self.personal_model(parameters, config)
         loss, score = self.test(model)
         meta = self.state.get_values("meta") or {"fit-rounds": 0}
-        metric = self.data.metric  # "accuracy", or "mse" for the synthetic Gaussian task
+        metric = metric_of(self.cfg.values)  # the one rule the server reports by, too
         metrics: dict[str, Scalar] = {"partition-id": self.pid, metric: score,
                                       "num-train": self.data.num_train,
                                       "fit-rounds": int(meta["fit-rounds"])}

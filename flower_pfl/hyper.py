@@ -2,9 +2,11 @@
 
 Pure data (no torch, no Flower): the catalog modules (``flower_pfl/catalog/*.py``) build
 :class:`Entry` objects from these classes, and ``flower_pfl/registry.py`` collects them.
-Defaults are the papers' values where the paper states them and our measured FMNIST
-values otherwise (each ``doc`` says which). No default may silently disable a method's
-mechanism.
+Defaults are the papers' values where the paper states them and our choices otherwise.
+A ``doc`` says what the parameter does and why its default, in words, and points to the
+docs section that holds the measurements (docs/RESULTS.md, docs/algorithms/*.md): run
+numbers and issue numbers go stale in code, so they live only in docs/.  No default may
+silently disable a method's mechanism.
 """
 
 from __future__ import annotations

@@ -1,47 +1,39 @@
-"""Plumbing shared by every personalized strategy, written once.
+"""The base Strategy of every personalized algorithm: the fit side, written once.
 
 :class:`PersonalizedStrategy` is a ``flwr.server.strategy.Strategy`` that
 
-* learns each node's ``partition-id`` with a ``get_properties`` handshake and keys all
-  per-client state by it (never by Flower's random node id);
-* checks that the federation has exactly ``clients`` nodes (one source of truth with
-  ``simulation.yaml``) and fails with a clear message otherwise;
-* samples ``max(min-fit-clients, round(fraction-fit * clients))`` partition-ids per round
-  with its own seeded generator (reproducible sampling);
-* sends each sampled client ITS instructions (``fit_payload``) and hands the uploads to
-  ``aggregate_updates`` as :class:`ClientUpdate` objects;
-* every ``eval-every`` rounds (and in the last round) asks ALL clients to evaluate their
-  personalized model (and the global model where there is one), then writes the
-  statistics of :mod:`flower_pfl.learning.metrics` to the results folder and Flower's log, with
-  the devices the clients trained on (:mod:`flower_pfl.learning.devices`; string metrics, kept out
-  of every numeric summary).
+* knows the federation by partition-id and samples each round with its own seeded
+  generator (:class:`~flower_pfl.strategies.nodes.NodeTracking`);
+* sends each sampled client ITS instructions (``fit_payload``, ``fit_extra``) and hands
+  the uploads to ``aggregate_updates`` as :class:`ClientUpdate` objects (this module);
+* every ``eval-every`` rounds asks all clients to evaluate and reports the statistics
+  (:class:`~flower_pfl.strategies.evaluation.EvaluationReporting`);
+* every ``checkpoint-every`` rounds writes an atomic checkpoint of the attributes each
+  class names in ``checkpointed``; ``resume()`` continues from it
+  (:class:`~flower_pfl.strategies.checkpointing.Checkpointing`).
 
 Subclasses implement the paper's Algorithm box: ``fit_payload``, ``aggregate_updates``
-and, if needed, ``eval_payload`` and ``prepare_round``.
+and, if needed, ``eval_payload``, ``prepare_round`` and the upload's parts
+(``upload_template``, ``upload_extra``).  Every attribute is set in ``__init__`` (a
+subclass's ``setup`` fills in what needs the initial model).
 
-Reliability (docs/reliability.md), also written once here:
-
-* every upload is checked (:func:`flower_pfl.reliability.check_update`: array count,
-  shapes, dtypes, NaN/Inf, num_examples > 0, optional ``max-update-norm``) BEFORE
-  ``aggregate_updates`` sees it; a rejected upload and a client that raised, timed out
-  or disconnected are logged by partition-id with the reason (log, ``server.csv``,
-  ``failures.csv``), the round goes on with the others if at least ``min-fit-answers``
-  valid updates came back, and the client's server-side state is untouched.  Clients
-  learn their last *accepted* round with every message (``accepted-round``) and drop
-  personal state written in a round the server did not accept (clients/base.py);
-* the node count must equal ``clients`` when the run starts; later a node that is gone
-  is not an error (the run goes on with the nodes it has) and a node that comes back is
-  mapped to its partition-id again;
-* every ``checkpoint-every`` rounds an atomic checkpoint; ``resume()`` continues from it
-  (the :class:`~flower_pfl.strategies.checkpointing.Checkpointing` mixin).
+Reliability of the fit side (docs/reliability.md): every upload is checked
+(:func:`flower_pfl.reliability.check_update`: array count, shapes, dtypes, NaN/Inf,
+num_examples > 0, optional ``max-update-norm``) BEFORE ``aggregate_updates`` sees it; a
+rejected upload and a client that raised, timed out or disconnected are logged by
+partition-id with the reason (log, ``server.csv``, ``failures.csv``), the round goes on
+with the others if at least ``min-fit-answers`` valid updates came back, and the
+client's server-side state is untouched.  Clients learn their last *accepted* round with
+every message (``accepted-round``) and drop personal state written in a round the server
+did not accept (clients/base.py).
 
 The federation's vocabulary -- ``ClientUpdate``, ``ClientStore``, the failure proxy and
-the errors -- lives in :mod:`flower_pfl.strategies.federation` (re-exported here).
+the errors -- lives in :mod:`flower_pfl.strategies.federation` (re-exported here, as is
+``WAIT_FOR_NODES_S`` of :mod:`flower_pfl.strategies.nodes`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import resource
 import time
 import uuid
@@ -51,11 +43,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 from flwr.common import (
-    EvaluateIns,
-    EvaluateRes,
     FitIns,
     FitRes,
-    GetPropertiesIns,
     Parameters,
     Scalar,
     bytes_to_ndarray,
@@ -70,32 +59,34 @@ from flwr.server.strategy import Strategy
 from flower_pfl import reliability
 from flower_pfl.config import RunConfig
 from flower_pfl.learning import devices
-from flower_pfl.learning.metrics import summarize
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.model_store import LazyArrays
-from flower_pfl.reporting.results import ResultsWriter
+from flower_pfl.reporting.results import ResultsWriter, metric_of
 from flower_pfl.strategies.checkpointing import Checkpointing
-from flower_pfl.strategies.federation import (
+from flower_pfl.strategies.evaluation import EvaluationReporting
+from flower_pfl.strategies.federation import (  # noqa: F401 - re-exported (tests import them here)
     ClientFailure,
     ClientStore,
     ClientUpdate,
     FederationError,
-    ResumeError,  # noqa: F401 - re-exported: tests/test_reliability.py imports it from here
+    ResumeError,
     RoundError,
     TaggedProxy,
     failure_reason,
 )
+from flower_pfl.strategies.nodes import WAIT_FOR_NODES_S, NodeTracking  # noqa: F401
+from flower_pfl.warnings_once import warn_once
 
-WAIT_FOR_NODES_S = 120.0
 
-
-class PersonalizedStrategy(Checkpointing, Strategy):
+class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Strategy):
     """Base Strategy: identity, sampling, per-client payloads, evaluation of all clients."""
 
     #: whether the strategy maintains a global model that clients also evaluate
     has_global_model: bool = True
     #: whether clients upload a model (Local uploads nothing: its uploads skip the model checks)
     uploads_model: bool = True
+    #: the state a checkpoint holds (checkpointing.py: each subclass names its own)
+    checkpointed = ("rng", "store", "_initial", "global_arrays", "eval_history", "run_uid")
     #: uploads reach aggregate_updates still serialised, each array decoded when read (n x d
     #: stores: a round's uploads are held once, as the transport's bytes; model_store.py)
     lazy_uploads: bool = False
@@ -119,8 +110,11 @@ class PersonalizedStrategy(Checkpointing, Strategy):
                                      {"source": cfg.source, "values": dict(cfg.values),
                                       "hyper": self.hyper})
         self._round_server_log: dict[str, Any] = {}
-        # the per-client metric: accuracy (higher is better), or the synthetic task's mse
-        self.metric = "mse" if cfg["data.dataset"] == "synthetic-gaussian" else "accuracy"
+        # the per-client metric, decided once: accuracy, or the synthetic task's mse (an
+        # error: lower is better); flower_pfl.reporting.results.metric_of is the one rule
+        self.metric = metric_of(cfg.values)
+        self.lower_is_better = self.metric == "mse"
+        self.warned: set[Any] = set()  # keys of the warnings given (self.warn_once)
         # reliability state
         self.run_uid = uuid.uuid4().hex  # names the clients' state folders across a resume
         self.start_round = 1  # > 1 after resume()
@@ -176,6 +170,11 @@ class PersonalizedStrategy(Checkpointing, Strategy):
         """Arrays and extra config for evaluation (default: the global model)."""
         return self.global_arrays or [], {}
 
+    def warn_once(self, key: Any, message: str, *args: object) -> bool:
+        """A WARNING logged the first time ``key`` comes up in this run
+        (:func:`flower_pfl.warnings_once.warn_once`)."""
+        return warn_once(self.warned, key, message, *args)
+
     def log_server(self, **values: Any) -> None:
         """Record server-side per-round quantities (written to server.csv and the log)."""
         self._round_server_log.update(values)
@@ -205,7 +204,7 @@ class PersonalizedStrategy(Checkpointing, Strategy):
         every = int(self.cfg.values.get("checkpoint-every", 0) or 0)
         if every and server_round > self.start_round and (server_round - 1) % every == 0:
             self.save_checkpoint(server_round - 1)  # the state after round server_round - 1
-        self._handshake(client_manager)
+        self.handshake(client_manager)
         self._round_server_log = {}
         sampled = self.sample(server_round)
         started = time.perf_counter()
@@ -222,27 +221,22 @@ class PersonalizedStrategy(Checkpointing, Strategy):
                 arrays = [*arrays, *(a for part in extra_arrays.values() for a in part)]
                 extra = {**extra, reliability.EXTRA_ARRAYS: reliability.describe_parts(
                     extra_arrays)}
-            config = self._base_config(server_round, extra, pid)
+            config = self.base_config(server_round, extra, pid)
             instructions.append((TaggedProxy(self.proxies[pid], pid),
                                  FitIns(ndarrays_to_parameters(arrays), config)))
         self.log_server(server_prepare_s=round(time.perf_counter() - started, 4),
                         sampled=len(sampled))
         return instructions
 
-    def _proxy_pid(self, proxy: ClientProxy) -> int:
-        if isinstance(proxy, TaggedProxy):
-            return proxy.pid
-        return self.pid_of_cid.get(proxy.cid, -1)
-
-    def _failures(self, server_round: int, phase: str, failures: list[Any]
-                  ) -> list[tuple[int, str]]:
+    def record_failures(self, server_round: int, phase: str, failures: list[Any]
+                        ) -> list[tuple[int, str]]:
         """(partition-id, reason) of every failed message; logged and kept in failures.csv."""
         out = []
         for f in failures:
             if isinstance(f, ClientFailure):
                 out.append((f.pid, f.reason))
             elif isinstance(f, tuple) and len(f) == 2:  # (proxy, result with a bad status)
-                out.append((self._proxy_pid(f[0]), f"status: {f[1].status.message[:400]}"))
+                out.append((self.proxy_pid(f[0]), f"status: {f[1].status.message[:400]}"))
             else:
                 out.append((-1, failure_reason(f)))
         for pid, reason in out:
@@ -260,7 +254,7 @@ class PersonalizedStrategy(Checkpointing, Strategy):
         max_norm = self.cfg.values.get("max-update-norm")
         template = self.template(server_round)
         for proxy, res in results:
-            pid = self._proxy_pid(proxy)
+            pid = self.proxy_pid(proxy)
             arrays = parameters_to_ndarrays(res.parameters)
             claimed = res.metrics.get("partition-id", pid)
             reason = None
@@ -281,7 +275,7 @@ class PersonalizedStrategy(Checkpointing, Strategy):
             update = ClientUpdate(pid, arrays, int(res.num_examples), dict(res.metrics))
             update.extra = extra  # the named extra parts (upload_extra)
             updates.append(update)
-        failed = self._failures(server_round, "fit", list(failures) + rejected)
+        failed = self.record_failures(server_round, "fit", list(failures) + rejected)
         for u in updates:
             self.store.last_round[u.pid] = server_round  # accepted: clients keep this round
         minimum = int(self.cfg.values.get("min-fit-answers", 1))
@@ -314,172 +308,16 @@ class PersonalizedStrategy(Checkpointing, Strategy):
         params = ndarrays_to_parameters(self.global_arrays) if self.global_arrays else None
         return params, metrics
 
-    def configure_evaluate(self, server_round: int, parameters: Parameters,
-                           client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
-        if not self._eval_round(server_round):
-            return []
-        self._handshake(client_manager)
-        instructions = []
-        eval_global = bool(self.cfg["eval-global"] and self.has_global_model)
-        for pid in sorted(self.proxies):
-            arrays, extra = self.eval_payload(pid, server_round)
-            config = self._base_config(server_round, {"eval-global": eval_global, **extra}, pid)
-            instructions.append((TaggedProxy(self.proxies[pid], pid),
-                                 EvaluateIns(ndarrays_to_parameters(arrays), config)))
-        return instructions
-
-    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
-                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
-        failed = self._failures(server_round, "evaluate", list(failures))
-        answered = {_client_row(res, self.metric)["partition-id"] for _, res in results}
-        missing = sorted(set(range(self.num_clients)) - answered - {p for p, _ in failed})
-        if missing and self._eval_round(server_round):
-            log(WARNING, "[flower-pfl] round %d: partition-id(s) %s not connected; evaluation "
-                "statistics are over the %d client(s) that answered", server_round, missing,
-                len(answered))
-        minimum = int(self.cfg.values.get("min-eval-answers", 1))
-        if self._eval_round(server_round) and len(results) < minimum:
-            raise RoundError(f"round {server_round}: {len(results)} evaluation answer(s), fewer "
-                             f"than min-eval-answers = {minimum}; failures: "
-                             + "; ".join(f"partition-id {p}: {r}" for p, r in failed[:10]))
-        if not results:
-            return None, {}
-        m = self.metric
-        rows = sorted((_client_row(res, m) for _, res in results),
-                      key=lambda r: r["partition-id"])
-        lower_is_better = m == "mse"
-        personal = summarize([r[m] for r in rows], [r["num-test"] for r in rows],
-                             lower_is_better)
-        global_ = None
-        if all(f"global_{m}" in r for r in rows):
-            global_ = summarize([r[f"global_{m}"] for r in rows], [r["num-test"] for r in rows],
-                                lower_is_better)
-        self.eval_history.append(personal)
-        self.results.log_round(server_round, personal, global_, rows, lower_is_better)
-        best = (min if lower_is_better else max)(h["mean"] for h in self.eval_history)
-        log(INFO, "[flower-pfl] round %d: personalized %s mean %.4f weighted %.4f std %.4f "
-            "worst10%% %.4f top10%% %.4f min %.4f | best mean %.4f%s | %d clients answered, "
-            "%d did not | devices %s", server_round, m, personal["mean"],
-            personal["weighted_mean"], personal["std"], personal["worst10_mean"],
-            personal["top10_mean"], personal["min"], best,
-            f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
-            self.num_clients - len(rows), devices.describe(rows))
-        if server_round >= self.cfg["rounds"]:
-            self.results.finish("completed")
-            log(INFO, "[flower-pfl] final per-round table: %s", self.results.dir / "rounds.csv")
-            log(INFO, "[flower-pfl] per-client table: %s", self.results.dir / "clients.csv")
-        metrics: dict[str, Scalar] = {f"personal_{k}": v for k, v in personal.items()}
-        metrics["personal_bmta"] = best
-        metrics["eval_answered"] = len(rows)
-        metrics["eval_missing"] = self.num_clients - len(rows)
-        if global_:
-            metrics.update({f"global_{k}": v for k, v in global_.items()})
-        loss = float(np.average([r["loss"] for r in rows], weights=[r["num-test"] for r in rows]))
-        return loss, metrics
-
-    def evaluate(self, server_round: int, parameters: Parameters
-                 ) -> tuple[float, dict[str, Scalar]] | None:
-        return None  # no centralised test set: pFL is evaluated on each client's own split
-
     # ------------------------------------------------------------------------ helpers
-    def sample(self, server_round: int) -> list[int]:
-        """Partition-ids of this round's clients (seeded; independent of node ids)."""
-        available = sorted(self.proxies)
-        k = max(int(self.cfg["min-fit-clients"]), int(round(self.cfg["fraction-fit"] *
-                                                            self.num_clients)))
-        k = min(k, len(available))
-        return sorted(self.rng.choice(available, size=k, replace=False).tolist())
-
-    def _eval_round(self, server_round: int) -> bool:
-        return server_round % self.cfg["eval-every"] == 0 or server_round >= self.cfg["rounds"]
-
-    def _base_config(self, server_round: int, extra: Mapping[str, Scalar],
-                     pid: int | None = None) -> dict[str, Scalar]:
+    def base_config(self, server_round: int, extra: Mapping[str, Scalar],
+                    pid: int | None = None) -> dict[str, Scalar]:
+        """What every message carries (the configuration, the round, the run's id, the
+        client's last accepted round), then ``extra``."""
         config: dict[str, Scalar] = {"cfg": self.cfg_json, "strategy": self.cfg.strategy,
                                      "round": server_round, "run-uid": self.run_uid}
         if pid is not None:  # the last round whose upload the server accepted from pid
             config["accepted-round"] = int(self.store.last_round.get(pid, 0))
         return {**config, **extra}
-
-    def _handshake(self, client_manager: ClientManager) -> None:
-        """Map every connected node to its partition-id (asked once per node).
-
-        At the start the federation must have exactly ``clients`` nodes; later a missing
-        node is logged, not fatal (its rounds are failures), and a node that comes back
-        (a new node id) is mapped to its partition-id again."""
-        if not self._federation_checked:
-            if client_manager.num_available() < self.num_clients:
-                client_manager.wait_for(self.num_clients, timeout=int(WAIT_FOR_NODES_S))
-        available = client_manager.all()
-        if not self._federation_checked and len(available) != self.num_clients:
-            raise FederationError(
-                f"the configuration says clients = {self.num_clients} but the federation has "
-                f"{len(available)} node(s). In simulation run through `flower-pfl run` (it sets "
-                f"num-supernodes from the YAML) or pass --federation-config "
-                f"'num-supernodes={self.num_clients}'; in deployment start one SuperNode per "
-                f"client.")
-        unknown = [p for cid, p in available.items() if cid not in self.pid_of_cid]
-        if unknown:
-            ins = GetPropertiesIns({"cfg": self.cfg_json})
-
-            def ask(proxy):
-                try:
-                    return proxy.get_properties(ins, WAIT_FOR_NODES_S, None)
-                except Exception as exc:  # noqa: BLE001 - any failure = no handshake answer
-                    if not self._federation_checked:
-                        raise FederationError(f"node {proxy.cid} did not answer the partition-id "
-                                              f"handshake: {failure_reason(exc)}") from exc
-                    log(WARNING, "[flower-pfl] node %s did not answer the handshake (%s); "
-                        "asking again next round", proxy.cid, failure_reason(exc))
-                    return None
-            with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-                answers = list(pool.map(ask, unknown))
-            for proxy, res in zip(unknown, answers):
-                if res is None:
-                    continue
-                if "partition-id" not in res.properties:
-                    raise FederationError(f"node {proxy.cid} did not report a partition-id "
-                                          f"(status: {res.status.message})")
-                pid = int(res.properties["partition-id"])
-                if not 0 <= pid < self.num_clients:
-                    raise FederationError(f"node {proxy.cid} reports partition-id {pid}, outside "
-                                          f"[0, {self.num_clients}) of the configuration")
-                if pid in self.proxies and self.proxies[pid].cid in available \
-                        and self.proxies[pid].cid != proxy.cid:
-                    raise FederationError(f"two nodes report partition-id {pid}")
-                if self._federation_checked and pid not in self.proxies:
-                    log(INFO, "[flower-pfl] partition-id %d is back (node %s)", pid, proxy.cid)
-                self.pid_of_cid[proxy.cid] = pid
-                self.proxies[pid] = proxy
-        # a node that comes back under a node id already mapped (node authentication keeps
-        # the id across restarts) needs no handshake: take its current proxy again
-        for cid, proxy in available.items():
-            pid = self.pid_of_cid.get(cid)
-            if pid is not None and (pid not in self.proxies
-                                    or self.proxies[pid].cid not in available):
-                if self._federation_checked and pid not in self.proxies:
-                    log(INFO, "[flower-pfl] partition-id %d is back (node %s)", pid, cid)
-                self.proxies[pid] = proxy
-        # drop proxies of nodes that disconnected (a restarted SuperNode gets a new proxy)
-        gone = sorted(pid for pid, p in self.proxies.items() if p.cid not in available)
-        if gone:
-            log(WARNING, "[flower-pfl] partition-id(s) %s disconnected; the run goes on with "
-                "%d node(s)", gone, len(self.proxies) - len(gone))
-        self.proxies = {pid: p for pid, p in self.proxies.items() if p.cid in available}
-        self._federation_checked = True
-
-
-def _client_row(res: EvaluateRes, metric: str) -> dict[str, Any]:
-    m = res.metrics
-    row: dict[str, Any] = {"partition-id": int(m["partition-id"]), metric: float(m[metric]),
-                           "loss": float(res.loss), "num-test": int(res.num_examples),
-                           "num-train": int(m.get("num-train", 0)),
-                           "fit-rounds": int(m.get("fit-rounds", 0))}
-    if f"global_{metric}" in m:
-        row[f"global_{metric}"] = float(m[f"global_{metric}"])
-        row["global_loss"] = float(m["global_loss"])
-    row.update(devices.select(m))  # the device of its last fit (flower_pfl.learning.devices)
-    return row
 
 
 def default_results_dir(cfg: RunConfig) -> Path:

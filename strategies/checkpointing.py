@@ -1,18 +1,26 @@
 """Checkpoint and resume of a strategy (docs/reliability.md), written once.
 
 Every ``checkpoint-every`` rounds :meth:`Checkpointing.save_checkpoint` writes, atomically
-(:mod:`flower_pfl.reliability`), the round, the configuration's identity, every picklable
-strategy attribute (``checkpoint_state``/``restore_state`` to customise) -- the global
-model, the whole ``ClientStore``, the sampling RNG, the metric history -- and the results
-state; :meth:`Checkpointing.resume` continues from the newest one, rewinding the results
-files so that no round is written twice.  A mixin of ``PersonalizedStrategy``: it uses
-``self.cfg``, ``self.hyper``, ``self.results`` and ``self.client_state_dir``.
+(:mod:`flower_pfl.reliability`), the round, the configuration's identity, the strategy's
+state and the results state; :meth:`Checkpointing.resume` continues from the newest one,
+rewinding the results files so that no round is written twice.
+
+The strategy's state is an allow-list: each class names the attributes it saves in a
+class attribute ``checkpointed`` (a tuple of names), and a checkpoint holds the union of
+those names along the class's MRO (:func:`checkpointed_names`) -- the base's (the global
+model, the whole ``ClientStore``, the sampling RNG, the metric history, the run's id)
+and each subclass's own (FedAMP's store lives in the ``ClientStore``; Self-FL's sigma_0^2,
+SCAFFOLD's c, pFedHN's hypernetwork, ...).  An attribute not named is not saved: caches,
+connections, the configuration, per-round scratch and warnings already given are rebuilt
+by ``__init__`` and ``initialize_parameters``.  ``checkpoint_state``/``restore_state``
+remain the hooks for state kept outside ``self``.  A mixin of ``PersonalizedStrategy``:
+it uses ``self.cfg``, ``self.hyper``, ``self.results`` and ``self.client_state_dir``.
 """
 
 from __future__ import annotations
 
 import time
-from logging import INFO, WARNING
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
@@ -25,38 +33,25 @@ from flower_pfl.strategies.federation import ResumeError
 class Checkpointing:
     """save_checkpoint / resume and the state they carry (see the module docstring)."""
 
-    #: attributes a checkpoint never holds (connections, files, the configuration itself)
-    NOT_CHECKPOINTED = frozenset({"cfg", "cfg_json", "hyper", "num_clients", "results",
-                                  "proxies", "pid_of_cid", "client_state_dir", "start_round",
-                                  "_federation_checked", "_restored", "_round_server_log",
-                                  "_sent", "metric"})
+    #: what this class saves (see the module docstring); subclasses add their own names
+    checkpointed: tuple[str, ...] = ()
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Everything needed to continue after the last finished round.
-
-        Default: every attribute of the strategy that pickles, except plumbing
-        (``NOT_CHECKPOINTED``) -- the ``ClientStore`` (model matrix, per-client values),
-        global model, RNG, metric history and any attribute a subclass adds.  Override
-        (call super) to drop something big that can be rebuilt, or to add state kept
-        outside ``self``.
-        """
-        state, skipped = {}, []
-        for name, value in vars(self).items():
-            if name in self.NOT_CHECKPOINTED:
-                continue
-            if reliability.picklable(value):
-                state[name] = value
-            else:
-                skipped.append(name)
-        if skipped:
-            log(WARNING, "[flower-pfl] checkpoint: attribute(s) %s cannot be pickled and are "
-                "not saved; override checkpoint_state/restore_state if they matter", skipped)
-        return state
+        """Everything needed to continue after the last finished round: the attributes
+        named by :func:`checkpointed_names` (a named attribute that is missing is an
+        error, not a silent gap in the checkpoint).  Override (call super) to add state
+        kept outside ``self``."""
+        missing = [name for name in checkpointed_names(type(self)) if not hasattr(self, name)]
+        if missing:
+            raise AttributeError(f"{type(self).__name__} names {missing} in 'checkpointed' "
+                                 f"but has no such attribute(s)")
+        return {name: getattr(self, name) for name in checkpointed_names(type(self))}
 
     def restore_state(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`checkpoint_state` (default: set the attributes back)."""
-        for name, value in state.items():
-            setattr(self, name, value)
+        """Inverse of :meth:`checkpoint_state` (default: set the named attributes back)."""
+        for name in checkpointed_names(type(self)):
+            if name in state:
+                setattr(self, name, state[name])
 
     # -------------------------------------------------------------- checkpoint/resume
     def save_checkpoint(self, server_round: int) -> Path:
@@ -115,3 +110,12 @@ class Checkpointing:
         log(INFO, "[flower-pfl] resuming %s from the checkpoint after round %d (%s)",
             self.cfg.strategy, r, folder)
         return r
+
+
+def checkpointed_names(cls: type) -> tuple[str, ...]:
+    """The attributes a checkpoint of ``cls`` holds: the ``checkpointed`` names of every
+    class along its MRO, base classes first, each once."""
+    names: dict[str, None] = {}
+    for klass in reversed(cls.__mro__):
+        names.update(dict.fromkeys(vars(klass).get("checkpointed", ())))
+    return tuple(names)

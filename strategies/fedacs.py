@@ -33,10 +33,7 @@ and, when the weights sum to ~0, unbounded.  See docs/algorithms/fedacs.md.
 
 from __future__ import annotations
 
-from logging import WARNING
-
 import numpy as np
-from flwr.common.logger import log
 
 from flower_pfl.algorithms.attention import consensus_weights, fedacs_weights, quantile_threshold
 from flower_pfl.strategies.message_passing import MessagePassingStrategy
@@ -62,9 +59,9 @@ def selection_share(xi: np.ndarray, rows: np.ndarray, peers: np.ndarray,
 
 
 class FedACS(MessagePassingStrategy):
-    def setup(self, initial_arrays):
-        super().setup(initial_arrays)
-        self.warned_off: set[str] = set()
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.delta = float("inf")  # delta^k of the round (set by attention)
 
     def threshold(self) -> float:
         """delta^k over the similarity matrix of the stored models."""
@@ -92,15 +89,14 @@ class FedACS(MessagePassingStrategy):
         self.log_server(delta=self.delta, peers_mean=float(peers.mean()),
                         peers_min=int(peers.min()), peers_max=int(peers.max()),
                         selection_share=share)
-        if off and off not in self.warned_off:
-            self.warned_off.add(off)
+        if off:
             p = float(self.hyper["pick-ratio"])
             fix = ("lower hyper.fedacs.pick-ratio: delta is above every peer's similarity, so "
                    "FedACS is running as Local training" if off == "only itself" else
                    "raise hyper.fedacs.pick-ratio: delta is below every peer's similarity, so "
                    "FedACS is running as a similarity-weighted FedAvg")
-            log(WARNING, "[flower-pfl] fedacs round %d: every sampled client selected %s "
-                "(pick-ratio %g, delta %.4g); %s", server_round, off, p, self.delta, fix)
+            self.warn_once(off, "[flower-pfl] fedacs round %d: every sampled client selected %s "
+                           "(pick-ratio %g, delta %.4g); %s", server_round, off, p, self.delta, fix)
         self.results.log_table("peers", [
             {"round": server_round, "partition-id": int(pid), "peers": int(k),
              "newcomer": bool(not self.matrix.seen[pid])} for pid, k in zip(rows, peers)])

@@ -29,10 +29,8 @@ Choices the paper leaves open (measured runs in docs/algorithms/fedamp.md):
 from __future__ import annotations
 
 import math
-from logging import WARNING
 
 import numpy as np
-from flwr.common.logger import log
 
 from flower_pfl.algorithms.attention import fedamp_auto_weights, fedamp_weights, offdiag_mass
 from flower_pfl.strategies.message_passing import MessagePassingStrategy
@@ -42,6 +40,10 @@ MIN_PEER_MASS = 1e-3
 
 
 class FedAMP(MessagePassingStrategy):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._coef = math.nan  # lambda / alpha_k of the round's weights (set by attention)
+
     def sigma(self, peers: np.ndarray) -> float:
         if self.hyper["sigma"] != "auto":
             return float(self.hyper["sigma"])
@@ -92,9 +94,9 @@ class FedAMP(MessagePassingStrategy):
         has_peer = self.peers().sum() > 1
         mass = float(offdiag_mass(xi, rows).mean())
         self.log_server(peer_mass=mass)
-        if has_peer and mass < MIN_PEER_MASS and not getattr(self, "_warned_off", False):
-            self._warned_off = True
-            log(WARNING, "[flower-pfl] FedAMP round %d: the clients put on average %.3g of "
+        if has_peer and mass < MIN_PEER_MASS:
+            self.warn_once(
+                "local", "[flower-pfl] FedAMP round %d: the clients put on average %.3g of "
                 "their cloud model's weight on peers (xi_ii ~ 1): this is Local training. "
                 "sigma = %s is too small next to the squared model distances or alpha-k = %s "
                 "too small; use sigma: auto and alpha-k: auto (server.csv: peer_mass).",

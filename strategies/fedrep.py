@@ -23,7 +23,13 @@ from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 class FedRep(PersonalizedStrategy):
     has_global_model = False
-    rho_key: str | None = None  # PLGU-GRep sends its rho; FedRep trains the body with SGD
+    #: the shared body and which model arrays it is (set by setup, not called on resume)
+    checkpointed = ("body", "body_index")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.body_index: list[int] = []  # the model arrays of the body (setup)
+        self.body: list[np.ndarray] = []  # the shared body, averaged each round
 
     def setup(self, initial_arrays):
         groups = layer_groups(model_for(self.cfg))

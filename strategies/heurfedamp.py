@@ -14,10 +14,6 @@ below ``MIN_PEAK_OVER_MEAN`` a WARNING names sigma.
 
 from __future__ import annotations
 
-from logging import WARNING
-
-from flwr.common.logger import log
-
 from flower_pfl.algorithms.attention import heurfedamp_weights, peak_over_mean
 from flower_pfl.strategies.message_passing import MessagePassingStrategy
 
@@ -34,10 +30,9 @@ class HeurFedAMP(MessagePassingStrategy):
         super().prepare_round(server_round, sampled)
         rows, xi = self.last_xi
         ratio = peak_over_mean(xi, rows)
-        if self.peers().sum() > 2 and ratio < MIN_PEAK_OVER_MEAN \
-                and not getattr(self, "_warned_off", False):
-            self._warned_off = True
-            log(WARNING, "[flower-pfl] HeurFedAMP round %d: the attention is uniform over the "
+        if self.peers().sum() > 2 and ratio < MIN_PEAK_OVER_MEAN:
+            self.warn_once(
+                "uniform", "[flower-pfl] HeurFedAMP round %d: the attention is uniform over the "
                 "peers (peak/mean peer weight %.4f): the cosines of the models are too close "
                 "for sigma = %g to separate them; raise sigma (server.csv: peak_over_mean).",
                 server_round, ratio, float(self.hyper["sigma"]))

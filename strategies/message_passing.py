@@ -19,7 +19,7 @@ FedAMP/HeurFedAMP with ``hyper.<strategy>.evaluate: personal``) -- or, with
 ``evaluate: cloud`` (the FedAMP/HeurFedAMP default), every client evaluates the
 cloud model u_i the server would send it next round (one (n x n) @ (n x d) product per
 evaluated round): w_i is one local epoch past u_i and carries that epoch's SGD noise,
-u_i averages it out (docs/algorithms/fedamp.md, issue 13).
+u_i averages it out (docs/algorithms/fedamp.md, "Which model is scored").
 
 Robustness (a choice of ours, not the papers'): a stored model whose distance from the
 initial model exceeds ``outlier_factor`` times the median of the stored models'
@@ -46,8 +46,6 @@ from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 #: the store's file and the scratch files of large cloud models, under the results folder
 STATE_DIR = "state"
-#: evaluation-only attributes: never checkpointed
-EVAL_CACHE = ("_eval_key", "_eval_need", "_eval_xi", "_eval_block", "_eval_rows")
 
 
 class MessagePassingStrategy(PersonalizedStrategy):
@@ -60,14 +58,30 @@ class MessagePassingStrategy(PersonalizedStrategy):
 
     #: uploads are decoded one at a time into the store (strategies/base.py)
     lazy_uploads = True
+    # checkpointed: nothing of its own -- the ModelStore is in the base's ClientStore (its
+    # file pinned, not pickled: save_checkpoint); the cloud models are per-round scratch
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # this round's cloud models u_i of the sampled clients (prepare_round .. aggregate)
+        self.cloud: RowMatrix | None = None
+        self.cloud_index: dict[int, int] = {}
+        self.last_xi: tuple[np.ndarray, np.ndarray] | None = None  # (rows, Xi) of the round
+        self.reset_eval_cache()
+
+    def reset_eval_cache(self) -> None:
+        """Forget the evaluation round's weights and cloud models (up to n x d floats)."""
+        self._eval_key: tuple[int, bool] | None = None
+        self._eval_need: np.ndarray | None = None
+        self._eval_xi: np.ndarray | None = None
+        self._eval_block: int | None = None
+        self._eval_rows: RowMatrix | None = None
 
     def setup(self, initial_arrays):
         reference = self.spec.flatten(initial_arrays)
         plan = plan_from_config(self.cfg.values, self.num_clients, reference.shape[0])
         self.store.matrix = ModelStore(self.num_clients, reference, plan, self.state_dir)
         log(INFO, "[flower-pfl] model store: %s, %s: %s", plan.backend, plan.dtype, plan.reason)
-        self.cloud: RowMatrix | None = None
-        self.cloud_index: dict[int, int] = {}
 
     @property
     def state_dir(self) -> Path:
@@ -121,7 +135,7 @@ class MessagePassingStrategy(PersonalizedStrategy):
                 self.fit_config(pid, server_round))
 
     def close_cloud(self) -> None:
-        if getattr(self, "cloud", None) is not None:
+        if self.cloud is not None:
             self.cloud.close()
         self.cloud, self.cloud_index = None, {}
 
@@ -135,7 +149,7 @@ class MessagePassingStrategy(PersonalizedStrategy):
         cloud = self.hyper.get("evaluate") == "cloud" and bool(self.matrix.seen.any())
         if not cloud and self.matrix.seen[pid]:
             return [], {}  # the client evaluates its own personalized model w_i
-        if getattr(self, "_eval_key", None) != (server_round, cloud):
+        if self._eval_key != (server_round, cloud):
             # cloud: next round's u_i of every client, from this round's stored models;
             # else the u_i of every never-trained client; weights once per round ...
             need = (np.arange(self.num_clients) if cloud
@@ -147,7 +161,7 @@ class MessagePassingStrategy(PersonalizedStrategy):
         per = self.matrix.rows_per_output()
         block = k // per
         if self._eval_block != block:
-            if getattr(self, "_eval_rows", None) is not None:
+            if self._eval_rows is not None:
                 self._eval_rows.close()
             self._eval_rows = self.matrix.combine_rows(self._eval_xi[block * per:(block + 1) * per],
                                                        self.state_dir / "cloud-eval.bin")
@@ -156,11 +170,10 @@ class MessagePassingStrategy(PersonalizedStrategy):
         return arrays, ({"evaluate-received": True} if cloud else {})
 
     def aggregate_evaluate(self, server_round, results, failures):
-        # evaluation-only cloud models (up to n x d floats) are not state: never checkpointed
-        if getattr(self, "_eval_rows", None) is not None:
+        # evaluation-only cloud models (up to n x d floats): not state, not kept
+        if self._eval_rows is not None:
             self._eval_rows.close()
-        for name in EVAL_CACHE:
-            self.__dict__.pop(name, None)
+        self.reset_eval_cache()
         out = super().aggregate_evaluate(server_round, results, failures)
         if server_round >= self.cfg["rounds"] and self.matrix.seen.any():
             self.save_attention(server_round)
@@ -174,15 +187,8 @@ class MessagePassingStrategy(PersonalizedStrategy):
         self.matrix.release_old_pins()
         return folder
 
-    def checkpoint_state(self):
-        state = super().checkpoint_state()
-        for name in ("cloud", "cloud_index", *EVAL_CACHE):
-            state.pop(name, None)
-        return state
-
     def restore_state(self, state):
         super().restore_state(state)
-        self.cloud, self.cloud_index = None, {}
         log(INFO, "[flower-pfl] %s", self.matrix.attach(self.state_dir))
 
     def save_attention(self, server_round: int) -> np.ndarray:

@@ -25,6 +25,12 @@ from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 class PFedHN(PersonalizedStrategy):
     has_global_model = False
+    #: the hypernetwork (the client embeddings v_i are in the ClientStore)
+    checkpointed = ("hn",)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.hn: pm.HyperNetwork | None = None  # built by setup from the initial model
 
     def rho(self) -> float:
         return 0.0

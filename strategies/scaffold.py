@@ -29,6 +29,9 @@ from flower_pfl.strategies.base import PersonalizedStrategy
 
 
 class Scaffold(PersonalizedStrategy):
+    #: the server control variate c
+    checkpointed = ("control",)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.control: list[np.ndarray] = []  # c; zeros from setup()

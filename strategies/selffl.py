@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from logging import INFO, WARNING
+from logging import INFO
 
 import numpy as np
 from flwr.common.logger import log
@@ -77,13 +77,24 @@ def _median_known(values) -> float:
 class SelfFL(PersonalizedStrategy):
     #: uploads are decoded one at a time into the round's rows (strategies/base.py)
     lazy_uploads = True
+    #: sigma_0^2 and its peak (the sigma_m^2 are in the ClientStore), and the choices
+    #: ``setup`` made from the model (a resumed run does not call setup again)
+    checkpointed = ("sigma0_sq", "sigma0_peak", "estimator", "contraction", "eq13_samples",
+                    "warmup_rounds", "oracle_sigma_sq")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sigma0_sq = math.nan  # eq. 14's estimate (NaN: none yet)
+        self.sigma0_peak = math.nan  # its largest value so far (the mechanism-off measure)
+        self.oracle_sigma_sq: np.ndarray | None = None  # oracle: the true sigma_m^2
+        self.estimator = "oracle" if self.hyper["oracle"] else self.hyper["variance-estimator"]
+        # the 'auto' choices below depend on the model's size: set in setup
+        self.contraction = str(self.hyper["contraction"])
+        self.eq13_samples = str(self.hyper["eq13-samples"])
+        self.warmup_rounds = 0
+        self.optima_missing = 0  # the round's uploads without d_m (eq. 14 leaves them out)
 
     def setup(self, initial_arrays):
-        self.sigma0_sq = math.nan
-        self.sigma0_peak = math.nan
-        self.warned_off = False
-        self.oracle_sigma_sq = None
-        self.estimator = "oracle" if self.hyper["oracle"] else self.hyper["variance-estimator"]
         # every 'auto' below: the paper's literal form on the scalar model of sections 2-3,
         # the deep-learning form (section 3.2) on a network
         network = self.spec.dim > 1
@@ -268,14 +279,14 @@ class SelfFL(PersonalizedStrategy):
             "fallbacks: %s", server_round, self.sigma0_sq, self.estimator, drop,
             float(np.median(known)) if known.size else math.nan, min(steps), max(steps),
             float(np.nanmin(etas)), float(np.nanmax(etas)), float(coefs.mean()), fallbacks)
-        if drop >= SIGMA0_DROP_ORDERS and not self.warned_off:
-            self.warned_off = True
+        if drop >= SIGMA0_DROP_ORDERS:
             fix = ("set hyper.selffl.variance-estimator=bootstrap (the surrogate measures the "
                    "spread of the personal models, which Self-FL itself shrinks)"
                    if self.estimator == "surrogate" else
                    "raise hyper.selffl.bootstrap-max-steps (or lower hyper.selffl.bootstrap-tol) "
                    "so the bootstrap fits reach their local optima")
-            log(WARNING, "[flower-pfl] selffl round %d: sigma_0^2 fell %.1f orders of magnitude "
-                "(%.3g -> %.3g): the personal models are collapsing onto the global model and "
-                "Self-FL is running as FedAvg; %s", server_round, drop, self.sigma0_peak,
-                self.sigma0_sq, fix)
+            self.warn_once(
+                "collapse", "[flower-pfl] selffl round %d: sigma_0^2 fell %.1f orders of "
+                "magnitude (%.3g -> %.3g): the personal models are collapsing onto the global "
+                "model and Self-FL is running as FedAvg; %s", server_round, drop,
+                self.sigma0_peak, self.sigma0_sq, fix)

@@ -92,13 +92,13 @@ def test_sampling_is_seeded_and_sized(tmp_path):
 def test_node_count_must_match_config(tmp_path):
     cfg = small_config(strategy="fedavg", clients=5)
     manager = inprocess.make_federation(4)
-    import flower_pfl.strategies.base as base
-    old, base.WAIT_FOR_NODES_S = base.WAIT_FOR_NODES_S, 0.5
+    import flower_pfl.strategies.nodes as nodes
+    old, nodes.WAIT_FOR_NODES_S = nodes.WAIT_FOR_NODES_S, 0.5
     try:
         with pytest.raises(FederationError, match="clients = 5 but the federation has 4"):
             inprocess.run(cfg, tmp_path, manager=manager)
     finally:
-        base.WAIT_FOR_NODES_S = old
+        nodes.WAIT_FOR_NODES_S = old
 
 
 # --------------------------------------------------------------- helpers for the baselines

@@ -212,9 +212,12 @@ class Killed(Exception):
     pass
 
 
-@pytest.mark.parametrize("strategy", ["fedamp", "fedacs", "selffl"])
-def test_inprocess_resume_equals_uninterrupted(strategy, tmp_path):
-    cfg = small_config(strategy=strategy, rounds=4, model="mclr", **{
+# every strategy with server state of its own (FedRep's body needs a model of > 1 layer)
+@pytest.mark.parametrize("strategy, model", [
+    ("fedamp", "mclr"), ("fedacs", "mclr"), ("selffl", "mclr"), ("scaffold", "mclr"),
+    ("pfedhn", "mclr"), ("plgu-grep", "dnn"), ("apfl", "mclr")])
+def test_inprocess_resume_equals_uninterrupted(strategy, model, tmp_path):
+    cfg = small_config(strategy=strategy, rounds=4, model=model, **{
         "checkpoint-every": 2, "fraction-fit": 0.5, "data.subsample": 3000})
     FaultyProxy.plan = {}
     full = tmp_path / "full"
@@ -236,6 +239,48 @@ def test_inprocess_resume_equals_uninterrupted(strategy, tmp_path):
         _same_metrics(_read(part / "clients.csv"), _read(full / "clients.csv"))
     summary = json.loads((part / "summary.json").read_text())
     assert summary["status"] == "completed" and len(summary["rounds"]) == 4
+
+
+def test_a_checkpoint_holds_the_named_state_only(tmp_path):
+    from flower_pfl.strategies.checkpointing import checkpointed_names
+    from flower_pfl.strategies.scaffold import Scaffold
+
+    cfg = small_config(strategy="scaffold", rounds=2, clients=4, model="mclr",
+                       **{"checkpoint-every": 1, "data.subsample": 2000})
+
+    def add_cache(s, r):  # an attribute no class names: a cache, say
+        s.scratch_cache = np.ones(3)
+    s = inprocess.run(cfg, tmp_path, on_round=add_cache)
+    state = reliability.read_checkpoint(reliability.latest_checkpoint(tmp_path))["strategy"]
+    assert hasattr(s, "scratch_cache") and "scratch_cache" not in state
+    assert set(state) == set(checkpointed_names(Scaffold))
+    # the base's state and SCAFFOLD's own c; never the configuration or the connections
+    assert {"rng", "store", "global_arrays", "run_uid", "control"} <= set(state)
+    assert not {"cfg", "results", "proxies", "pid_of_cid", "_sent"} & set(state)
+
+
+def test_checkpointed_names_are_collected_along_the_mro():
+    from flower_pfl.strategies.checkpointing import Checkpointing, checkpointed_names
+
+    class Base(Checkpointing):
+        checkpointed = ("a", "b")
+
+    class Mixin:
+        checkpointed = ("m",)
+
+    class Child(Mixin, Base):
+        checkpointed = ("c", "a")
+
+    assert checkpointed_names(Child) == ("a", "b", "m", "c")
+    child = Child()
+    child.a, child.b, child.c = 1, 2, 3
+    with pytest.raises(AttributeError, match=r"names \['m'\] in 'checkpointed'"):
+        child.checkpoint_state()  # a named attribute that is missing is an error
+    child.m, child.other = 4, 5
+    assert child.checkpoint_state() == {"a": 1, "b": 2, "m": 4, "c": 3}
+    fresh = Child()
+    fresh.restore_state({**child.checkpoint_state(), "other": 5})
+    assert (fresh.a, fresh.m) == (1, 4) and not hasattr(fresh, "other")
 
 
 def _same_metrics(a, b, tol=1e-9):

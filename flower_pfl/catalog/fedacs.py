@@ -12,6 +12,10 @@ ENTRIES = [
         "clients run local SGD from u_i (eq. 5).",
         {"pick-ratio": Hyper(0.8, NUM, lambda v: 0 <= v <= 1, "a number in [0, 1]",
                              "p of Algorithm 1: delta is the p-quantile of all entries of S; "
-                             "p = 1 selects only the client itself (Local)")},
+                             "p = 1 selects only the client itself (Local). The paper does not "
+                             "state p; 0.8 "
+                             "keeps the most similar fifth of the pairs, which on the "
+                             "practical partition are the client's own group "
+                             "(docs/algorithms/fedacs.md, 'FedACS')")},
     ),
 ]

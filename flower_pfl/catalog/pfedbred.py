@@ -4,6 +4,7 @@ Defaults: the pFedBreD paper's "Hyperparameter Settings" (section 6.1), which it
 every method including pFedMe.  ``pfedbred`` takes ``prior: lg | meg | mh``; the
 convenience names ``pfedbred-lg``, ``pfedbred-meg``, ``pfedbred-mh`` fix the prior so a
 benchmark matrix of strategy names covers the three meta-steps without hyper overrides.
+The choices the paper leaves open, and the runs: docs/algorithms/pfedbred.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Self-FL (Chen et al.): uncertainty-weighted aggregation."""
+"""Self-FL (Chen et al.): uncertainty-weighted aggregation.
+
+Each default is the paper's where it gives one; the others are our choices, explained in
+words here and measured in docs/algorithms/selffl.md (the section each ``doc`` names).
+"""
 
 from __future__ import annotations
 
@@ -27,28 +31,32 @@ ENTRIES = [
                 "'for large neural network models ... so that the fluctuation of local models "
                 "does not hinder variance approximation'); eqs. 13-14 sample only from the "
                 "last two of them on. 'auto' = a quarter of the rounds on a model of more "
-                "than one parameter (FMNIST practical, 30 clients, 20 rounds: 5 warm-up "
-                "rounds lifted Self-FL above FedAvg and Local, docs/algorithms/selffl.md), 0 "
-                "on the scalar synthetic task (the Gaussian model has no fluctuation to wait "
-                "out)"),
+                "than one parameter (on FMNIST the warm start is what lifted Self-FL above "
+                "FedAvg and Local; a quarter is the one fraction measured, not a tuned optimum: "
+                "docs/algorithms/selffl.md, 'FMNIST, bootstrap estimator'), 0 on the scalar "
+                "synthetic task (the Gaussian model has no fluctuation to wait out)"),
             "variance-estimator": Hyper(
                 "bootstrap", (str,), lambda v: v in ESTIMATORS, f"one of {list(ESTIMATORS)}",
                 "what eqs. 13-14 are taken over (section 3.2): 'bootstrap' = local optima of a "
                 "copy trained on a bootstrap resample each round (the paper's definition); "
                 "'surrogate' = the personal models theta_m^t (the paper's cost-saving "
-                "suggestion; on the synthetic task sigma_0^2 collapses and Self-FL becomes "
-                "FedAvg, see docs/algorithms/selffl.md)"),
+                "suggestion). Default bootstrap: the surrogate measures the spread of the "
+                "personal models, which Self-FL itself shrinks, so sigma_0^2 collapses and "
+                "Self-FL becomes FedAvg (docs/algorithms/selffl.md, 'What sigma_m^2 and "
+                "sigma_0^2 are estimated from')"),
             "bootstrap-max-steps": Hyper(
                 50, (int,), POS, "an integer >= 1",
                 "step cap of the bootstrap fit (the paper gives none: 'sufficiently many "
                 "steps'); 50 = the l-max default, so the fit costs at most what the personal "
-                "training may cost (~2 epochs of a 750-sample FMNIST client at batch 32, "
-                "where mini-batch SGD never meets the gradient rule and the cap ends it); the "
-                "synthetic config raises it to 1000 (the rule fires after ~22 steps there)"),
+                "training may cost. On a network mini-batch SGD rarely meets the gradient "
+                "rule and this cap is what ends the fit; the synthetic config raises it to "
+                "1000 so that the rule ends it (docs/algorithms/selffl.md, 'What sigma_m^2 and "
+                "sigma_0^2 are estimated from')"),
             "bootstrap-lr": auto_or_positive(
                 "SGD step size of the bootstrap fit; 'auto' = eta. Only the optimum it reaches "
                 "matters (not how), so a larger step that still converges just saves steps; "
-                "the synthetic config uses 0.01 (contraction 0.8 per step instead of 0.98)"),
+                "the synthetic config uses a larger one for that reason (docs/algorithms/"
+                "selffl.md, 'What sigma_m^2 and sigma_0^2 are estimated from')"),
             "bootstrap-tol": Hyper(
                 0.01, NUM, lambda v: 0 < v < 1, "a number in (0, 1)",
                 "the bootstrap fit stops when its mean gradient norm over one pass has fallen "
@@ -60,7 +68,8 @@ ENTRIES = [
                 "h_m = sigma_m^-2 (exact for the Gaussian model); 'measured' = h_m from how "
                 "fast the round's bootstrap fit contracted (needs the bootstrap estimator; "
                 "with a trace variance over a network's parameters eq. 8 literally gives one "
-                "step, see algorithms/selffl_math.py); 'auto' = measured with the bootstrap "
+                "step: docs/algorithms/selffl.md, 'Eq. 8 on a network'); 'auto' = measured "
+                "with the bootstrap "
                 "estimator on a model of more than one parameter (where sigma_m^2 is a "
                 "trace), variance otherwise (the scalar synthetic task, the surrogate, the "
                 "oracle)"),

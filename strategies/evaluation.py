@@ -1,0 +1,121 @@
+"""Evaluation of all clients and its per-round report, written once.
+
+A mixin of ``PersonalizedStrategy``: every ``eval-every`` rounds (and in the last round)
+:meth:`EvaluationReporting.configure_evaluate` asks ALL connected clients to evaluate
+their personalized model (and the global model where there is one, ``eval-global``);
+:meth:`EvaluationReporting.aggregate_evaluate` turns the answers into the statistics of
+:mod:`flower_pfl.learning.metrics` over clients and writes them to the results folder
+(``rounds.csv``, ``clients.csv``, ``summary.json``: :class:`~flower_pfl.reporting.results.
+ResultsWriter`) and Flower's log, with the devices the clients trained on
+(:mod:`flower_pfl.learning.devices`; string metrics, kept out of every numeric summary).
+A client that did not answer is named; fewer than ``min-eval-answers`` answers stop the
+run (:class:`~flower_pfl.strategies.federation.RoundError`).
+
+The per-client metric (``self.metric``: accuracy, or the synthetic task's mse, an error)
+and whether lower is better (``self.lower_is_better``) are decided once, in the base's
+``__init__`` (:func:`flower_pfl.reporting.results.metric_of`).  There is no centralised
+test set: :meth:`evaluate` returns None.
+"""
+
+from __future__ import annotations
+
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import EvaluateIns, EvaluateRes, Parameters, Scalar, ndarrays_to_parameters
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from flower_pfl.learning import devices
+from flower_pfl.learning.metrics import summarize
+from flower_pfl.strategies.federation import RoundError, TaggedProxy
+
+
+class EvaluationReporting:
+    """configure_evaluate / aggregate_evaluate over all clients (see the module docstring)."""
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters,
+                           client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
+        if not self.is_eval_round(server_round):
+            return []
+        self.handshake(client_manager)
+        instructions = []
+        eval_global = bool(self.cfg["eval-global"] and self.has_global_model)
+        for pid in sorted(self.proxies):
+            arrays, extra = self.eval_payload(pid, server_round)
+            config = self.base_config(server_round, {"eval-global": eval_global, **extra}, pid)
+            instructions.append((TaggedProxy(self.proxies[pid], pid),
+                                 EvaluateIns(ndarrays_to_parameters(arrays), config)))
+        return instructions
+
+    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
+                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
+        failed = self.record_failures(server_round, "evaluate", list(failures))
+        answered = {client_row(res, self.metric)["partition-id"] for _, res in results}
+        missing = sorted(set(range(self.num_clients)) - answered - {p for p, _ in failed})
+        if missing and self.is_eval_round(server_round):
+            log(WARNING, "[flower-pfl] round %d: partition-id(s) %s not connected; evaluation "
+                "statistics are over the %d client(s) that answered", server_round, missing,
+                len(answered))
+        minimum = int(self.cfg.values.get("min-eval-answers", 1))
+        if self.is_eval_round(server_round) and len(results) < minimum:
+            raise RoundError(f"round {server_round}: {len(results)} evaluation answer(s), fewer "
+                             f"than min-eval-answers = {minimum}; failures: "
+                             + "; ".join(f"partition-id {p}: {r}" for p, r in failed[:10]))
+        if not results:
+            return None, {}
+        m, lower_is_better = self.metric, self.lower_is_better
+        rows = sorted((client_row(res, m) for _, res in results),
+                      key=lambda r: r["partition-id"])
+        personal = summarize([r[m] for r in rows], [r["num-test"] for r in rows],
+                             lower_is_better)
+        global_ = None
+        if all(f"global_{m}" in r for r in rows):
+            global_ = summarize([r[f"global_{m}"] for r in rows], [r["num-test"] for r in rows],
+                                lower_is_better)
+        self.eval_history.append(personal)
+        self.results.log_round(server_round, personal, global_, rows, lower_is_better)
+        best = (min if lower_is_better else max)(h["mean"] for h in self.eval_history)
+        log(INFO, "[flower-pfl] round %d: personalized %s mean %.4f weighted %.4f std %.4f "
+            "worst10%% %.4f top10%% %.4f min %.4f | best mean %.4f%s | %d clients answered, "
+            "%d did not | devices %s", server_round, m, personal["mean"],
+            personal["weighted_mean"], personal["std"], personal["worst10_mean"],
+            personal["top10_mean"], personal["min"], best,
+            f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
+            self.num_clients - len(rows), devices.describe(rows))
+        if server_round >= self.cfg["rounds"]:
+            self.results.finish("completed")
+            log(INFO, "[flower-pfl] final per-round table: %s", self.results.dir / "rounds.csv")
+            log(INFO, "[flower-pfl] per-client table: %s", self.results.dir / "clients.csv")
+        metrics: dict[str, Scalar] = {f"personal_{k}": v for k, v in personal.items()}
+        metrics["personal_bmta"] = best
+        metrics["eval_answered"] = len(rows)
+        metrics["eval_missing"] = self.num_clients - len(rows)
+        if global_:
+            metrics.update({f"global_{k}": v for k, v in global_.items()})
+        loss = float(np.average([r["loss"] for r in rows], weights=[r["num-test"] for r in rows]))
+        return loss, metrics
+
+    def evaluate(self, server_round: int, parameters: Parameters
+                 ) -> tuple[float, dict[str, Scalar]] | None:
+        return None  # no centralised test set: pFL is evaluated on each client's own split
+
+    def is_eval_round(self, server_round: int) -> bool:
+        """Every ``eval-every`` rounds, and the last round."""
+        return server_round % self.cfg["eval-every"] == 0 or server_round >= self.cfg["rounds"]
+
+
+def client_row(res: EvaluateRes, metric: str) -> dict[str, Any]:
+    """One client's evaluation answer as a ``clients.csv`` row."""
+    m = res.metrics
+    row: dict[str, Any] = {"partition-id": int(m["partition-id"]), metric: float(m[metric]),
+                           "loss": float(res.loss), "num-test": int(res.num_examples),
+                           "num-train": int(m.get("num-train", 0)),
+                           "fit-rounds": int(m.get("fit-rounds", 0))}
+    if f"global_{metric}" in m:
+        row[f"global_{metric}"] = float(m[f"global_{metric}"])
+        row["global_loss"] = float(m["global_loss"])
+    row.update(devices.select(m))  # the device of its last fit (flower_pfl.learning.devices)
+    return row

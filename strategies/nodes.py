@@ -1,0 +1,116 @@
+"""Who is in the federation: nodes mapped to partition-ids, and the round's sample.
+
+A mixin of ``PersonalizedStrategy`` (it uses ``self.cfg``, ``self.cfg_json``,
+``self.num_clients``, ``self.rng``, ``self.pid_of_cid``, ``self.proxies`` and
+``self._federation_checked``, all set in its ``__init__``):
+
+* :meth:`NodeTracking.handshake` learns each node's ``partition-id`` with a
+  ``get_properties`` handshake (asked once per node id) so that all per-client state is
+  keyed by it, never by Flower's random node id; at the start the federation must have
+  exactly ``clients`` nodes (one source of truth with ``simulation.yaml``), later a node
+  that is gone is not an error and a node that comes back is mapped again;
+* :meth:`NodeTracking.sample` picks ``max(min-fit-clients, round(fraction-fit *
+  clients))`` of the connected partition-ids with the strategy's own seeded generator
+  (reproducible sampling, independent of node ids);
+* :meth:`NodeTracking.proxy_pid` names the partition-id behind a proxy.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from logging import INFO, WARNING
+
+from flwr.common import GetPropertiesIns
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from flower_pfl.strategies.federation import FederationError, TaggedProxy, failure_reason
+
+#: how long the first handshake waits for the federation's nodes (and each node's answer)
+WAIT_FOR_NODES_S = 120.0
+
+
+class NodeTracking:
+    """Partition-ids of the connected nodes, and the seeded sample of each round."""
+
+    def sample(self, server_round: int) -> list[int]:
+        """Partition-ids of this round's clients (seeded; independent of node ids)."""
+        available = sorted(self.proxies)
+        k = max(int(self.cfg["min-fit-clients"]), int(round(self.cfg["fraction-fit"] *
+                                                            self.num_clients)))
+        k = min(k, len(available))
+        return sorted(self.rng.choice(available, size=k, replace=False).tolist())
+
+    def proxy_pid(self, proxy: ClientProxy) -> int:
+        """The partition-id behind ``proxy`` (-1: a node that never answered the handshake)."""
+        if isinstance(proxy, TaggedProxy):
+            return proxy.pid
+        return self.pid_of_cid.get(proxy.cid, -1)
+
+    def handshake(self, client_manager: ClientManager) -> None:
+        """Map every connected node to its partition-id (asked once per node).
+
+        At the start the federation must have exactly ``clients`` nodes; later a missing
+        node is logged, not fatal (its rounds are failures), and a node that comes back
+        (a new node id) is mapped to its partition-id again."""
+        if not self._federation_checked:
+            if client_manager.num_available() < self.num_clients:
+                client_manager.wait_for(self.num_clients, timeout=int(WAIT_FOR_NODES_S))
+        available = client_manager.all()
+        if not self._federation_checked and len(available) != self.num_clients:
+            raise FederationError(
+                f"the configuration says clients = {self.num_clients} but the federation has "
+                f"{len(available)} node(s). In simulation run through `flower-pfl run` (it sets "
+                f"num-supernodes from the YAML) or pass --federation-config "
+                f"'num-supernodes={self.num_clients}'; in deployment start one SuperNode per "
+                f"client.")
+        unknown = [p for cid, p in available.items() if cid not in self.pid_of_cid]
+        if unknown:
+            ins = GetPropertiesIns({"cfg": self.cfg_json})
+
+            def ask(proxy):
+                try:
+                    return proxy.get_properties(ins, WAIT_FOR_NODES_S, None)
+                except Exception as exc:  # noqa: BLE001 - any failure = no handshake answer
+                    if not self._federation_checked:
+                        raise FederationError(f"node {proxy.cid} did not answer the partition-id "
+                                              f"handshake: {failure_reason(exc)}") from exc
+                    log(WARNING, "[flower-pfl] node %s did not answer the handshake (%s); "
+                        "asking again next round", proxy.cid, failure_reason(exc))
+                    return None
+            with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+                answers = list(pool.map(ask, unknown))
+            for proxy, res in zip(unknown, answers):
+                if res is None:
+                    continue
+                if "partition-id" not in res.properties:
+                    raise FederationError(f"node {proxy.cid} did not report a partition-id "
+                                          f"(status: {res.status.message})")
+                pid = int(res.properties["partition-id"])
+                if not 0 <= pid < self.num_clients:
+                    raise FederationError(f"node {proxy.cid} reports partition-id {pid}, outside "
+                                          f"[0, {self.num_clients}) of the configuration")
+                if pid in self.proxies and self.proxies[pid].cid in available \
+                        and self.proxies[pid].cid != proxy.cid:
+                    raise FederationError(f"two nodes report partition-id {pid}")
+                if self._federation_checked and pid not in self.proxies:
+                    log(INFO, "[flower-pfl] partition-id %d is back (node %s)", pid, proxy.cid)
+                self.pid_of_cid[proxy.cid] = pid
+                self.proxies[pid] = proxy
+        # a node that comes back under a node id already mapped (node authentication keeps
+        # the id across restarts) needs no handshake: take its current proxy again
+        for cid, proxy in available.items():
+            pid = self.pid_of_cid.get(cid)
+            if pid is not None and (pid not in self.proxies
+                                    or self.proxies[pid].cid not in available):
+                if self._federation_checked and pid not in self.proxies:
+                    log(INFO, "[flower-pfl] partition-id %d is back (node %s)", pid, cid)
+                self.proxies[pid] = proxy
+        # drop proxies of nodes that disconnected (a restarted SuperNode gets a new proxy)
+        gone = sorted(pid for pid, p in self.proxies.items() if p.cid not in available)
+        if gone:
+            log(WARNING, "[flower-pfl] partition-id(s) %s disconnected; the run goes on with "
+                "%d node(s)", gone, len(self.proxies) - len(gone))
+        self.proxies = {pid: p for pid, p in self.proxies.items() if p.cid in available}
+        self._federation_checked = True
