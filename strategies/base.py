@@ -61,7 +61,7 @@ from flower_pfl.config import RunConfig
 from flower_pfl.learning import devices
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.model_store import LazyArrays
-from flower_pfl.reporting.results import ResultsWriter, metric_of
+from flower_pfl.reporting.results import ResultsWriter, lower_is_better, metric_of
 from flower_pfl.strategies.checkpointing import Checkpointing
 from flower_pfl.strategies.evaluation import EvaluationReporting
 from flower_pfl.strategies.federation import (  # noqa: F401 - re-exported (tests import them here)
@@ -111,9 +111,10 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
                                       "hyper": self.hyper})
         self._round_server_log: dict[str, Any] = {}
         # the per-client metric, decided once: accuracy, or the synthetic task's mse (an
-        # error: lower is better); flower_pfl.reporting.results.metric_of is the one rule
+        # error: lower is better); flower_pfl.reporting.results' metric_of and
+        # lower_is_better are the one rule
         self.metric = metric_of(cfg.values)
-        self.lower_is_better = self.metric == "mse"
+        self.lower_is_better = lower_is_better(self.metric)
         self.warned: set[Any] = set()  # keys of the warnings given (self.warn_once)
         # reliability state
         self.run_uid = uuid.uuid4().hex  # names the clients' state folders across a resume

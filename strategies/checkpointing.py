@@ -102,7 +102,7 @@ class Checkpointing:
         for csv_path in sorted(self.results.dir.glob("*.csv")):
             reliability.rewind_csv(csv_path, r)
         self.results.status = "running"
-        self.results._write_summary()
+        self.results.write_summary()
         if self.client_state_dir is not None:
             reliability.restore_client_state(folder, self.client_state_dir)
         self.start_round = r + 1

@@ -71,12 +71,12 @@ def test_empty_is_an_error():
 def test_csv_rows_keep_columns_when_they_vary(tmp_path):
     import csv as _csv
 
-    from flower_pfl.reporting.results import _append_csv
+    from flower_pfl.reporting.results import append_csv
 
     path = tmp_path / "t.csv"
-    _append_csv(path, [{"round": 1, "a": 1}, {"round": 1, "a": 2}])
-    _append_csv(path, {"round": 2})  # fewer columns: appended, 'a' left empty
-    _append_csv(path, {"round": 3, "b": 7})  # a new column: file rewritten with the union
+    append_csv(path, [{"round": 1, "a": 1}, {"round": 1, "a": 2}])
+    append_csv(path, {"round": 2})  # fewer columns: appended, 'a' left empty
+    append_csv(path, {"round": 3, "b": 7})  # a new column: file rewritten with the union
     with open(path) as fh:
         rows = list(_csv.DictReader(fh))
     assert [r["round"] for r in rows] == ["1", "1", "2", "3"]

@@ -28,7 +28,8 @@ from typing import IO, Any, Iterator
 
 from flower_pfl.reporting.console_output import Output, RoundTracker, follow_round
 from flower_pfl.reporting.log_lines import classify, fmt_metric, fmt_s, format_round
-from flower_pfl.reporting.results import metric_of, read_summary, read_values
+from flower_pfl.reporting.results import lower_is_better, read_summary, run_metric
+from flower_pfl.warnings_once import first_time
 
 
 def summary_lines(results_dir: Path, wall_s: float | None = None,
@@ -47,8 +48,8 @@ def summary_lines(results_dir: Path, wall_s: float | None = None,
         lines.append(f"  TensorBoard: tensorboard --logdir {tensorboard}")
     if not rounds:
         return lines
-    metric = metric_of(read_values(results_dir))
-    pick = min if metric == "mse" else max
+    metric = run_metric(results_dir)
+    pick = min if lower_is_better(metric) else max
     last = rounds[-1]
     for model in ("personal", "global"):
         key = f"{model}_mean"
@@ -126,8 +127,7 @@ class RunConsole:
             self.print(text, style="bold red" if text.startswith(("ERROR", "CRITICAL"))
                        else "yellow")
         elif kind == "note":
-            if text not in self.notes:
-                self.notes.add(text)
+            if first_time(self.notes, text):
                 self.print(text, style="dim")
         elif kind == "other":
             self.print(text)

@@ -23,8 +23,14 @@
 Everything is appended/rewritten as it happens, not only at the end.
 
 Reading a run back (the bench, benchmark scripts, tests): :func:`read_summary`,
-:func:`read_values`, :func:`read_rows`, :func:`metric_of` and :func:`client_failures`,
+:func:`read_values`, :func:`read_rows`, :func:`run_metric` and :func:`client_failures`,
 beside the writer so that both sides know one layout.
+
+What the per-client numbers are is decided in one place: :func:`metric_of` names the metric
+of a configuration (``accuracy``, or the synthetic task's ``mse``), :func:`lower_is_better`
+says which direction is better for a metric, :func:`run_metric` reads a finished run's metric
+back.  The strategy, the clients, this writer, the tracker, the consoles and the tables all
+ask these three and decide nothing themselves.
 """
 
 from __future__ import annotations
@@ -50,28 +56,36 @@ class ResultsWriter:
         self.server_rows: list[dict[str, Any]] = []
         self.started = time.time()
         self.status = "running"
-        self.lower_is_better = False
         self.config = dict(config)
+        # the run's metric (accuracy; mse for the synthetic task: lower is better)
+        self.metric = metric_of(self.config.get("values", {}))
+        self.lower_is_better = lower_is_better(self.metric)
         self.last_clients: list[dict[str, Any]] = []  # the last evaluated round's rows
         _write_json(self.dir / "config.json", config)
-        self.tracker = tracking.open_tracker(self.config.get("values", {}), self.dir)
-        self._write_summary()
+        self.tracker = tracking.open_tracker(self.config.get("values", {}), self.dir,
+                                             self.metric)
+        self.write_summary()
 
     def log_round(self, server_round: int, personal: Mapping[str, float],
                   global_: Mapping[str, float] | None, clients: Sequence[Mapping[str, Any]],
-                  lower_is_better: bool = False) -> None:
+                  lower_is_better: bool | None = None) -> None:
+        """One evaluation round.  ``lower_is_better`` (optional) is the caller's direction; it
+        must be the writer's own (:func:`metric_of` the configuration), never a second rule."""
+        if lower_is_better is not None and lower_is_better != self.lower_is_better:
+            raise ValueError(f"round {server_round}: the caller says lower_is_better="
+                             f"{lower_is_better}, the run's metric {self.metric!r} says "
+                             f"{self.lower_is_better}")
         row: dict[str, Any] = {"round": server_round,
                                "elapsed_s": round(time.time() - self.started, 3)}
         row.update({f"personal_{k}": personal[k] for k in STAT_KEYS})
         if global_ is not None:
             row.update({f"global_{k}": global_[k] for k in STAT_KEYS})
         self.rounds.append(row)
-        self.lower_is_better = lower_is_better
         row["personal_bmta"] = self._best("personal_mean")
-        _append_csv(self.dir / "rounds.csv", row)
-        _append_csv(self.dir / "clients.csv", [{"round": server_round, **c} for c in clients])
+        append_csv(self.dir / "rounds.csv", row)
+        append_csv(self.dir / "clients.csv", [{"round": server_round, **c} for c in clients])
         self.last_clients = [dict(c) for c in clients]
-        self._write_summary()
+        self.write_summary()
         if self.tracker is not None:
             self.tracker.round(row, clients)
 
@@ -84,13 +98,13 @@ class ResultsWriter:
     def log_server(self, server_round: int, values: Mapping[str, Any]) -> None:
         row = {"round": server_round, **values}
         self.server_rows.append(row)
-        _append_csv(self.dir / "server.csv", row)
+        append_csv(self.dir / "server.csv", row)
         if self.tracker is not None:
             self.tracker.server(server_round, values)
 
     def log_table(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Append rows to ``<name>.csv`` (e.g. FedACS' peers per client per round)."""
-        _append_csv(self.dir / f"{name}.csv", rows)
+        append_csv(self.dir / f"{name}.csv", rows)
         if name == "fit" and self.tracker is not None:
             self.tracker.fit(rows)
 
@@ -109,7 +123,7 @@ class ResultsWriter:
 
     def finish(self, status: str) -> None:
         self.status = status
-        self._write_summary()
+        self.write_summary()
         if self.tracker is not None:
             self.tracker.close()
         if self.rounds:
@@ -125,14 +139,16 @@ class ResultsWriter:
 
         values = self.config.get("values", {})
         return plots.run_curves(self.rounds, self.dir / "curves.png",
-                                metric="mse" if self.lower_is_better else "accuracy",
+                                metric=self.metric,
                                 loss=loss_by_round(self.dir),
                                 title=f"{values.get('strategy', '')} on "
                                 f"{values.get('data.dataset', '')}/"
                                 f"{values.get('data.partition', '')}, "
                                 f"{values.get('clients', '')} clients")
 
-    def _write_summary(self) -> None:
+    def write_summary(self) -> None:
+        """Rewrite ``summary.json`` from the rounds held (after every round; after a resume
+        has rewound them)."""
         summary: dict[str, Any] = {"status": self.status, "rounds": self.rounds,
                                    "server": self.server_rows,
                                    "elapsed_s": round(time.time() - self.started, 3)}
@@ -157,7 +173,7 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def _append_csv(path: Path, rows: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+def append_csv(path: Path, rows: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
     """Append row(s) in one write. Missing columns stay empty; only a NEW column (e.g. a
     metric that appears later) makes the file be rewritten with the union of columns."""
     rows = [dict(rows)] if isinstance(rows, Mapping) else [dict(r) for r in rows]
@@ -292,6 +308,21 @@ def metric_of(values: Mapping[str, Any]) -> str:
     """What a run's per-client numbers are: ``accuracy``, or ``mse`` (lower is better) for
     the synthetic Gaussian task."""
     return "mse" if values.get("data.dataset") == "synthetic-gaussian" else "accuracy"
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value of ``metric`` is better: an error (``mse``), not an accuracy."""
+    return metric == "mse"
+
+
+def run_metric(run_dir: Path) -> str:
+    """The metric of a run on disk: :func:`metric_of` its ``config.json``; a run without one
+    (a cell copied by hand): the metric column its ``clients.csv`` wrote (the clients name
+    the column by :func:`metric_of`), else ``accuracy``."""
+    if (Path(run_dir) / "config.json").is_file():
+        return metric_of(read_values(run_dir))
+    rows = read_rows(run_dir, "clients")
+    return "mse" if rows and "mse" in rows[0] else "accuracy"
 
 
 def client_failures(run_dir: Path) -> str | None:

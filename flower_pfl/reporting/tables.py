@@ -43,12 +43,13 @@ from flower_pfl.reporting.results import (
     MATRIX_LABELS,
     client_failures,
     last_evaluation,
+    lower_is_better,
     matrix_title,
-    metric_of,
     read_json,
     read_rows,
     read_summary,
     read_values,
+    run_metric,
     true_groups,
     untrained,
 )
@@ -79,7 +80,7 @@ def cell_numbers(cell_dir: Path) -> dict[str, float] | None:
     rounds = summary["rounds"]
     final = summary["final"]
     # accuracies in percent; the synthetic task's metric is a squared error: left as it is
-    scale = 1.0 if lower_is_better(cell_dir) else 100.0
+    scale = 1.0 if lower_is_better(run_metric(cell_dir)) else 100.0
     first, last = rounds[0], rounds[-1]
     if last["round"] > first["round"]:
         per_round = (last["elapsed_s"] - first["elapsed_s"]) / (last["round"] - first["round"])
@@ -104,12 +105,6 @@ def cell_numbers(cell_dir: Path) -> dict[str, float] | None:
     if isinstance(bench, dict):
         nums["wall_s"] = bench.get("wall_s", float("nan"))
     return nums
-
-
-def lower_is_better(cell_dir: Path) -> bool:
-    """Whether the run's metric is an error (lower is better), not an accuracy (a cell
-    without its config.json: an accuracy)."""
-    return metric_of(read_values(cell_dir)) == "mse"
 
 
 def cell_engine(cell_dir: Path) -> str:
@@ -141,7 +136,7 @@ def collect(matrix: Matrix, cells: Sequence[Cell]) -> list[dict[str, Any]]:
                 rec["engine"] = "+".join(sorted({cell_engine(c.dir) for c in mine
                                                  if per_seed[c.seed] is not None}))
                 rec["per_seed"] = done  # seed -> that cell's numbers (for the pairs)
-                rec["lower_is_better"] = any(lower_is_better(c.dir) for c in mine
+                rec["lower_is_better"] = any(lower_is_better(run_metric(c.dir)) for c in mine
                                              if per_seed[c.seed] is not None)
                 for col, _ in COLUMNS:
                     vals = [v[col] for v in done.values() if col in v]
@@ -355,7 +350,7 @@ def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> li
                 curves[strategy].append((read_summary(c.dir) or {}).get("rounds", []))
                 rows = read_rows(c.dir, "clients")
                 if rows:
-                    metric = "mse" if "mse" in rows[0] else "accuracy"  # the column it wrote
+                    metric = run_metric(c.dir)
                     last = max(int(r["round"]) for r in rows)
                     dist[strategy] += [float(r[metric]) for r in rows if int(r["round"]) == last]
             for name in ("attention", "selection"):

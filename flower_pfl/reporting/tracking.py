@@ -169,10 +169,12 @@ class TensorBoardTracker:
             self.writer = None
 
 
-def open_tracker(values: Mapping[str, Any], results_dir: Path) -> TensorBoardTracker | None:
+def open_tracker(values: Mapping[str, Any], results_dir: Path,
+                 metric: str) -> TensorBoardTracker | None:
     """The run's tracker (None: tracking off); raises :class:`TrackingError` where it is on
-    and TensorBoard is missing."""
+    and TensorBoard is missing.  ``metric``: the writer's
+    (:func:`flower_pfl.reporting.results.metric_of`; handed over, not imported: the writer
+    imports this module)."""
     if not enabled(values):
         return None
-    metric = "mse" if values.get("data.dataset") == "synthetic-gaussian" else "accuracy"
     return TensorBoardTracker(event_dir(values, results_dir), metric)
