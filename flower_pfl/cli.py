@@ -38,14 +38,15 @@ from typing import Sequence
 
 from flower_pfl import config as config_mod
 from flower_pfl import registry
-from flower_pfl.reliability import preflight
+from flower_pfl.config import APP_DIR
+from flower_pfl.matrix import MatrixError, load_matrix
+from flower_pfl.reliability import preflight_apart
 from flower_pfl.reporting import tracking
 from flower_pfl.reporting.console import BenchConsole, RunConsole
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.bench import run_bench
 from flower_pfl.running.launch import TRACKING_KEYS, resume_config, run_simulation
-from flower_pfl.running.matrix import MatrixError, load_matrix
-from flower_pfl.running.procs import APP_DIR, LaunchError, Terminated, stop_on_signals
+from flower_pfl.running.procs import LaunchError, Terminated, stop_on_signals
 
 WIDTH = 100  # the strategies list fits a terminal this wide
 
@@ -271,7 +272,7 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
     try:
         tracking.require(cfg.values)
         with console.own_warnings():
-            preflight(cfg, results_dir)
+            preflight_apart(cfg, results_dir)  # a child: this process never imports torch
     except Exception as exc:  # noqa: BLE001 - PreflightError, DataError, TrackingError
         print(f"flower-pfl: cannot start: {exc}", file=sys.stderr)
         return 2
@@ -299,7 +300,7 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:
-    """``flower-pfl bench MATRIX.yaml ...`` (running/bench.py, running/matrix.py)."""
+    """``flower-pfl bench MATRIX.yaml ...`` (running/bench.py, matrix.py)."""
     p = argparse.ArgumentParser(prog="flower-pfl bench",
                                 description="strategies x settings x seeds, each cell a real "
                                 "run; the whole matrix is validated before any cell runs; "

@@ -26,24 +26,37 @@ the clients write every file by temp file + rename, so a link keeps the old cont
 no copy cost).  The folder is built under a temporary name and renamed into place, so
 a crash leaves either the old or the new checkpoint, never half of one.
 
+Preflight (:func:`preflight`): the output folder, the data and the model checked before
+anything starts.  The launcher runs it in a short-lived child process
+(:func:`preflight_apart`): checking the model imports torch, which costs a process ~280 MB
+of private memory for this CUDA build even on a CPU run, and the launcher lives as long as
+the run; the child's PreflightError comes back with the same message and its Python
+warnings are raised again in the launcher.
+
 Results rewind (:func:`rewind_csv`): on resume every ``*.csv`` with a ``round`` column
 drops the rows of rounds after the checkpoint, so no round is duplicated.
 """
 
 from __future__ import annotations
 
+import builtins
 import csv
+import json
 import math
 import os
 import pickle
 import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from flower_pfl.atomic import atomic_write
+from flower_pfl.atomic import atomic_write, atomic_write_text
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "state.pkl"
@@ -289,7 +302,7 @@ def preflight(cfg, results_dir: str | Path | None = None) -> None:
     model against the data's shape and labels."""
     if results_dir is not None:
         check_output_dir(results_dir)
-    values = cfg.values if hasattr(cfg, "values") else cfg
+    values = cfg if isinstance(cfg, dict) else cfg.values
     from flower_pfl.learning import data as data_mod
     from flower_pfl.learning.partitions import get_partition
 
@@ -324,3 +337,57 @@ def preflight(cfg, results_dir: str | Path | None = None) -> None:
         raise PreflightError(f"model '{values['model']}' gives {tuple(out.shape[1:])} outputs "
                              f"per sample but dataset '{values['data.dataset']}' has {labels} "
                              f"classes")
+
+
+#: the child of :func:`preflight_apart`: request (pickle) in, answer (JSON) out
+_PREFLIGHT_CHILD = ("import sys\n"
+                    "from flower_pfl.reliability import preflight_child\n"
+                    "preflight_child(sys.argv[1], sys.argv[2])\n")
+
+
+def preflight_child(request: str, answer: str) -> None:
+    """The child's side of :func:`preflight_apart`: run :func:`preflight` on the pickled
+    ``(values, results_dir)`` and write ``{"error": message or None, "warnings": [...]}``."""
+    with open(request, "rb") as fh:
+        values, results_dir = pickle.load(fh)
+    error = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            preflight(values, results_dir)
+        except Exception as exc:  # noqa: BLE001 - PreflightError, DataError, ...: its message
+            error = str(exc)
+    seen = [{"category": w.category.__name__, "message": str(w.message),
+             "filename": w.filename, "lineno": w.lineno} for w in caught]
+    atomic_write_text(answer, json.dumps({"error": error, "warnings": seen}))
+
+
+def preflight_apart(cfg, results_dir: str | Path | None = None,
+                    timeout_s: float | None = 900) -> None:
+    """:func:`preflight` in a child process (same interpreter, same ``sys.path``), so this
+    process never imports torch: the child's error is raised here as a PreflightError with
+    the same message, its warnings are warned again here."""
+    values = dict(cfg if isinstance(cfg, dict) else cfg.values)
+    with tempfile.TemporaryDirectory(prefix="flower-pfl-preflight-") as tmp:
+        request, answer = Path(tmp) / "request.pkl", Path(tmp) / "answer.json"
+        request.write_bytes(pickle.dumps((values, None if results_dir is None
+                                          else str(results_dir))))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        try:
+            done = subprocess.run([sys.executable, "-c", _PREFLIGHT_CHILD, str(request),
+                                   str(answer)], env=env, capture_output=True, text=True,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise PreflightError(f"the preflight check did not finish in {timeout_s:.0f} s"
+                                 ) from exc
+        if not answer.is_file():
+            raise PreflightError(f"the preflight check failed (exit {done.returncode}):\n"
+                                 f"{done.stderr[-3000:]}")
+        result = json.loads(answer.read_text())
+    for w in result["warnings"]:
+        category = getattr(builtins, w["category"], None)
+        if not (isinstance(category, type) and issubclass(category, Warning)):
+            category = UserWarning
+        warnings.warn_explicit(w["message"], category, w["filename"], w["lineno"])
+    if result["error"] is not None:
+        raise PreflightError(result["error"])

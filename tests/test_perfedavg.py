@@ -150,7 +150,7 @@ def test_client_fit_moves_w_by_minus_beta_times_the_meta_gradient(variant):
     order = list(batches(client.data.num_train, size, steps * per, client.generator(),
                          client.spec.drop_last))
     groups = [order[i:i + per] for i in range(0, len(order), per)]
-    x, y = client.data.x_train, client.data.y_train
+    x, y = client.data.x_train[:], client.data.y_train
     expected = _meta_fit_by_hand(w0, x, y, groups, alpha, beta, variant)
     error = max(float(np.abs(a - b).max()) for a, b in zip(got, expected))
     # what the client would upload with plain SGD on D, and with the other variant

@@ -5,7 +5,9 @@ Which one a client gets is decided here, above the two modules that know how:
 :mod:`flower_pfl.learning.shards` (one site's shard written by ``flower-pfl partition``, checked
 against the run's settings).  A node's ``data-root`` holding a shard manifest is read as
 that shard and never falls back to the pooled set; any other ``data-root`` is read as the
-dataset's folder instead of ``data.root``.
+dataset's folder instead of ``data.root``.  A pooled client's images are row numbers into
+the shared uint8 map, normalised per batch (:class:`flower_pfl.learning.data.NormalizedImages`),
+so the per-process cache holds index arrays and labels, not float32 images.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ def load_client_data(cfg: Mapping[str, Any], partition_id: int,
         x, y = data.load_pooled(dataset, root_override or cfg["data.root"], cfg.get("cache-dir"))
         part = partitions.get_partition(cfg, y)
         tr, te = part.train[partition_id], part.test[partition_id]
-        loaded = ClientData(data.to_tensor(x[tr], dataset), torch.from_numpy(y[tr]),
-                            data.to_tensor(x[te], dataset), torch.from_numpy(y[te]),
+        loaded = ClientData(data.NormalizedImages(x, tr, dataset), torch.from_numpy(y[tr]),
+                            data.NormalizedImages(x, te, dataset), torch.from_numpy(y[te]),
                             data.NUM_CLASSES[dataset])
     if len(_CACHE) > MAX_CACHED:
         _CACHE.clear()
