@@ -36,9 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flower_pfl import config as config_mod
+from flower_pfl.matrix import Cell, MatrixError, load_matrix
 from flower_pfl.reporting.results import read_summary
 from flower_pfl.running import bench
-from flower_pfl.running.matrix import Cell, MatrixError, load_matrix
 
 
 def run_cell(cell_dir: Path, t0: float) -> int:

@@ -14,8 +14,8 @@ order rotated every repeat (paired, interleaved: machine noise hits every varian
 - ``fedavg``: the reference.
 - ``<strategy>/autograd``: the prox term added to the loss and differentiated by autograd
   (the path before issue 29; reachable only from here: :func:`autograd_train` routes a
-  ``training.Prox`` back through ``prox_penalty``).
-- ``<strategy>/fused``: the shipped path (``training.add_prox_grad_``).
+  ``prox.Prox`` back through ``prox_penalty``).
+- ``<strategy>/fused``: the shipped path (``prox.add_prox_grad_``).
 
 The autograd and fused federations start from the same model and seed, so they must agree
 bit for bit every round (checked and printed: a cheap end-to-end test of the fused path).
@@ -39,7 +39,8 @@ import torch
 
 import flower_pfl.clients.base
 from flower_pfl import config, registry
-from flower_pfl.learning.training import Prox, prox_penalty, train
+from flower_pfl.algorithms.prox import Prox, prox_penalty
+from flower_pfl.learning.training import train
 from flower_pfl.running import inprocess
 
 

@@ -107,6 +107,7 @@ def role(pid: int, launcher: int, cmd: str) -> str:
         return "launcher"
     for needle, name in (("flower-superlink", "superlink"), ("flower-superexec", "superexec"),
                          ("flwr-simulation", "serverapp"), ("initial_arrays", "serverapp-init"),
+                         ("preflight_child", "launcher-preflight"),
                          ("gcs_server", "ray-daemons"), ("raylet/raylet", "ray-daemons"),
                          ("ray/dashboard", "ray-daemons"), ("Agent", "ray-daemons"),
                          ("ray/_private", "ray-daemons"), ("ray/autoscaler", "ray-daemons"),

@@ -4,7 +4,7 @@ Given the global model w^t:
     personal:  s steps of SGD on  f_i(v) + lambda/2 ||v - w^t||^2   (v_i kept in context.state)
     global:    the configured local SGD on f_i(w) from w^t, uploaded (FedAvg's client update)
 The prox centre is the w^t received this round (detached: it does not move while v
-trains); the term is a ``training.Prox`` (its gradient added to the data gradient before
+trains); the term is a ``prox.Prox`` (its gradient added to the data gradient before
 each step, bit for bit autograd's; tests/test_prox_fused.py).  v_i starts at the first
 global model the client receives.  Personalized evaluation uses v_i (Ditto-P); the base
 evaluates the global model beside it (Ditto-G).
@@ -12,8 +12,9 @@ evaluates the global model beside it (Ditto-G).
 
 from __future__ import annotations
 
+from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.fedavg import FedAvgClient
-from flower_pfl.learning.training import Prox, params_of
+from flower_pfl.learning.training import params_of
 
 
 class DittoClient(FedAvgClient):

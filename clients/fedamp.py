@@ -3,7 +3,7 @@
     w_i = argmin_w F_i(w) + lambda / (2 alpha_k) ||w - u_i||^2
 
 approximated by the configured local SGD steps started from the personalized cloud
-model u_i.  The prox term is a ``training.Prox``: its gradient (lambda/alpha_k)(w - u_i)
+model u_i.  The prox term is a ``prox.Prox``: its gradient (lambda/alpha_k)(w - u_i)
 is added to the data loss's gradient before each SGD step, bit for bit what autograd
 gives for the squared term (tests/test_fedamp.py, tests/test_prox_fused.py).  w_i is kept
 in context.state as the client's personalized model and uploaded.
@@ -11,8 +11,9 @@ in context.state as the client's personalized model and uploaded.
 
 from __future__ import annotations
 
+from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.base import PersonalStateClient
-from flower_pfl.learning.training import Prox, params_of
+from flower_pfl.learning.training import params_of
 
 
 class FedAMPClient(PersonalStateClient):

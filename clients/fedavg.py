@@ -15,7 +15,7 @@ from flower_pfl.learning.models import get_arrays
 
 class FedAvgClient(PFLClient):
     def regularizer(self, model, config):
-        """Extra term of the local objective: a ``training.Prox`` (FedProx) or a callable
+        """Extra term of the local objective: a ``prox.Prox`` (FedProx) or a callable
         ``f(model) -> tensor`` added to the loss; None: the data loss alone."""
         return None
 

@@ -2,7 +2,7 @@
 
 Each round the client approximately minimises
     h_i(w; w^t) = F_i(w) + mu/2 ||w - w^t||^2
-with the configured local SGD started from the global model w^t (``training.Prox``: its
+with the configured local SGD started from the global model w^t (``prox.Prox``: its
 gradient mu (w - w^t) is added to the data loss's gradient before each step, bit for bit
 autograd's for the squared term; tests/test_fedprox.py, tests/test_prox_fused.py).  The
 paper's variable amount of work per device (gamma-inexact solutions, stragglers) is not
@@ -15,8 +15,9 @@ on the client's training data -- exactly FedAvg-FT's evaluation path (inherited)
 
 from __future__ import annotations
 
+from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.fedavg import FedAvgClient, FedAvgFTClient
-from flower_pfl.learning.training import Prox, params_of
+from flower_pfl.learning.training import params_of
 
 
 class FedProxClient(FedAvgClient):

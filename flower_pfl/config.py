@@ -23,6 +23,9 @@ import yaml
 
 from flower_pfl.hyper import check_value
 
+#: the app's folder: simulation.yaml, pyproject.toml, strategies/ and clients/ beside flower_pfl/
+APP_DIR = Path(__file__).resolve().parent.parent
+
 DATASETS = ("fmnist", "mnist", "emnist", "cifar10", "cifar100", "synthetic-gaussian")
 PARTITIONS = ("iid", "dirichlet", "pathological", "practical")
 MODELS = ("mclr", "dnn", "cnn", "resnet18", "scalar")

@@ -51,8 +51,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from flower_pfl import registry
-from flower_pfl.config import ConfigError, merge, validate
-from flower_pfl.running.procs import APP_DIR
+from flower_pfl.config import APP_DIR, ConfigError, merge, validate
 
 # which of our numbers sits beside the paper's: matrix's `compare` -> table column
 COMPARE = {"bmta": "bmta", "final": "final_mean", "weighted": "final_weighted"}

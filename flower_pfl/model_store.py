@@ -12,7 +12,8 @@ client (n x d) and need the pairwise quantities of those models (squared distanc
   (``os.preadv``/``os.pwrite``), not through a mapping: pages of a mapping that were
   touched count in the process's resident set (``ru_maxrss``) until unmapped, while
   pages read with ``pread`` stay in the kernel's page cache, which the kernel reclaims;
-* centred at the reference r (the initial model, as :class:`~.learning.params.ModelMatrix` did):
+* centred at the reference r (the initial model, as
+  :class:`flower_pfl.learning.params.ModelMatrix` did):
   a client that never uploaded is r itself, a zero row that is never stored nor read;
 * float16 rows carry a per-row scale (the row's largest |value| is stored as 2^15): no
   overflow for any finite model, relative error <= 2^-11 per value in float16's normal

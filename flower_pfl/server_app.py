@@ -41,8 +41,6 @@ from flwr.server.history import History
 from flower_pfl import config as config_mod
 from flower_pfl import registry
 
-APP_DIR = Path(__file__).resolve().parent.parent
-
 
 class ResumableServer(Server):
     """Flower's legacy round loop (fit round, then federated evaluation), from
@@ -99,7 +97,8 @@ def _flag(value) -> bool:
 
 def build_strategy(context: Context):
     rc = context.run_config
-    path = config_mod.resolve_config_path(str(rc.get("config-file", "simulation.yaml")), APP_DIR)
+    path = config_mod.resolve_config_path(str(rc.get("config-file", "simulation.yaml")),
+                                             config_mod.APP_DIR)
     cfg = config_mod.load(path, str(rc.get("overrides", "")) or None)
     results_dir = str(rc.get("results-dir", "")) or None
     strategy = registry.get(cfg.strategy).strategy_cls()(

@@ -76,7 +76,7 @@ class EvaluationReporting:
             global_ = summarize([r[f"global_{m}"] for r in rows], [r["num-test"] for r in rows],
                                 lower_is_better)
         self.eval_history.append(personal)
-        self.results.log_round(server_round, personal, global_, rows, lower_is_better)
+        self.results.log_round(server_round, personal, global_, rows)
         best = (min if lower_is_better else max)(h["mean"] for h in self.eval_history)
         log(INFO, "[flower-pfl] round %d: personalized %s mean %.4f weighted %.4f std %.4f "
             "worst10%% %.4f top10%% %.4f min %.4f | best mean %.4f%s | %d clients answered, "

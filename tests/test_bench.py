@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flower_pfl import matrix
 from flower_pfl.config import merge
 from flower_pfl.reporting import results, tables
-from flower_pfl.running import bench, matrix, rayhead
+from flower_pfl.running import bench, rayhead
 
 STRATEGIES = ["fedavg", "fedacs"]
 SEEDS = [0, 1]

@@ -16,8 +16,8 @@ from flower_pfl.algorithms.attention import (
     fedamp_weights,
     heurfedamp_weights,
 )
+from flower_pfl.algorithms.prox import prox_penalty
 from flower_pfl.learning.params import ModelMatrix
-from flower_pfl.learning.training import prox_penalty
 from flower_pfl.running import inprocess
 from tests.conftest import small_config
 

@@ -8,6 +8,7 @@ wheel installs them inside the package (pyproject's ``package-dir``).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -31,8 +32,13 @@ def test_a_foreign_strategies_package_first_on_the_path_does_not_shadow_ours(tmp
 
 
 def test_the_wheel_installs_strategies_and_clients_inside_the_package(tmp_path):
+    src = tmp_path / "src"  # a copy: building in the checkout would leave build/ there
+    for name in ("flower_pfl", "strategies", "clients"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                          "--no-build-isolation", "-q", str(ROOT), "-w", str(tmp_path)],
+                          "--no-build-isolation", "-q", str(src), "-w", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     (wheel,) = tmp_path.glob("flower_pfl-*.whl")

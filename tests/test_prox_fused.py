@@ -1,6 +1,6 @@
 """Prox terms as a fused gradient update (issue 29): bit for bit the autograd result.
 
-``training.Prox`` adds coef * (w - c) to the data loss's gradient after its backward pass
+``prox.Prox`` adds coef * (w - c) to the data loss's gradient after its backward pass
 (``add_prox_grad_``); the reference is today's autograd path, the same term added to the
 loss as a plain regularizer callable (``prox_penalty``).  Every comparison is
 ``torch.equal`` on real FMNIST batches and models, over several SGD steps, with and
@@ -16,17 +16,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from flower_pfl.algorithms.prox import PROX_VALUE_EVERY, Prox, add_prox_grad_, prox_penalty
 from flower_pfl.learning.client_data import load_client_data
 from flower_pfl.learning.models import model_for
-from flower_pfl.learning.training import (
-    PROX_VALUE_EVERY,
-    Prox,
-    TrainSpec,
-    add_prox_grad_,
-    params_of,
-    prox_penalty,
-    train,
-)
+from flower_pfl.learning.training import TrainSpec, params_of, train
 from tests.conftest import small_config
 from tests.test_baselines import TINY, state_arrays
 

@@ -1,7 +1,7 @@
 """The update rules of the baselines, as pure functions (torch/numpy, no Flower).
 
 FedProx (Li et al., MLSys 2020), local objective
-    h_i(w) = F_i(w) + mu/2 ||w - w^t||^2          -> ``training.Prox`` (not here).
+    h_i(w) = F_i(w) + mu/2 ||w - w^t||^2          -> ``prox.Prox`` (not here).
 
 SCAFFOLD (Karimireddy et al., ICML 2020), Algorithm 1, option II
     client step   y <- y - eta_l (g_i(y) + c - c_i)                       (line 10)
@@ -27,7 +27,7 @@ Per-FedAvg (Fallah, Mokhtari & Ozdaglar, NeurIPS 2020), Algorithm 1, one local s
     H(w; D'') g ~ (grad f(w + delta g; D'') - grad f(w - delta g; D'')) / (2 delta).
   D, D', D'' are distinct mini-batches (consecutive batches of one shuffled pass).
 
-Ditto's personal step is SGD on f_i(v) + lambda/2 ||v - w^t||^2 (``training.Prox``).
+Ditto's personal step is SGD on f_i(v) + lambda/2 ||v - w^t||^2 (``prox.Prox``).
 """
 
 from __future__ import annotations

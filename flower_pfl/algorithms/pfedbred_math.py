@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flower_pfl.learning.training import add_prox_grad_
+from flower_pfl.algorithms.prox import add_prox_grad_
 
 PRIORS = ("lg", "meg", "mh", "mh-lookahead", "none")  # "none": pFedMe (mu = w)
 ENVELOPES = ("mu", "w")

@@ -1,27 +1,12 @@
 """Local training and evaluation loops shared by every client.
 
-Data stays in memory as tensors (client datasets are small), so mini-batches are
-index slices of a seeded permutation -- no DataLoader workers to start per round.
-A regulariser callable is added to the loss and differentiated with the data term.  The
-squared proximal term ``coef/2 * ||w - center||^2`` of FedAMP (coef = lambda/alpha_k),
-FedProx, pFedMe and Ditto is a :class:`Prox` instead: ``train`` differentiates the data
-loss only and then adds the prox gradient ``coef * (w - center)`` to every parameter's
-``.grad`` with three ``torch._foreach_*`` passes (:func:`add_prox_grad_`), before the
-optimizer step.  That is the same floating-point work autograd does for
-``prox_penalty`` (``0.5*coef*sum((w-c)**2)``): its backward is ``float32(0.5*coef) *
-(2 * (w - c))``, which rounds exactly like ``float32(coef) * (w - c)`` (scaling by 2 is
-exact), and the engine sums the data and prox contributions of a parameter in one
-addition, which is commutative.  So the optimizer sees the same gradient bit for bit
-(plain SGD, momentum and weight decay alike; tests/test_prox_fused.py) at about a
-third of the cost (docs/BENCHMARKS.md, issue 29).  Not fused on purpose:
-``grad + coef*d`` as one ``add(alpha=coef)``/``addcmul`` (an FMA on CPU: one rounding
-instead of two, so not the autograd result).  A parameter the model uses twice gets its
-data gradient summed by autograd first here, and possibly in another order in the old
-single backward; no model in flower_pfl/learning/models.py shares a parameter.  A Prox's
-``reg_loss`` is the mean of ``0.5*coef*sum ||w - c||^2`` over every ``PROX_VALUE_EVERY``-th
-step (the first included), from ``torch._foreach_norm`` (the autograd value up to float
-rounding): the value at every step would cost one more pass over the parameters per
-step, a third again of the fused gradient's own three (docs/BENCHMARKS.md, issue 29).
+Data stays in memory (client datasets are small; the pooled images as the shared uint8 map,
+normalised per batch by :class:`flower_pfl.learning.data.NormalizedImages`), so mini-batches
+are index slices of a seeded permutation -- no DataLoader workers to start per round.
+A regulariser callable is added to the loss and differentiated with the data term; a
+:class:`flower_pfl.algorithms.prox.Prox` (the squared proximal term of FedAMP, FedProx,
+pFedMe and Ditto) is instead added as a gradient after the data loss's backward pass,
+bit for bit autograd's (:func:`~flower_pfl.algorithms.prox.add_prox_grad_`).
 
 ``lwsam_step`` is the one local optimizer step of SAM / LWSAM (PLGU Algorithm 1, eqs. 4-5,
 p = q = 2; the perturbation itself is :func:`flower_pfl.algorithms.plgu_math.lwsam_perturbation`):
@@ -42,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flower_pfl.algorithms.plgu_math import lwsam_perturbation, perturbed_gradient
+from flower_pfl.algorithms.prox import PROX_VALUE_EVERY, Prox, add_prox_grad_
 
 
 @dataclass(frozen=True)
@@ -93,59 +79,6 @@ def batches(num_samples: int, batch_size: int, num_steps: int,
             perm, pos = torch.randperm(num_samples, generator=generator), 0
         yield perm[pos:pos + batch_size]
         pos += batch_size
-
-
-def prox_penalty(model: nn.Module, center: Sequence[torch.Tensor], coef: float) -> torch.Tensor:
-    """``coef/2 * sum ||p - c||^2`` over the parameters; its gradient is ``coef * (p - c)``."""
-    terms = [((p - c) ** 2).sum() for p, c in zip(model.parameters(), center)]
-    return 0.5 * coef * torch.stack(terms).sum()
-
-
-@torch.no_grad()
-def add_prox_grad_(params: Sequence[torch.Tensor], center: Sequence[torch.Tensor],
-                   coef: float, grads: Sequence[torch.Tensor] | None = None,
-                   value: bool = False) -> float | None:
-    """Add the gradient of ``prox_penalty`` -- ``coef * (p - c)`` -- to the gradients of
-    ``params`` in place, bit for bit what autograd adds for it.
-
-    ``grads``: the data loss's gradients (e.g. ``torch.autograd.grad``'s output), updated
-    in place; by default each parameter's ``.grad`` (set to the prox gradient where it is
-    None).  ``value``: also return ``coef/2 * sum ||p - c||^2`` (one more read pass).
-    """
-    params = params if isinstance(params, list) else list(params)
-    diff = torch._foreach_sub(params, list(center))  # w - c, as autograd's sub
-    out = None
-    if value:
-        out = 0.5 * coef * sum(float(n) ** 2 for n in torch._foreach_norm(diff))
-    torch._foreach_mul_(diff, coef)  # float32(coef) * (w - c): autograd's rounding
-    if grads is None:
-        grads = [p.grad for p in params]
-        if any(g is None for g in grads):  # no data gradient: the prox gradient alone
-            for p, d in zip(params, diff):
-                if p.grad is None:
-                    p.grad = d
-            kept = [i for i, g in enumerate(grads) if g is not None]
-            grads, diff = [grads[i] for i in kept], [diff[i] for i in kept]
-    if grads:
-        torch._foreach_add_(list(grads), diff)  # data + prox: one addition, as the engine's
-    return out
-
-
-PROX_VALUE_EVERY = 10  # train(): a Prox's value (reg_loss) is sampled every 10th step
-
-
-@dataclass(frozen=True)
-class Prox:
-    """The proximal term ``coef/2 * ||w - center||^2`` as a regularizer for :func:`train`.
-
-    ``train`` applies it as a gradient (:func:`add_prox_grad_`) after the data loss's
-    backward pass; calling it gives the autograd term (:func:`prox_penalty`)."""
-
-    center: Sequence[torch.Tensor]
-    coef: float
-
-    def __call__(self, model: nn.Module) -> torch.Tensor:
-        return prox_penalty(model, self.center, self.coef)
 
 
 def params_of(model: nn.Module) -> list[torch.Tensor]:

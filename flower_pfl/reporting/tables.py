@@ -1,6 +1,6 @@
 """A bench's report: its table, its paired comparisons and its figures.
 
-From the finished cells of a :class:`~flower_pfl.running.matrix.Matrix` (read back through
+From the finished cells of a :class:`~flower_pfl.matrix.Matrix` (read back through
 :mod:`flower_pfl.reporting.results`), writes into the bench's output folder:
 
 * ``table.md`` and ``table.csv`` -- per setting and strategy, mean +- sample std over the
@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from flower_pfl import config as config_mod
+from flower_pfl.matrix import COMPARE, Cell, Matrix
 from flower_pfl.reporting.results import (
     MATRIX_BINARY,
     MATRIX_LABELS,
@@ -54,7 +55,6 @@ from flower_pfl.reporting.results import (
     untrained,
 )
 from flower_pfl.reporting.stats import mean_std, paired_interval, verdict
-from flower_pfl.running.matrix import COMPARE, Cell, Matrix
 
 # The table's columns: (record key, header)
 COLUMNS = (

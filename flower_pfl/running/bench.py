@@ -17,7 +17,7 @@ A failed run (e.g. Ray's start timed out) or one in which clients failed is run 
 to ``retries`` times; a configuration error is not retried.
 
 When the cells have run, :mod:`flower_pfl.reporting.tables` writes the table, the paired
-comparisons and the figures.  The matrix format: :mod:`flower_pfl.running.matrix` (validated whole
+comparisons and the figures.  The matrix format: :mod:`flower_pfl.matrix` (validated whole
 before any cell runs) and docs/bench.md.  What the console shows (cell k of N, the round
 inside the current cell): :class:`flower_pfl.reporting.console.BenchConsole`, handed in as
 ``progress``.
@@ -37,12 +37,13 @@ from typing import Any, Iterator, Mapping, Sequence
 import yaml
 
 from flower_pfl import config as config_mod
+from flower_pfl.config import APP_DIR
+from flower_pfl.matrix import Cell, Matrix
 from flower_pfl.reporting.log_lines import fmt_s
 from flower_pfl.reporting.results import client_failures, read_json, read_summary
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.launch import federation_config, run_simulation, simulation_superlink
-from flower_pfl.running.matrix import Cell, Matrix
-from flower_pfl.running.procs import APP_DIR, LaunchError, ProcessSet, RunOutcome, flwr_run
+from flower_pfl.running.procs import LaunchError, ProcessSet, RunOutcome, flwr_run
 from flower_pfl.running.rayhead import shared_ray
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from flower_pfl import config as config_mod
+from flower_pfl.config import APP_DIR
 from flower_pfl.running import procs as procs_mod
 from flower_pfl.running.procs import (  # noqa: F401 - LaunchError: what run_simulation raises
-    APP_DIR,
     LaunchError,
     ProcessSet,
     RunOutcome,

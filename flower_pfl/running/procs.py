@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-APP_DIR = Path(__file__).resolve().parents[2]
+from flower_pfl.config import APP_DIR
 
 
 class LaunchError(RuntimeError):

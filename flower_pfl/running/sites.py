@@ -51,9 +51,9 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from flower_pfl.config import APP_DIR
 from flower_pfl.running import deploy
 from flower_pfl.running.procs import (
-    APP_DIR,
     LaunchError,
     ProcessSet,
     Terminated,
