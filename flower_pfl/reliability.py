@@ -47,7 +47,6 @@ import os
 import pickle
 import shutil
 import subprocess
-import sys
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from flower_pfl.atomic import atomic_write, atomic_write_text
+from flower_pfl.child import run_python
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "state.pkl"
@@ -372,11 +372,8 @@ def preflight_apart(cfg, results_dir: str | Path | None = None,
         request, answer = Path(tmp) / "request.pkl", Path(tmp) / "answer.json"
         request.write_bytes(pickle.dumps((values, None if results_dir is None
                                           else str(results_dir))))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
-            done = subprocess.run([sys.executable, "-c", _PREFLIGHT_CHILD, str(request),
-                                   str(answer)], env=env, capture_output=True, text=True,
-                                  timeout=timeout_s)
+            done = run_python(_PREFLIGHT_CHILD, str(request), str(answer), timeout_s=timeout_s)
         except subprocess.TimeoutExpired as exc:
             raise PreflightError(f"the preflight check did not finish in {timeout_s:.0f} s"
                                  ) from exc

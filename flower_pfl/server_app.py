@@ -23,9 +23,6 @@ costs a process ~280 MB of private memory, even on a CPU run) unless its strateg
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import timeit
 from logging import INFO
@@ -40,6 +37,7 @@ from flwr.server.history import History
 
 from flower_pfl import config as config_mod
 from flower_pfl import registry
+from flower_pfl.child import run_python
 
 
 class ResumableServer(Server):
@@ -82,9 +80,7 @@ def initial_arrays_apart(values) -> list[np.ndarray]:
     with tempfile.TemporaryDirectory(prefix="flower-pfl-init-") as tmp:
         cfg_path, out = Path(tmp) / "values.json", Path(tmp) / "arrays.npz"
         cfg_path.write_text(json.dumps(dict(values), default=str))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        done = subprocess.run([sys.executable, "-c", _CHILD, str(cfg_path), str(out)],
-                              env=env, capture_output=True, text=True)
+        done = run_python(_CHILD, str(cfg_path), str(out))
         if done.returncode != 0:
             raise RuntimeError(f"building the initial model failed:\n{done.stderr[-3000:]}")
         with np.load(out) as z:
