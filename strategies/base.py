@@ -180,6 +180,17 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         """Record server-side per-round quantities (written to server.csv and the log)."""
         self._round_server_log.update(values)
 
+    @property
+    def round_server_log(self) -> Mapping[str, Any]:
+        """What :meth:`log_server` recorded in this round so far (its server.csv row)."""
+        return self._round_server_log
+
+    @property
+    def initial_model(self) -> list[np.ndarray] | None:
+        """The round-0 model arrays (given, or built from the config by
+        ``initialize_parameters``)."""
+        return self._initial
+
     # ---------------------------------------------------------------- Strategy methods
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         if self._initial is None:

@@ -91,7 +91,7 @@ def test_same_seed_same_partition_other_seed_differs(labels):
 def test_partition_cache_round_trip(labels):
     cfg = small_config(**{"data.partition": "iid", "seed": 5}).values
     first = partitions.get_partition(cfg, labels)
-    partitions._PARTITIONS.clear()  # force the disk copy
+    partitions.clear_cache()  # force the disk copy
     second = partitions.get_partition(cfg, labels)
     assert all(np.array_equal(x, y) for x, y in zip(first.train + first.test,
                                                    second.train + second.test))

@@ -323,7 +323,7 @@ def test_strategy_attention_is_eq7_and_eq8_of_the_stored_models(strategy, tmp_pa
     s = registry.get(strategy).strategy_cls()(cfg, results_dir=tmp_path)
     s.initialize_parameters(None)
     rng = np.random.default_rng(0)
-    w0 = s.spec.flatten(s._initial).astype(np.float64)
+    w0 = s.spec.flatten(s.initial_model).astype(np.float64)
     groups = [rng.normal(0, 0.05, w0.size) for _ in range(2)]  # two groups of two clients
     models = np.stack([w0 + groups[p // 2] + rng.normal(0, 0.02 * (1 + p), w0.size)
                        for p in range(4)]).astype(np.float32)

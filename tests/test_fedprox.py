@@ -33,7 +33,7 @@ def test_fedprox_keeps_the_global_model_closer_to_its_start_than_fedavg(tmp_path
         cfg = small_config(strategy=strategy, rounds=1, **TINY, **{"train.epochs": 3}, **hyper)
         s = inprocess.run(cfg, tmp_path / strategy)
         return float(np.sqrt(sum(((a - b) ** 2).sum() for a, b in
-                                 zip(s.global_arrays, s._initial))))
+                                 zip(s.global_arrays, s.initial_model))))
 
     fedavg = moved("fedavg")
     fedprox = moved("fedprox", **{"hyper.fedprox.mu": 5.0})

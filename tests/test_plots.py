@@ -22,7 +22,7 @@ from tests.conftest import small_config
 def drawn(monkeypatch):
     """Every figure saved, by file name, as it was when saved."""
     figures = {}
-    save = plots._save
+    save = plots.save_figure
 
     def keep(fig, path):
         figures[path.name] = {"axes": fig.axes, "texts": [t.get_text() for t in fig.texts] +
@@ -32,7 +32,7 @@ def drawn(monkeypatch):
                                           if leg is not None for t in leg.get_texts()]}
         return save(fig, path)
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save_figure", keep)
     return figures
 
 

@@ -346,7 +346,7 @@ def test_server_eq14_uses_the_local_optima_not_the_personal_models(tmp_path):
     updates[1].extra = {}  # no d_m: left out of eq. 14
     strategy.aggregate_updates(2, updates)
     assert strategy.sigma0_sq == pytest.approx(32.0)  # var([0, 8])
-    assert strategy._round_server_log["fallback_optimum_missing"] == 1  # what log_server got
+    assert strategy.round_server_log["fallback_optimum_missing"] == 1  # what log_server got
 
 
 def _server_csv(strategy) -> list[dict]:
@@ -429,5 +429,5 @@ def test_fallback_counts_follow_the_client_rules(tmp_path):
                              "local_steps": 1.0, "eta_m": 0.001})
                for i, rule in enumerate(rules)]
     strategy.aggregate_updates(3, updates)
-    row = strategy._round_server_log  # what log_server got (server.csv in a real round)
+    row = strategy.round_server_log  # what log_server got (server.csv in a real round)
     assert all(row[c] == 1 for c in RULE_COLUMNS)

@@ -63,7 +63,7 @@ def test_pooled_arrays_are_mapped_read_only_from_one_file(tmp_path):
     x, y = data.load_pooled("fmnist", None, cache)
     assert isinstance(x, np.memmap) and isinstance(y, np.memmap)
     assert not x.flags.writeable and len(x) == len(y) == 70_000
-    data._POOLED.clear()  # a second process: the same file, no rebuild
+    data.clear_cache()  # a second process: the same file, no rebuild
     x2, _ = data.load_pooled("fmnist", None, cache)
     assert x2.filename == x.filename and np.array_equal(x2[:50], x[:50])
 
@@ -84,7 +84,7 @@ def test_a_corrupt_pooled_copy_is_rebuilt(tmp_path):
     x, _ = data.load_pooled("fmnist", None, str(cache))
     path = Path(x.filename)
     del x
-    data._POOLED.clear()
+    data.clear_cache()
     path.write_bytes(path.read_bytes()[:1000])  # truncated
     x, y = data.load_pooled("fmnist", None, str(cache))
     assert len(x) == len(y) == 70_000

@@ -67,6 +67,12 @@ def default_cache_dir() -> Path:
 _POOLED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
+def clear_cache() -> None:
+    """Forget this process's open pooled arrays: the next :func:`load_pooled` re-opens the
+    cache file (as a new process would)."""
+    _POOLED.clear()
+
+
 def _prepare_fmnist_raw(root: Path, cache: Path) -> Path:
     """Return a torchvision root whose FashionMNIST/raw holds the four un-gzipped IDX files.
 

@@ -177,6 +177,12 @@ def partition_key(cfg: Mapping[str, Any]) -> str:
 _PARTITIONS: dict[str, Partition] = {}
 
 
+def clear_cache() -> None:
+    """Forget the partitions held in memory: the next :func:`get_partition` reads the disk
+    copy (or builds it)."""
+    _PARTITIONS.clear()
+
+
 def get_partition(cfg: Mapping[str, Any], labels: np.ndarray) -> Partition:
     """Cached :func:`make_partition` (memory, then ``<cache>/partitions/<hash>.npz``)."""
     key = partition_key(cfg)

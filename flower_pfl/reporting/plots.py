@@ -53,7 +53,8 @@ def _num(value: object) -> float:
         return float("nan")
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (atomically; parents made) and close it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -129,7 +130,7 @@ def run_curves(rows: Rows, path: Path, title: str = "", metric: str = "accuracy"
         lx.set_title("loss (mean over clients)", fontsize=10)
         lx.legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def curves(runs: Mapping[str, Sequence[Rows]], path: Path, title: str = "",
@@ -178,7 +179,7 @@ def curves(runs: Mapping[str, Sequence[Rows]], path: Path, title: str = "",
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.015 + 0.045 * rows, 1, 1))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def distribution(values: Mapping[str, Sequence[float]], path: Path, title: str = "",
@@ -198,7 +199,7 @@ def distribution(values: Mapping[str, Sequence[float]], path: Path, title: str =
     ax.grid(alpha=0.3, axis="y")
     if title:
         ax.set_title(title, fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def group_order(groups: Sequence[int] | None, n: int) -> np.ndarray:
@@ -290,4 +291,4 @@ def heatmap(matrix: np.ndarray, path: Path, title: str = "",
                 ha="center", va="top", fontsize=7, color="dimgray")
     if title:
         ax.set_title(title, fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
