@@ -10,12 +10,16 @@ A matrix file (see ``benchmarks/*.yaml``; ``flower-pfl bench`` runs it)::
       - fedacs: {hyper: {fedacs: {pick-ratio: 0.8}}}   # overrides for this strategy only
       - plgu-lf-rho0: {strategy: plgu-lf, hyper: {plgu-lf: {rho: 0}}}  # an alias: a second
                                         # cell column of a registered strategy, own overrides
+      - fedavg: {seeds: [0, 1, 2, 3, 4]}  # this strategy's seeds (default: the matrix's)
     settings:
       dir05-50:
         set: {data: {alpha: 0.5, max-train-samples: 50}}
         paper: {local: 75.98, ditto: 78.79}            # the paper's number (percent)
         paper-global: {ditto: 76.34}                   # ... for the global model
         note: ...                                      # copied under the setting's table
+      k5:
+        strategies: [local, fedacs]     # only these run in this setting (default: all)
+        seeds: [0]                      # only these of each strategy's seeds (default: all)
     seeds: [0, 1, 2]
     compare: final     # which of our numbers sits beside the paper's: bmta | final | weighted
     paper-names: {local: Local}          # how the paper calls a strategy (shown in the table)
@@ -29,6 +33,11 @@ personalized worst-10% and, where both have a global model, the global final mea
 with its mean, the 95% Student-t interval and a verdict (holds / does not hold / tie /
 n/a with one seed; lower is better for an error metric): :mod:`flower_pfl.reporting.tables`,
 :mod:`flower_pfl.reporting.stats`.
+
+The cells: per setting, each strategy the setting runs (its ``strategies``, default all) on
+each of the strategy's seeds (its ``seeds``, default the matrix's) that the setting keeps
+(its ``seeds``, default all) -- so a matrix states which cells belong to its design, and a
+bench of it, run again, has nothing left to do once they are done.
 
 A cell's YAML is the base, then the matrix's ``set``, the setting's ``set``, the strategy's
 overrides and the command line's ``--set`` (:func:`flower_pfl.config.merge`), with its
@@ -57,7 +66,8 @@ from flower_pfl.config import APP_DIR, ConfigError, merge, validate
 COMPARE = {"bmta": "bmta", "final": "final_mean", "weighted": "final_weighted"}
 KEYS = {"name", "base", "set", "strategies", "settings", "seeds", "compare", "paper-names",
         "notes", "pairs"}
-SETTING_KEYS = {"set", "paper", "paper-global", "note"}
+SETTING_KEYS = {"set", "paper", "paper-global", "note", "strategies", "seeds"}
+STRATEGY_KEYS = {"strategy", "seeds"}  # a strategy entry's keys that are not run keys
 
 
 class MatrixError(ValueError):
@@ -92,15 +102,28 @@ class Matrix:
     overrides: dict[str, Any] = field(default_factory=dict)  # --set: every cell, applied last
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (A, B): A - B per seed
 
+    def strategies_in(self, setting: str) -> list[str]:
+        """The strategy labels a setting runs, in the matrix's order."""
+        chosen = self.settings[setting].get("strategies")
+        return [s for s in self.strategies if chosen is None or s in chosen]
+
+    def seeds_of(self, setting: str, strategy: str) -> list[int]:
+        """The seeds of a (setting, strategy): the strategy's (default the matrix's), only
+        those the setting keeps."""
+        seeds = self.strategies[strategy].get("seeds") or self.seeds
+        kept = self.settings[setting].get("seeds")
+        return [s for s in seeds if kept is None or s in kept]
+
     def cells(self, out: Path) -> list[Cell]:
         cells = []
         for setting, spec in self.settings.items():
-            for strategy, overrides in self.strategies.items():
-                for seed in self.seeds:
+            for strategy in self.strategies_in(setting):
+                overrides = self.strategies[strategy]
+                for seed in self.seeds_of(setting, strategy):
                     tree = None
                     registered = str(overrides.get("strategy", strategy))  # an alias's
                     if registered in registry.REGISTRY:
-                        own = {k: v for k, v in overrides.items() if k != "strategy"}
+                        own = {k: v for k, v in overrides.items() if k not in STRATEGY_KEYS}
                         tree = merge(self.base, spec.get("set") or {})
                         tree = merge(tree, own)
                         tree = merge(tree, self.overrides)
@@ -146,8 +169,10 @@ def load_matrix(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         if extra:
             problems.append(f"settings.{name}: unknown key(s) {sorted(extra)}")
     seeds = raw.get("seeds", [0])
-    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+    if not is_seed_list(seeds):
         problems.append(f"'seeds' must be a non-empty list of integers, got {seeds!r}")
+    selection = check_selections(strategies, settings)
+    problems += selection
     compare = raw.get("compare", "bmta")
     if compare not in COMPARE:
         problems.append(f"'compare' = {compare!r}: allowed are {sorted(COMPARE)}")
@@ -163,12 +188,56 @@ def load_matrix(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
                     seeds=list(seeds) if isinstance(seeds, list) else [0], compare=compare,
                     paper_names=dict(raw.get("paper-names") or {}),
                     notes=str(raw.get("notes") or ""), base=base, pairs=pairs)
-    if base_path.is_file():  # every cell's configuration, problems of the file above or not
-        problems += check_cells(matrix)
+    if not selection:
+        problems += check_empty(matrix)
+    if base_path.is_file() and not selection:  # every cell's configuration, problems of the
+        problems += check_cells(matrix)          # file above or not
     if problems:
         raise MatrixError(f"invalid matrix {path} (nothing was run):\n  - "
                           + "\n  - ".join(problems))
     return matrix
+
+
+def is_seed_list(seeds: Any) -> bool:
+    return isinstance(seeds, list) and bool(seeds) and all(
+        isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+
+
+def check_selections(strategies: Mapping[str, Mapping[str, Any]], settings: Any) -> list[str]:
+    """A strategy's ``seeds`` and a setting's ``strategies`` / ``seeds`` name what exists:
+    seed lists of integers, labels of this matrix; every setting runs at least one cell."""
+    problems = []
+    for label, over in strategies.items():
+        if "seeds" in over and not is_seed_list(over["seeds"]):
+            problems.append(f"strategies: '{label}': 'seeds' must be a non-empty list of "
+                            f"integers, got {over['seeds']!r}")
+    if not isinstance(settings, Mapping):
+        return problems
+    for name, spec in settings.items():
+        spec = spec or {}
+        chosen = spec.get("strategies")
+        if chosen is not None:
+            if not (isinstance(chosen, list) and chosen
+                    and all(isinstance(x, str) for x in chosen)):
+                problems.append(f"settings.{name}.strategies: must be a non-empty list of "
+                                f"strategy labels of this matrix, got {chosen!r}")
+            else:
+                problems += [f"settings.{name}.strategies: '{x}' is not a strategy of this "
+                             f"matrix{closest(x, list(strategies))}"
+                             for x in chosen if x not in strategies]
+        if "seeds" in spec and not is_seed_list(spec["seeds"]):
+            problems.append(f"settings.{name}.seeds: must be a non-empty list of integers, "
+                            f"got {spec['seeds']!r}")
+    return problems
+
+
+def check_empty(matrix: Matrix) -> list[str]:
+    """A setting runs each of its strategies on at least one seed."""
+    return [f"settings.{setting}.seeds {matrix.settings[setting]['seeds']} keeps none of "
+            f"'{label}''s seeds {matrix.strategies[label].get('seeds') or matrix.seeds} "
+            f"(list the setting's strategies to leave it out there)"
+            for setting in matrix.settings for label in matrix.strategies_in(setting)
+            if not matrix.seeds_of(setting, label)]
 
 
 def closest(name: str, candidates: Sequence[str]) -> str:

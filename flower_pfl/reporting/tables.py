@@ -117,7 +117,7 @@ def collect(matrix: Matrix, cells: Sequence[Cell]) -> list[dict[str, Any]]:
     """One record per (setting, strategy): status and mean/std over the finished seeds."""
     records = []
     for setting, spec in matrix.settings.items():
-        for strategy in matrix.strategies:
+        for strategy in matrix.strategies_in(setting):
             mine = [c for c in cells if c.setting == setting and c.strategy == strategy]
             per_seed = {c.seed: cell_numbers(c.dir) for c in mine}
             done = {s: v for s, v in per_seed.items() if v is not None}
@@ -175,6 +175,8 @@ def pair_records(matrix: Matrix, records: Sequence[Mapping[str, Any]]) -> list[d
     rows = []
     for setting in matrix.settings:
         for a, b in matrix.pairs:
+            if (setting, a) not in by_key or (setting, b) not in by_key:
+                continue  # the setting does not run both
             ra, rb = by_key[(setting, a)], by_key[(setting, b)]
             sa, sb = ra.get("per_seed") or {}, rb.get("per_seed") or {}
             lower = bool(ra.get("lower_is_better") or rb.get("lower_is_better"))
@@ -266,7 +268,8 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
     compared = {"bmta": "BMTA", "final": "final mean", "weighted": "weighted"}[matrix.compare]
     lines = [f"# {matrix.name}", "",
              f"Matrix `{matrix.path.name}` on base `{matrix.base_path.name}`; seeds "
-             f"{matrix.seeds}. Personalized accuracy in % over ALL clients (final = last "
+             f"{matrix.seeds} (unless a strategy or setting lists its own; column seeds = "
+             f"finished/planned). Personalized accuracy in % over ALL clients (final = last "
              f"evaluated round), mean ± sample std over the finished seeds (a single value "
              f"where one seed finished); `global` = the "
              f"global model's final mean where the strategy has one; s/round = wall seconds per "

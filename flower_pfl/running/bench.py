@@ -56,14 +56,20 @@ def cell_yaml(cell: Cell) -> str:
     return yaml.safe_dump(tree, sort_keys=True)
 
 
+# Where a cell ran -- its folders, the data files' folder, the device -- not what it ran: a
+# finished cell moved or copied (committed into docs/results/, then cloned; run on a lent
+# GPU with --set data.root=...) is still done where it now sits.
+WHERE = {"output-dir", "run-name", "cache-dir", "data.root", "device"}
+
+
 def defaults_unchanged(cell: Cell, text: str) -> bool:
     """Whether the run's resolved configuration (its ``config.json``: the cell.yaml with the
     registry's defaults filled in) is what the cell.yaml resolves to today.  The strategy's
     hyper-parameters are compared whole: a changed default or a hyper-parameter added since
     (FedAMP's ``evaluate``) reruns the cell.  Of the run settings, only keys the run had are
-    compared (a setting added later, e.g. a timeout, did not change what ran); where it ran
-    (output-dir, run-name, cache-dir) is not.  A cell without config.json (copied by hand)
-    is judged on its cell.yaml alone."""
+    compared (a setting added later, e.g. a timeout, did not change what ran), and not
+    ``WHERE`` it ran.  A cell without config.json (copied by hand) is judged on its
+    cell.yaml alone."""
     path = cell.dir / "config.json"
     if not path.is_file():
         return True
@@ -74,19 +80,32 @@ def defaults_unchanged(cell: Cell, text: str) -> bool:
     if then.get("hyper") != now["hyper"]:
         return False
     old = then.get("values", {})
-    where = {"output-dir", "run-name", "cache-dir"}  # where it ran, not what it ran
-    return all(old[k] == v for k, v in now["values"].items() if k in old and k not in where)
+    return all(old[k] == v for k, v in now["values"].items() if k in old and k not in WHERE)
+
+
+def same_run(text: str, other: str) -> bool:
+    """Whether two cell.yaml texts resolve (today's defaults filled in) to the same run, but
+    for ``WHERE`` it ran."""
+    resolved = []
+    for t in (text, other):
+        try:
+            cfg = json.loads(config_mod.validate(yaml.safe_load(t), "cell.yaml").to_json())
+        except (yaml.YAMLError, config_mod.ConfigError, AttributeError, TypeError):
+            return False
+        resolved.append((cfg["hyper"], {k: v for k, v in cfg["values"].items()
+                                        if k not in WHERE}))
+    return resolved[0] == resolved[1]
 
 
 def cell_state(cell: Cell) -> str:
-    """'not registered', 'done' (completed for this exact cell.yaml and today's defaults)
-    or 'todo'."""
+    """'not registered', 'done' (completed, all clients every round, for this cell's run under
+    today's defaults, wherever it ran: :func:`same_run`) or 'todo'."""
     if cell.tree is None:
         return "not registered"
     summary, yml = read_summary(cell.dir), cell.dir / "cell.yaml"
     text = cell_yaml(cell)
     if summary and summary.get("status") == "completed" and yml.is_file() \
-            and yml.read_text() == text and defaults_unchanged(cell, text) \
+            and same_run(yml.read_text(), text) and defaults_unchanged(cell, text) \
             and client_failures(cell.dir) is None:
         return "done"
     return "todo"
