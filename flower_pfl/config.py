@@ -228,9 +228,10 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
     from flower_pfl.registry import REGISTRY  # local import: registry imports strategies
 
     problems: list[str] = []
+    if tree is not None and not isinstance(tree, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys to values, "
+                          f"got {tree!r}")
     tree = dict(tree or {})
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of keys to values")
     hyper_tree = tree.pop("hyper", None) or {}
     flat = _flatten(tree)
     for section in SECTIONS - {"hyper"}:

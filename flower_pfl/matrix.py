@@ -153,7 +153,8 @@ def load_matrix(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     for item in raw.get("strategies") or []:
         if isinstance(item, str):
             strategies[item] = {}
-        elif isinstance(item, Mapping) and len(item) == 1:
+        elif isinstance(item, Mapping) and len(item) == 1 and \
+                isinstance(next(iter(item.values())) or {}, Mapping):
             name, over = next(iter(item.items()))
             strategies[str(name)] = dict(over or {})
         else:
@@ -170,9 +171,10 @@ def load_matrix(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
             problems.append(f"settings.{name}: unknown key(s) {sorted(extra)}")
     seeds = raw.get("seeds", [0])
     if not is_seed_list(seeds):
-        problems.append(f"'seeds' must be a non-empty list of integers, got {seeds!r}")
-    selection = check_selections(strategies, settings)
-    problems += selection
+        problems.append(f"'seeds' must be a non-empty list of distinct integers, got {seeds!r}")
+        seeds = [0]  # (the cells are still built: every other problem is reported too)
+    problems += check_selections(strategies, settings)
+    strategies, settings = valid_selections(strategies, settings)
     compare = raw.get("compare", "bmta")
     if compare not in COMPARE:
         problems.append(f"'compare' = {compare!r}: allowed are {sorted(COMPARE)}")
@@ -185,13 +187,12 @@ def load_matrix(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     matrix = Matrix(overrides=dict(overrides or {}), name=str(raw.get("name") or path.stem),
                     path=path, base_path=base_path, strategies=strategies,
                     settings={k: dict(v or {}) for k, v in settings.items()},
-                    seeds=list(seeds) if isinstance(seeds, list) else [0], compare=compare,
+                    seeds=list(seeds), compare=compare,
                     paper_names=dict(raw.get("paper-names") or {}),
                     notes=str(raw.get("notes") or ""), base=base, pairs=pairs)
-    if not selection:
-        problems += check_empty(matrix)
-    if base_path.is_file() and not selection:  # every cell's configuration, problems of the
-        problems += check_cells(matrix)          # file above or not
+    problems += check_design(matrix)
+    if base_path.is_file():  # every cell's configuration, problems of the file above or not
+        problems += check_cells(matrix)
     if problems:
         raise MatrixError(f"invalid matrix {path} (nothing was run):\n  - "
                           + "\n  - ".join(problems))
@@ -199,8 +200,12 @@ def load_matrix(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
 
 
 def is_seed_list(seeds: Any) -> bool:
-    return isinstance(seeds, list) and bool(seeds) and all(
+    return isinstance(seeds, list) and bool(seeds) and len(set(seeds)) == len(seeds) and all(
         isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+
+
+def is_label_list(labels: Any) -> bool:
+    return isinstance(labels, list) and bool(labels) and all(isinstance(x, str) for x in labels)
 
 
 def check_selections(strategies: Mapping[str, Mapping[str, Any]], settings: Any) -> list[str]:
@@ -210,15 +215,14 @@ def check_selections(strategies: Mapping[str, Mapping[str, Any]], settings: Any)
     for label, over in strategies.items():
         if "seeds" in over and not is_seed_list(over["seeds"]):
             problems.append(f"strategies: '{label}': 'seeds' must be a non-empty list of "
-                            f"integers, got {over['seeds']!r}")
+                            f"distinct integers, got {over['seeds']!r}")
     if not isinstance(settings, Mapping):
         return problems
     for name, spec in settings.items():
         spec = spec or {}
         chosen = spec.get("strategies")
         if chosen is not None:
-            if not (isinstance(chosen, list) and chosen
-                    and all(isinstance(x, str) for x in chosen)):
+            if not is_label_list(chosen):
                 problems.append(f"settings.{name}.strategies: must be a non-empty list of "
                                 f"strategy labels of this matrix, got {chosen!r}")
             else:
@@ -226,18 +230,56 @@ def check_selections(strategies: Mapping[str, Mapping[str, Any]], settings: Any)
                              f"matrix{closest(x, list(strategies))}"
                              for x in chosen if x not in strategies]
         if "seeds" in spec and not is_seed_list(spec["seeds"]):
-            problems.append(f"settings.{name}.seeds: must be a non-empty list of integers, "
-                            f"got {spec['seeds']!r}")
+            problems.append(f"settings.{name}.seeds: must be a non-empty list of distinct "
+                            f"integers, got {spec['seeds']!r}")
     return problems
 
 
-def check_empty(matrix: Matrix) -> list[str]:
-    """A setting runs each of its strategies on at least one seed."""
-    return [f"settings.{setting}.seeds {matrix.settings[setting]['seeds']} keeps none of "
-            f"'{label}''s seeds {matrix.strategies[label].get('seeds') or matrix.seeds} "
-            f"(list the setting's strategies to leave it out there)"
-            for setting in matrix.settings for label in matrix.strategies_in(setting)
-            if not matrix.seeds_of(setting, label)]
+def valid_selections(strategies: dict[str, dict[str, Any]], settings: Any
+                     ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The strategies and settings without the selections :func:`check_selections` refused
+    (so that every cell can still be built and checked)."""
+    strategies = {label: {k: v for k, v in over.items()
+                          if k != "seeds" or is_seed_list(v)} for label, over in strategies.items()}
+    clean = {}
+    for name, spec in (settings.items() if isinstance(settings, Mapping) else []):
+        spec = dict(spec or {})
+        if "seeds" in spec and not is_seed_list(spec["seeds"]):
+            spec.pop("seeds")
+        if "strategies" in spec:
+            chosen = spec["strategies"]
+            spec["strategies"] = [x for x in chosen if x in strategies] \
+                if is_label_list(chosen) else list(strategies)
+        clean[name] = spec
+    return strategies, clean
+
+
+def check_design(matrix: Matrix) -> list[str]:
+    """What the design runs meets what the file asks of it: a setting runs each of its
+    strategies on at least one seed; a paper number is given only where its strategy runs;
+    each pair runs together in some setting on some seed."""
+    problems = []
+    for setting, spec in matrix.settings.items():
+        labels = matrix.strategies_in(setting)
+        for label in labels:
+            if not matrix.seeds_of(setting, label):
+                problems.append(
+                    f"settings.{setting}.seeds {spec.get('seeds')} keeps none of '{label}''s "
+                    f"seeds {matrix.strategies[label].get('seeds') or matrix.seeds} (list the "
+                    f"setting's strategies to leave it out there)")
+        for key in ("paper", "paper-global"):
+            numbers = spec.get(key)
+            if isinstance(numbers, Mapping):
+                problems += [f"settings.{setting}.{key}: '{x}' does not run in this setting "
+                             f"(settings.{setting}.strategies)" for x in numbers
+                             if x in matrix.strategies and x not in labels]
+    for a, b in matrix.pairs:
+        if not any(set(matrix.seeds_of(s, a)) & set(matrix.seeds_of(s, b))
+                   for s in matrix.settings
+                   if a in matrix.strategies_in(s) and b in matrix.strategies_in(s)):
+            problems.append(f"pairs: [{a}, {b}] never run together (no setting runs both on "
+                            f"a common seed)")
+    return problems
 
 
 def closest(name: str, candidates: Sequence[str]) -> str:

@@ -524,8 +524,37 @@ def test_a_design_naming_what_does_not_exist_is_refused(tmp_path):
            "'fedavg'?)" in msg
     assert "settings.b.seeds: must be a non-empty list" in msg
     path.write_text(yaml.safe_dump({
-        "strategies": ["fedavg", {"fedprox": {"seeds": [3]}}], "seeds": [0, 1],
-        "settings": {"a": {"seeds": [0]}}}))
-    with pytest.raises(matrix.MatrixError, match=r"settings.a.seeds \[0\] keeps none of "
-                                                 r"'fedprox''s seeds \[3\]"):
+        "strategies": ["fedavg", {"fedprox": {"seeds": [3]}}, {"local": [1]}], "seeds": [0, 1],
+        "settings": {"a": {"seeds": [0], "paper": {"fedavg": 80.0}},
+                     "b": {"strategies": ["fedprox"], "paper": {"fedavg": 80.0}}},
+        "pairs": [["fedavg", "fedprox"]]}))
+    with pytest.raises(matrix.MatrixError) as err:
         matrix.load_matrix(path)
+    msg = str(err.value)
+    assert "settings.a.seeds [0] keeps none of 'fedprox''s seeds [3]" in msg
+    assert "settings.b.paper: 'fedavg' does not run in this setting" in msg
+    assert "settings.a.paper" not in msg  # fedavg runs in a
+    assert "pairs: [fedavg, fedprox] never run together" in msg
+    assert "{'local': [1]} is neither a name nor {name: overrides}" in msg
+    # a bad selection does not hide the cells' own problems; repeated seeds are refused
+    path.write_text(yaml.safe_dump({"strategies": [{"fedavg": {"seeds": [0, 0]}}],
+                                    "seeds": [], "set": {"rounds": -1}}))
+    with pytest.raises(matrix.MatrixError) as err:
+        matrix.load_matrix(path)
+    msg = str(err.value)
+    assert "'fedavg': 'seeds' must be a non-empty list of distinct integers" in msg
+    assert "'seeds' must be a non-empty list of distinct integers, got []" in msg
+    assert "'rounds' = -1 is out of range" in msg
+
+
+def test_a_cell_yaml_that_is_not_a_run_is_not_done(tmp_path):
+    """A finished cell whose cell.yaml is not a mapping (or not valid YAML) is to be run
+    again, not a crash of the whole bench."""
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({"strategies": ["fedavg"]}))
+    cell = matrix.load_matrix(path).cells(tmp_path / "out")[0]
+    _finished_cell(cell.dir, 0.8, 0.5)
+    (cell.dir / "config.json").unlink()  # judged on its cell.yaml alone
+    for text in ("abc\n", "[1, 2]\n", "a: [\n", bench.cell_yaml(cell)):
+        (cell.dir / "cell.yaml").write_text(text)
+        assert bench.cell_state(cell) == ("done" if text == bench.cell_yaml(cell) else "todo")

@@ -56,10 +56,14 @@ def cell_yaml(cell: Cell) -> str:
     return yaml.safe_dump(tree, sort_keys=True)
 
 
-# Where a cell ran -- its folders, the data files' folder, the device -- not what it ran: a
-# finished cell moved or copied (committed into docs/results/, then cloned; run on a lent
-# GPU with --set data.root=...) is still done where it now sits.
-WHERE = {"output-dir", "run-name", "cache-dir", "data.root", "device"}
+# Where and how a cell ran -- its folders, the data files' folder, the device and resources,
+# tracking, time limits, checkpoints, where the server keeps client models -- not what it
+# ran: a finished cell moved or copied (committed into docs/results/, then cloned; run on a
+# lent GPU with --set data.root=...) is still done where it now sits.
+WHERE = {"output-dir", "run-name", "cache-dir", "data.root", "device", "tracking",
+         "tracking-dir", "client-resources.num-cpus", "client-resources.num-gpus",
+         "round-timeout", "stall-timeout", "checkpoint-every", "server.model-store",
+         "server.memory-budget-mb"}
 
 
 def defaults_unchanged(cell: Cell, text: str) -> bool:
@@ -89,8 +93,11 @@ def same_run(text: str, other: str) -> bool:
     resolved = []
     for t in (text, other):
         try:
-            cfg = json.loads(config_mod.validate(yaml.safe_load(t), "cell.yaml").to_json())
-        except (yaml.YAMLError, config_mod.ConfigError, AttributeError, TypeError):
+            tree = yaml.safe_load(t)
+            if not isinstance(tree, dict):
+                return False
+            cfg = json.loads(config_mod.validate(tree, "cell.yaml").to_json())
+        except (yaml.YAMLError, config_mod.ConfigError, ValueError, TypeError):
             return False
         resolved.append((cfg["hyper"], {k: v for k, v in cfg["values"].items()
                                         if k not in WHERE}))
