@@ -47,3 +47,20 @@ def test_the_wheel_installs_strategies_and_clients_inside_the_package(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"flower_pfl/strategies/fedamp.py", "flower_pfl/clients/fedamp.py",
             "flower_pfl/algorithms/attention.py"} <= names
+
+
+def test_the_app_bundle_carries_the_code_and_stays_under_flowers_limit():
+    """`flwr run` builds a FAB from the repository: it must hold the apps' code and configs
+    and stay under Flower's size limit whatever docs/results/ grows to (its committed result
+    cells alone are over it)."""
+    import io
+
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.common.constant import FAB_MAX_SIZE
+
+    fab = build_fab_from_disk(ROOT)
+    assert len(fab) <= FAB_MAX_SIZE
+    names = set(zipfile.ZipFile(io.BytesIO(fab)).namelist())
+    assert {"flower_pfl/server_app.py", "flower_pfl/client_app.py", "strategies/fedamp.py",
+            "clients/fedamp.py", "simulation.yaml", "configs/pfedbred-fmnist-mclr.yaml"} <= names
+    assert not any(n.startswith(("docs/", "tests/", "benchmarks/")) for n in names)
