@@ -126,3 +126,51 @@ def test_results_md_tables_agree_with_the_committed_table_md():
                                                "selffl-synthetic")}
     assert embed.stale_blocks(text, ROOT, "docs/RESULTS.md") == [], (
         "run: python benchmarks/embed_tables.py")
+
+
+pairs = _load("cell_pairs")
+
+
+def _cell(root: Path, strategy: str, seed: int, bmta: float, final: float, wall: float) -> None:
+    d = root / "docs/results/m/runs/s" / strategy / f"seed-{seed}"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(
+        '{"status": "completed", "bmta": %r, "final": {"personal_mean": %r}}' % (bmta, final))
+    (d / "bench-cell.json").write_text('{"status": "completed", "wall_s": %r}' % wall)
+
+
+def test_cell_pairs_pairs_by_seed_in_the_asked_column(tmp_path: Path, monkeypatch, capsys):
+    # A has seeds 0-2, B seeds 0-1 and 3: only seeds 0 and 1 pair; BMTA and final differ
+    for seed, bmta, final in ((0, 0.90, 0.80), (1, 0.92, 0.85), (2, 0.99, 0.99)):
+        _cell(tmp_path, "a", seed, bmta, final, 100.0 + seed)
+    for seed, bmta, final in ((0, 0.85, 0.81), (1, 0.86, 0.80), (3, 0.10, 0.10)):
+        _cell(tmp_path, "b", seed, bmta, final, 50.0)
+    monkeypatch.chdir(tmp_path)
+    pairs.main(["docs/results/m", "s", "a", "b", "--metric", "bmta"])
+    out = capsys.readouterr().out
+    # BMTA per seed +5.00, +6.00 -> mean +5.50, half = t(0.975, 1) * 0.7071 / sqrt(2) = 6.35
+    assert "seeds 0,1:" in out and "+5.00, +6.00; mean +5.50 [-0.85, +11.85] (±6.35)" in out
+    pairs.main(["docs/results/m", "s", "a", "b", "--metric", "final", "--seeds", "1"])
+    assert "per seed +5.00; mean +5.00 (1 seed: no interval)" in capsys.readouterr().out
+    pairs.main(["docs/results/m", "s", "a", "b", "--metric", "wall_s"])
+    assert "+50.00, +51.00" in capsys.readouterr().out
+
+
+def test_cell_pairs_reads_a_git_revision_not_the_working_tree(tmp_path: Path, monkeypatch,
+                                                               capsys):
+    import subprocess
+    for seed in (0, 1):
+        _cell(tmp_path, "a", seed, 0.90 + 0.01 * seed, 0.9, 1.0)
+        _cell(tmp_path, "b", seed, 0.80, 0.8, 1.0)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+    subprocess.run(git + ["commit", "-qm", "cells"], cwd=tmp_path, check=True)
+    # the working tree changes after the commit; --rev HEAD still reads the committed cells
+    (tmp_path / "docs/results/m/runs/s/a/seed-0/summary.json").write_text(
+        '{"status": "completed", "bmta": 0.5, "final": {"personal_mean": 0.5}}')
+    monkeypatch.chdir(tmp_path)
+    pairs.main(["docs/results/m", "s", "a", "b", "--rev", "HEAD"])
+    assert "per seed +10.00, +11.00" in capsys.readouterr().out
+    pairs.main(["docs/results/m", "s", "a", "b"])
+    assert "per seed -30.00, +11.00" in capsys.readouterr().out
