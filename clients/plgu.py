@@ -2,14 +2,16 @@
 (Algorithm 3, eqs. 9-13) and PLGU-GHN (PLGU on pFedHN).
 
 PLGU-LF, one round of sampled client i (Algorithm 2, lines 6-10):
-  6  xi_i by eq. 6 between its personal model theta_i^t and the global w^t
-     (no personal model yet: theta_i^t = w^t, all distances 0, uniform scores);
+  6  xi_i by eq. 6 between its personal model theta_i^t and the global w^t, over the
+     parameters (BatchNorm running statistics are not scored; no personal model yet:
+     theta_i^t = w^t, all distances 0, uniform scores);
      Lambda_i = diag(L * xi_i) (flower_pfl/algorithms/plgu_math.py: uniform = SAM, ||eps|| = rho)
   7  L^Per = the D layers with the largest xi, L^Uni = the others
   8  theta~^0: L^Uni layers <- w^t, L^Per layers <- theta_i^t (kept local: "frozen")
   9  Algorithm 1, ``reading: two-model`` (the default, as printed): theta~ and a global copy
      w~^0 = w^t; each step theta~ takes plain SGD, w~ the LWSAM gradient at theta~ + eps,
-     eps over ALL layers (flower_pfl/plgu_math.two_model_train)
+     eps over ALL layers (flower_pfl/plgu_math.two_model_train); with BatchNorm w~ also
+     runs forward on each batch, so its running statistics follow the data
   10 upload Delta = w~^K - w~^0 of every layer; keep theta~^K as theta_i^{t+1}.
   ``reading: one-model`` (the earlier reading): Algorithm 1's two outputs are the L^Per and
   L^Uni parts of ONE model theta~: the personal layers take the plain step, the universal
