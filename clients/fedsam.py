@@ -4,6 +4,8 @@ Minimization", ICML 2022; PLGU's [33]) and the LWSAM helpers the PLGU clients sh
 FedSAM: start from the global model w^t, run the configured local steps with SAM
 (:func:`flower_pfl.learning.training.lwsam_step` with Lambda = I: eps = rho g/||g||, then the
 gradient at w + eps), upload Delta = w^K - w^t. The personalized model IS the global model.
+With BatchNorm the running statistics move once per step (the perturbed pass restores
+them, :func:`flower_pfl.algorithms.plgu_math.perturbed_gradient`) and travel in Delta.
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ def per_layer(arrays: Sequence[np.ndarray], groups: list[tuple[str, list[int]]]
     return [[arrays[i] for i in idx] for _, idx in groups]
 
 
+def parameter_groups(model: NamedLayers) -> list[tuple[str, list[int]]]:
+    """:func:`flower_pfl.learning.models.layer_groups` restricted to the parameters: what
+    eq. 6 / eq. 10 score ("the number of parameters on layer l"). BatchNorm running
+    statistics travel with their layer but are not scored; for models without buffers
+    this IS ``layer_groups``."""
+    params = {name for name, _ in model.named_parameters()}
+    keys = [k for k, v in model.state_dict().items() if v.is_floating_point()]
+    return [(name, [i for i in idx if keys[i] in params]) for name, idx in layer_groups(model)]
+
+
 class LWSAMClientMixin:
     """Runs :func:`flower_pfl.learning.training.train_lwsam` (one model) or
     :func:`flower_pfl.algorithms.plgu_math.two_model_train` (Algorithm 1's two models) on the
@@ -52,14 +64,16 @@ class LWSAMClientMixin:
     def two_model_train(self: PFLClient, theta_model: NamedLayers,
                         theta: Sequence[torch.Tensor], w: Sequence[torch.Tensor],
                         scales: Sequence[float], rho: float, num_steps: int | None = None,
-                        salt: int = 0) -> dict[str, float]:
+                        salt: int = 0, w_model: NamedLayers | None = None
+                        ) -> dict[str, float]:
         x, y = self.data.x_train, self.data.y_train
         steps = num_steps if num_steps is not None else self.spec.num_steps(len(y))
         order = batches(len(y), self.spec.batch_size, steps, self.generator(salt),
                         self.spec.drop_last)
         data = ((x[idx].to(self.device), y[idx].to(self.device)) for idx in order)
         return two_model_train(theta_model, theta, w, data, scales, rho, self.spec.lr,
-                               self.spec.momentum, self.spec.weight_decay, self.loss_fn())
+                               self.spec.momentum, self.spec.weight_decay, self.loss_fn(),
+                               w_model=w_model)
 
     def groups(self, model: NamedLayers) -> list[tuple[str, list[int]]]:
         return layer_groups(model)

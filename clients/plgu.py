@@ -2,14 +2,16 @@
 (Algorithm 3, eqs. 9-13) and PLGU-GHN (PLGU on pFedHN).
 
 PLGU-LF, one round of sampled client i (Algorithm 2, lines 6-10):
-  6  xi_i by eq. 6 between its personal model theta_i^t and the global w^t
-     (no personal model yet: theta_i^t = w^t, all distances 0, uniform scores);
+  6  xi_i by eq. 6 between its personal model theta_i^t and the global w^t, over the
+     parameters (BatchNorm running statistics are not scored; no personal model yet:
+     theta_i^t = w^t, all distances 0, uniform scores);
      Lambda_i = diag(L * xi_i) (flower_pfl/algorithms/plgu_math.py: uniform = SAM, ||eps|| = rho)
   7  L^Per = the D layers with the largest xi, L^Uni = the others
   8  theta~^0: L^Uni layers <- w^t, L^Per layers <- theta_i^t (kept local: "frozen")
   9  Algorithm 1, ``reading: two-model`` (the default, as printed): theta~ and a global copy
      w~^0 = w^t; each step theta~ takes plain SGD, w~ the LWSAM gradient at theta~ + eps,
-     eps over ALL layers (flower_pfl/plgu_math.two_model_train)
+     eps over ALL layers (flower_pfl/plgu_math.two_model_train); with BatchNorm w~ also
+     runs forward on each batch, so its running statistics follow the data
   10 upload Delta = w~^K - w~^0 of every layer; keep theta~^K as theta_i^{t+1}.
   ``reading: one-model`` (the earlier reading): Algorithm 1's two outputs are the L^Per and
   L^Uni parts of ONE model theta~: the personal layers take the plain step, the universal
@@ -39,7 +41,13 @@ import numpy as np
 from flower_pfl.algorithms import plgu_math as pm
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.clients.fedrep import FedRepClient
-from flower_pfl.clients.fedsam import LWSAMClientMixin, deltas, layer_tensors, per_layer
+from flower_pfl.clients.fedsam import (
+    LWSAMClientMixin,
+    deltas,
+    layer_tensors,
+    parameter_groups,
+    per_layer,
+)
 from flower_pfl.clients.pfedhn import PFedHNClient
 from flower_pfl.learning.models import get_arrays
 
@@ -51,7 +59,8 @@ class PLGULFClient(LWSAMClientMixin, PFLClient):
         personal = self.state.get_arrays("personal")
         if personal is None:
             personal = [np.array(a, copy=True) for a in parameters]
-        xi = pm.layer_scores(per_layer(personal, groups), per_layer(parameters, groups))  # 6
+        scored = parameter_groups(template)  # eq. 6 over parameters (not BN statistics)
+        xi = pm.layer_scores(per_layer(personal, scored), per_layer(parameters, scored))  # 6
         lam = pm.lwsam_scaling(xi)
         per, uni = pm.split_layers(xi, int(config["personal-layers"]))  # line 7
         start = [np.array(a, copy=True) for a in parameters]  # line 8
@@ -66,7 +75,7 @@ class PLGULFClient(LWSAMClientMixin, PFLClient):
             theta = [p for layer in layers for p in layer]
             w = [p for layer in layer_tensors(w_model) for p in layer]
             scales = [float(lam[l]) for l, layer in enumerate(layers) for _ in layer]
-            metrics = self.two_model_train(model, theta, w, scales, rho)
+            metrics = self.two_model_train(model, theta, w, scales, rho, w_model=w_model)
             shared = np.ones(len(start), dtype=bool)
             delta = deltas(get_arrays(w_model), parameters)  # line 10: the whole w~
         else:  # one-model reading
@@ -103,7 +112,7 @@ class PLGUGRepClient(FedRepClient):
         w = [p for layer in w_layers for p in layer]
         per_tensor = [s for layer, s in zip(body_layers, scales) for _ in layer]
         metrics = self.two_model_train(model, theta, w, per_tensor, rho, num_steps=num_steps,
-                                       salt=1)
+                                       salt=1, w_model=w_model)
         arrays = get_arrays(w_model)
         return metrics, [arrays[i] for i in self.split(w_model)[1]]
 
@@ -113,10 +122,11 @@ class PLGUGRepClient(FedRepClient):
             return []
         model = self.new_model()
         groups = self.groups(model)[:-1]
+        scored = parameter_groups(model)[:-1]  # eq. 10 over parameters (not BN statistics)
         # body arrays are the get_arrays entries of the body groups, in order
         offsets, pos = [], 0
-        for _, idx in groups:
-            offsets.append(list(range(pos, pos + len(idx))))
+        for (_, idx), (_, params) in zip(groups, scored):
+            offsets.append([pos + j for j, i in enumerate(idx) if i in params])
             pos += len(idx)
         mine = self.state.get_arrays("body")
         if mine is None:
@@ -130,7 +140,7 @@ class PLGUGRepClient(FedRepClient):
 class PLGUGHNClient(PFedHNClient):
     def scales(self, generated, model):
         """Eq. 6 between the last trained model and the generated one; Lambda = L * xi."""
-        groups = self.groups(model)
+        groups = parameter_groups(model)  # eq. 6 over parameters (not BN statistics)
         trained = self.state.get_arrays("trained")
         if trained is None:
             trained = generated

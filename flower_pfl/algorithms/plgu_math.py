@@ -5,8 +5,10 @@ Layer personalization score, eq. 6 (PLGU-LF) / eq. 10 (PLGU-GRep, on the body la
 
     xi_{i,l} = ||theta_{i,l} - w_l|| / dim(w_l),   normalized so that sum_l xi_{i,l} = 1
 
-  ``||.||`` is the Euclidean norm over ALL entries of layer l (weight and bias together),
-  dim(w_l) their number. A "layer" is one group of :func:`flower_pfl.learning.models.layer_groups`.
+  ``||.||`` is the Euclidean norm over ALL parameters of layer l (weight and bias together),
+  dim(w_l) their number ("the number of parameters on layer l"): BatchNorm running
+  statistics are not parameters and are not scored (the clients pass parameter entries
+  only). A "layer" is one group of :func:`flower_pfl.learning.models.layer_groups`.
   Open point: all distances zero (a client whose personal model IS the global one, e.g. on
   its first participation) -- eq. 6 is 0/0; we return uniform scores 1/L (no layer is
   more personal than another).
@@ -39,8 +41,12 @@ mini-batch B:
     8  w~^{t,k+1} = w~^{t,k} - eta g~
 
   :func:`two_model_train`.  The client uploads Delta = w~^{t,K} - w~^{t,0} of every layer
-  (Algorithm 2 line 10) and keeps theta~^{t,K}.  ``reading: one-model`` keeps the earlier
-  reading (one model: personal layers plain SGD, shared layers the LWSAM step).
+  (Algorithm 2 line 10) and keeps theta~^{t,K}.  BatchNorm (open point: Algorithm 1 runs
+  only theta~ forward): w~ also runs forward in train mode on B at w~^{t,k} (no gradient),
+  so its running statistics follow the data; the perturbed pass leaves every buffer as it
+  was (theta~'s statistics move once per step).  Models without buffers: nothing changes.
+  ``reading: one-model`` keeps the earlier reading (one model: personal layers plain SGD,
+  shared layers the LWSAM step).
 
 pFedHN (Shamsian et al., ICML 2021): theta_i = h(v_i; phi), a hypernetwork of 3 fully
 connected layers (PLGU section 6.1: "The HN includes 3 fully connected layers") from a
@@ -125,12 +131,25 @@ def lwsam_perturbation(grads: Sequence[torch.Tensor], scales: Sequence[float], r
     return [(rho * float(s) / norm).to(g.dtype) * g.detach() for g, s in zip(grads, scales)]
 
 
+def running_stats(model: nn.Module) -> list[torch.Tensor]:
+    """The model's buffers (BatchNorm running_mean / running_var / num_batches_tracked);
+    empty for the MCLR, DNN and CNN."""
+    return list(model.buffers())
+
+
 def perturbed_gradient(model: nn.Module, tensors: Sequence[torch.Tensor],
                        eps: Sequence[torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
                        loss_fn: LossFn) -> tuple[torch.Tensor, ...]:
-    """g~ = the gradient of the batch loss w.r.t. ``tensors`` at tensors + eps; the tensors
-    are restored bit for bit afterwards (a copy, not a subtraction)."""
+    """g~ = the gradient of the batch loss w.r.t. ``tensors`` at tensors + eps.
+
+    The perturbed forward runs in the model's mode (train: BatchNorm normalises with the
+    batch's own statistics, as the first pass does) but leaves no trace: the tensors AND
+    the model's buffers (BatchNorm running statistics and step counter) are restored bit
+    for bit afterwards (copies, not subtractions), so the running statistics move once per
+    step, with the unperturbed pass."""
     saved = [p.detach().clone() for p in tensors]
+    buffers = running_stats(model)
+    saved_buffers = [b.detach().clone() for b in buffers]
     with torch.no_grad():
         for p, e in zip(tensors, eps):
             p.add_(e)
@@ -138,18 +157,25 @@ def perturbed_gradient(model: nn.Module, tensors: Sequence[torch.Tensor],
     with torch.no_grad():
         for p, s in zip(tensors, saved):
             p.copy_(s)
+        for b, s in zip(buffers, saved_buffers):
+            b.copy_(s)
     return grads
 
 
 def two_model_step(theta_model: nn.Module, theta: Sequence[torch.Tensor],
                    w: Sequence[torch.Tensor], opt_theta: torch.optim.Optimizer,
                    opt_w: torch.optim.Optimizer, xb: torch.Tensor, yb: torch.Tensor,
-                   scales: Sequence[float], rho: float, loss_fn: LossFn) -> float:
+                   scales: Sequence[float], rho: float, loss_fn: LossFn,
+                   w_model: nn.Module | None = None) -> float:
     """Lines 4-8 of Algorithm 1 on one mini-batch; returns F_B(theta~^{t,k}).
 
     ``theta``: the trained tensors of ``theta_model`` (theta~), ``w``: the matching tensors
-    of the global copy w~ (never run forward: only its update uses g~).  theta~ is restored
-    bit for bit after the perturbed pass, so its update is plain SGD exactly."""
+    of the global copy w~ (its update uses g~, taken at theta~ + eps).  theta~'s parameters
+    and buffers are restored bit for bit after the perturbed pass, so its update is plain
+    SGD exactly and its running statistics move once (line 4's forward).  ``w_model``: the
+    module holding ``w``; when it has buffers (BatchNorm), it runs one forward in train
+    mode on the same batch at w~^k (no gradient), so w~'s running statistics follow the
+    data as in ordinary training; without buffers nothing is run."""
     loss = loss_fn(theta_model(xb), yb)
     g = torch.autograd.grad(loss, list(theta))
     g_tilde = g
@@ -160,6 +186,9 @@ def two_model_step(theta_model: nn.Module, theta: Sequence[torch.Tensor],
         p.grad = gi.detach()
     opt_theta.step()
     opt_theta.zero_grad(set_to_none=True)
+    if w_model is not None and running_stats(w_model):
+        with torch.no_grad():
+            w_model(xb)  # w~^k's BatchNorm statistics on B (train mode)
     for p, gi in zip(w, g_tilde):
         p.grad = gi.detach()
     opt_w.step()
@@ -171,18 +200,22 @@ def two_model_train(theta_model: nn.Module, theta: Sequence[torch.Tensor],
                     w: Sequence[torch.Tensor], batches: Iterable[tuple[torch.Tensor,
                                                                        torch.Tensor]],
                     scales: Sequence[float], rho: float, lr: float, momentum: float = 0.0,
-                    weight_decay: float = 0.0, loss_fn: LossFn = F.cross_entropy
-                    ) -> dict[str, float]:
+                    weight_decay: float = 0.0, loss_fn: LossFn = F.cross_entropy,
+                    w_model: nn.Module | None = None) -> dict[str, float]:
     """Algorithm 1's K steps (:func:`two_model_step`), one per given mini-batch, both models
-    with SGD at the same settings (as :func:`flower_pfl.learning.training.train`)."""
+    with SGD at the same settings (as :func:`flower_pfl.learning.training.train`).
+    ``w_model``: the module holding ``w`` (trained in train mode; needed for its BatchNorm
+    statistics, see :func:`two_model_step`)."""
     theta_model.train()
+    if w_model is not None:
+        w_model.train()
     opt_theta = torch.optim.SGD(list(theta), lr=lr, momentum=momentum,
                                 weight_decay=weight_decay)
     opt_w = torch.optim.SGD(list(w), lr=lr, momentum=momentum, weight_decay=weight_decay)
     total, steps = 0.0, 0
     for xb, yb in batches:
         total += two_model_step(theta_model, theta, w, opt_theta, opt_w, xb, yb, scales, rho,
-                                loss_fn)
+                                loss_fn, w_model)
         steps += 1
     return {"train_loss": total / max(steps, 1), "reg_loss": 0.0, "local_steps": float(steps)}
 

@@ -10,10 +10,14 @@ bit for bit autograd's (:func:`~flower_pfl.algorithms.prox.add_prox_grad_`).
 
 ``lwsam_step`` is the one local optimizer step of SAM / LWSAM (PLGU Algorithm 1, eqs. 4-5,
 p = q = 2; the perturbation itself is :func:`flower_pfl.algorithms.plgu_math.lwsam_perturbation`):
-gradient g at theta, ascent eps = rho * Lambda g / ||g|| on the ``perturbed`` tensors,
-gradient g~ at theta + eps, then one optimizer step with g~ on the perturbed tensors and
-with the plain g on the ``plain`` tensors (Algorithm 1's personalized update, line 5).
-SAM (FedSAM) is Lambda = I; rho = 0 is exactly one SGD step (no second pass).
+gradient g at theta, ascent eps = rho * Lambda g / ||Lambda g|| on the ``perturbed`` tensors
+(||eps|| = rho; the norm over the perturbed tensors -- eq. 5's printed ||g||^2 is replaced,
+docs/algorithms/plgu.md), gradient g~ at theta + eps, then one optimizer step with g~ on
+the perturbed tensors and with the plain g on the ``plain`` tensors (Algorithm 1's
+personalized update, line 5).  The perturbed pass restores the model's buffers: BatchNorm
+running statistics move once per step, with the unperturbed pass.
+SAM (FedSAM) is Lambda = I, eps = rho g/||g||; rho = 0 is exactly one SGD step (no second
+pass).
 ``train_lwsam`` loops it over the same mini-batch schedule as ``train``.
 """
 
