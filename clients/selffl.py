@@ -15,6 +15,8 @@ eq. 13.  Each round:
   server like a model array) and the fit metrics ||d_m||^2, so the server can form eq. 14
   over local optima.
   'surrogate': eq. 13 over the personal models theta_m^t, nothing extra uploaded;
+  a first participation with ``first-fits`` > 1 (partial participation) fits that many
+  independent resamples, so eq. 13 has two samples at once and this round's eqs. 8/10 use it;
   neither takes a sample in the early warm-up rounds (``sample-variance`` false: the
   server's warm start, strategies/selffl.py);
   (l_m, eta_m) by eq. 8 (flower_pfl/selffl_math.local_schedule), l_m SGD steps of size
@@ -43,6 +45,12 @@ from flower_pfl.learning.training import train
 from flower_pfl.reliability import UploadTemplate
 
 
+def first_participation_fits(first_fits: int, samples: int) -> int:
+    """Bootstrap fits this round: enough for eq. 13's two samples at once when the server
+    asks for ``first_fits`` > 1 (partial participation), else the one sample per round."""
+    return max(1, first_fits - samples) if first_fits > 1 else 1
+
+
 def _known(value) -> float:
     value = float(value)
     return value if value >= 0 else math.nan
@@ -61,11 +69,14 @@ class SelfFLClient(PersonalStateClient):
         self.state.set_values("selffl", {"count": moments.count})
         self.state.set_arrays("selffl-moments", [moments.mean, moments.m2])
 
-    def bootstrap_optimum(self, init, spec: ParamSpec, config) -> tuple[np.ndarray, dict]:
+    def bootstrap_optimum(self, init, spec: ParamSpec, config, fit: int = 0
+                          ) -> tuple[np.ndarray, dict]:
         """theta_{m,t}: train a copy from ``init`` on a bootstrap resample of the local train
-        set until the ConvergenceRule fires (or the step cap); returns it flattened."""
+        set until the ConvergenceRule fires (or the step cap); returns it flattened.
+        ``fit`` > 0: a further independent resample of the same round (first participation)."""
         n = self.data.num_train
-        rng = np.random.default_rng([self.cfg["seed"], self.pid, self.round, 0xB007])
+        rng = np.random.default_rng([self.cfg["seed"], self.pid, self.round, 0xB007]
+                                    + ([fit] if fit else []))
         idx = torch.from_numpy(rng.integers(0, n, size=n))
         x, y = self.data.x_train[idx], self.data.y_train[idx]
         model = self.new_model(spec.unflatten(init.astype(np.float32)))
@@ -84,7 +95,7 @@ class SelfFLClient(PersonalStateClient):
         lr = float(config["bootstrap-lr"]) if float(config["bootstrap-lr"]) > 0 else \
             float(config["eta"])
         started = time.perf_counter()
-        out = train(model, x, y, self.spec, self.generator(salt=1), self.device,
+        out = train(model, x, y, self.spec, self.generator(salt=1 + fit), self.device,
                     num_steps=cap, lr=lr,
                     loss_fn=loss_fn, stop=stop)
         rho = rule.contraction()
@@ -108,9 +119,28 @@ class SelfFLClient(PersonalStateClient):
         init = sm.init_params(theta_global, theta_prev, coef)  # eq. 10 (coef 0: global model)
         extra, upload = {}, {}
         sample = bool(config["sample-variance"])  # False in the early warm-up rounds
-        if config["variance-estimator"] == "bootstrap" and sample:
+        boot = config["variance-estimator"] == "bootstrap" and sample
+        fits = first_participation_fits(int(config.get("first-fits", 1)), moments.count) \
+            if boot and not math.isfinite(oracle) else 1
+        if boot:
             # the fit runs first: its contraction sets this round's eq. 8 ('measured')
             optimum, extra = self.bootstrap_optimum(init, spec, config)
+        if fits > 1:
+            # first participation under partial participation: u = fits independent
+            # resamples now (section 3.2: "u independent samples of its data and the
+            # corresponding local optimal parameter"), so eq. 13 is known this round and
+            # eqs. 8/10 use it at once instead of at the client's next participation
+            moments.add(optimum - theta_global if config["eq13-samples"] == "offset"
+                        else optimum)
+            for k in range(1, fits):
+                more, _ = self.bootstrap_optimum(init, spec, config, fit=k)
+                moments.add(more - theta_global if config["eq13-samples"] == "offset"
+                            else more)
+            sigma_m_sq = moments.variance
+            if not config["warmup"]:
+                coef = sm.init_coefficient(sigma0_sq, sigma_m_sq, s_minus)
+                init = sm.init_params(theta_global, theta_prev, coef)
+            extra["bootstrap_fits"] = fits
         curvature = extra.get("curvature") if config["contraction"] == "measured" else None
         if config["warmup"]:
             steps, eta_m, why = default_steps, None, sm.RULE_WARMUP
@@ -120,11 +150,12 @@ class SelfFLClient(PersonalStateClient):
         model = self.new_model(spec.unflatten(init.astype(np.float32)))
         metrics = self.local_train(model, num_steps=steps, lr=eta_m)
         theta_new = get_arrays(model)
-        if config["variance-estimator"] == "bootstrap" and sample:
+        if boot:
             offset = optimum - theta_global  # d_m: what eq. 14 needs (with ||d_m||^2)
             # eq. 13 over the local optima theta_{m,t}, or over their offsets d_m to the
             # round's global model (the global model's drift is not client noise)
-            moments.add(offset if config["eq13-samples"] == "offset" else optimum)
+            if fits == 1:  # (first participation: already added above)
+                moments.add(offset if config["eq13-samples"] == "offset" else optimum)
             upload[sm.OPTIMUM_OFFSET] = [offset.astype(np.float32)]
             extra["optimum_sq_norm"] = float(offset @ offset)
         elif sample:

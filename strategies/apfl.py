@@ -11,9 +11,14 @@ by the registry.
 from __future__ import annotations
 
 from flower_pfl.strategies.fedavg import FedAvg
+from flower_pfl.strategies.mechanism import Mechanism
 
 
 class APFL(FedAvg):
+    mechanism = Mechanism("APFL", "v_i and the adapted alpha_i carried over from an earlier "
+                          "round", "v_i = w and alpha_i = alpha-init; an untrained client "
+                          "evaluates w")
+
     def fit_payload(self, pid, server_round):
         arrays, extra = super().fit_payload(pid, server_round)
         return arrays, {**extra, **self._alpha_config()}

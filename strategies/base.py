@@ -74,6 +74,7 @@ from flower_pfl.strategies.federation import (  # noqa: F401 - re-exported (test
     TaggedProxy,
     failure_reason,
 )
+from flower_pfl.strategies.mechanism import Mechanism, MechanismCount
 from flower_pfl.strategies.nodes import WAIT_FOR_NODES_S, NodeTracking  # noqa: F401
 from flower_pfl.warnings_once import warn_once
 
@@ -86,7 +87,11 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
     #: whether clients upload a model (Local uploads nothing: its uploads skip the model checks)
     uploads_model: bool = True
     #: the state a checkpoint holds (checkpointing.py: each subclass names its own)
-    checkpointed = ("rng", "store", "_initial", "global_arrays", "eval_history", "run_uid")
+    checkpointed = ("rng", "store", "_initial", "global_arrays", "eval_history", "run_uid",
+                    "mechanism_count")
+    #: what the strategy's own mechanism is, where it can fall back (strategies/mechanism.py):
+    #: each accepted upload is one client-round that used it or not; None = nothing to count
+    mechanism: Mechanism | None = None
     #: uploads reach aggregate_updates still serialised, each array decoded when read (n x d
     #: stores: a round's uploads are held once, as the transport's bytes; model_store.py)
     lazy_uploads: bool = False
@@ -124,6 +129,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         self._restored = False
         self._sent: dict[int, np.ndarray] = {}
         self.upload_spec: ParamSpec | None = None  # the model part of an upload
+        self.mechanism_count = MechanismCount()  # client-rounds that used ``mechanism``
 
     # ------------------------------------------------------------------ subclass hooks
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
@@ -170,6 +176,12 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
                      server_round: int) -> tuple[list[np.ndarray], dict[str, Scalar]]:
         """Arrays and extra config for evaluation (default: the global model)."""
         return self.global_arrays or [], {}
+
+    def mechanism_used(self, update: ClientUpdate, carried: bool) -> bool:
+        """Whether ``update``'s client-round ran the strategy's mechanism.  Default (history):
+        ``carried`` = the client had an accepted upload in an earlier round, so the state
+        the mechanism builds on (personal model, head, v_i, c_i, stored w_i) was its own."""
+        return carried
 
     def warn_once(self, key: Any, message: str, *args: object) -> bool:
         """A WARNING logged the first time ``key`` comes up in this run
@@ -288,6 +300,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
             update.extra = extra  # the named extra parts (upload_extra)
             updates.append(update)
         failed = self.record_failures(server_round, "fit", list(failures) + rejected)
+        carried = {u.pid: self.store.last_round.get(u.pid, 0) > 0 for u in updates}
         for u in updates:
             self.store.last_round[u.pid] = server_round  # accepted: clients keep this round
         minimum = int(self.cfg.values.get("min-fit-answers", 1))
@@ -300,6 +313,9 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         started = time.perf_counter()
         if updates:
             self.aggregate_updates(server_round, sorted(updates, key=lambda u: u.pid))
+        if self.mechanism is not None:  # strategies/mechanism.py: counted once, here
+            for u in updates:
+                self.mechanism_count.add(server_round, self.mechanism_used(u, carried[u.pid]))
         self.log_server(server_aggregate_s=round(time.perf_counter() - started, 4),
                         fit_ok=len(updates), fit_failed=len(failed),
                         fit_failed_ids=" ".join(str(p) for p, _ in sorted(failed)),

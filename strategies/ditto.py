@@ -10,9 +10,13 @@ evaluated every evaluation round: Ditto-P (v_i, the personalized column) and Dit
 from __future__ import annotations
 
 from flower_pfl.strategies.fedavg import FedAvg
+from flower_pfl.strategies.mechanism import Mechanism
 
 
 class Ditto(FedAvg):
+    mechanism = Mechanism("Ditto", "personal v_i carried over from an earlier round",
+                          "v_i starts at the global model; an untrained client evaluates w")
+
     def fit_payload(self, pid, server_round):
         arrays, extra = super().fit_payload(pid, server_round)
         steps = self.hyper["personal-steps"]

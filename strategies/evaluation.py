@@ -15,6 +15,14 @@ The per-client metric (``self.metric``: accuracy, or the synthetic task's mse, a
 and whether lower is better (``self.lower_is_better``) are decided once, in the base's
 ``__init__`` (:func:`flower_pfl.reporting.results.metric_of`).  There is no centralised
 test set: :meth:`evaluate` returns None.
+
+Clients that never trained (no accepted upload yet: ``fit-rounds`` 0) evaluate the model
+the server sent them -- the global or initial model, not a personalized one.  Their
+``clients.csv`` rows say so (``trained`` 0); ``personal_*`` stay over ALL clients (the
+papers' metric, comparable with every earlier run), and ``personal_trained_*`` are the
+same statistics over the trained clients only (docs/reliability.md, "Clients that never
+trained").  In the last round one line names how many never trained, and one line per
+strategy says how often its own mechanism ran (strategies/mechanism.py).
 """
 
 from __future__ import annotations
@@ -76,7 +84,11 @@ class EvaluationReporting:
             global_ = summarize([r[f"global_{m}"] for r in rows], [r["num-test"] for r in rows],
                                 lower_is_better)
         self.eval_history.append(personal)
-        self.results.log_round(server_round, personal, global_, rows)
+        trained = [r for r in rows if r["trained"]]
+        trained_stats = (summarize([r[m] for r in trained], [r["num-test"] for r in trained],
+                                   lower_is_better) if trained else None)
+        self.results.log_round(server_round, personal, global_, rows, trained=trained_stats,
+                               trained_clients=len(trained))
         best = (min if lower_is_better else max)(h["mean"] for h in self.eval_history)
         log(INFO, "[flower-pfl] round %d: personalized %s mean %.4f weighted %.4f std %.4f "
             "worst10%% %.4f top10%% %.4f min %.4f | best mean %.4f%s | %d clients answered, "
@@ -86,6 +98,7 @@ class EvaluationReporting:
             f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
             self.num_clients - len(rows), devices.describe(rows))
         if server_round >= self.cfg["rounds"]:
+            self.report_run_end(rows, trained_stats)
             self.results.finish("completed")
             log(INFO, "[flower-pfl] final per-round table: %s", self.results.dir / "rounds.csv")
             log(INFO, "[flower-pfl] per-client table: %s", self.results.dir / "clients.csv")
@@ -97,6 +110,27 @@ class EvaluationReporting:
             metrics.update({f"global_{k}": v for k, v in global_.items()})
         loss = float(np.average([r["loss"] for r in rows], weights=[r["num-test"] for r in rows]))
         return loss, metrics
+
+    def report_run_end(self, rows: list[dict[str, Any]],
+                       trained: dict[str, float] | None) -> None:
+        """The last round: the clients that never trained, and the mechanism's count
+        (WARNING when it never ran), in the log and in summary.json."""
+        m, untrained = self.metric, [r for r in rows if not r["trained"]]
+        if untrained:
+            log(WARNING, "[flower-pfl] %d of %d clients never trained (partition-id(s) %s): "
+                "their %s is the model the server sent, not a personalized one (clients.csv: "
+                "trained 0); personalized mean over the %d trained clients %s, over all %.4f",
+                len(untrained), len(rows), [r["partition-id"] for r in untrained][:20], m,
+                len(rows) - len(untrained),
+                f"{trained['mean']:.4f}" if trained else "n/a (none trained)",
+                self.eval_history[-1]["mean"])
+        self.results.set_summary("untrained_clients",
+                                 sorted(r["partition-id"] for r in untrained))
+        if self.mechanism is not None:
+            count = self.mechanism_count
+            log(WARNING if count.used == 0 else INFO, "[flower-pfl] %s",
+                count.line(self.mechanism))
+            self.results.set_summary("mechanism", count.summary(self.mechanism))
 
     def evaluate(self, server_round: int, parameters: Parameters
                  ) -> tuple[float, dict[str, Scalar]] | None:
@@ -114,6 +148,8 @@ def client_row(res: EvaluateRes, metric: str) -> dict[str, Any]:
                            "loss": float(res.loss), "num-test": int(res.num_examples),
                            "num-train": int(m.get("num-train", 0)),
                            "fit-rounds": int(m.get("fit-rounds", 0))}
+    # 0: never trained -- its metric is the model the server sent (global/initial), not its own
+    row["trained"] = int(row["fit-rounds"] > 0)
     if f"global_{metric}" in m:
         row[f"global_{metric}"] = float(m[f"global_{metric}"])
         row["global_loss"] = float(m["global_loss"])

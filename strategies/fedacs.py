@@ -36,7 +36,8 @@ from __future__ import annotations
 import numpy as np
 
 from flower_pfl.algorithms.attention import consensus_weights, fedacs_weights, quantile_threshold
-from flower_pfl.strategies.message_passing import MessagePassingStrategy
+from flower_pfl.strategies.mechanism import Mechanism
+from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 
 
 def selection_share(xi: np.ndarray, rows: np.ndarray, peers: np.ndarray,
@@ -59,6 +60,8 @@ def selection_share(xi: np.ndarray, rows: np.ndarray, peers: np.ndarray,
 
 
 class FedACS(MessagePassingStrategy):
+    mechanism = Mechanism("FedACS", *CLOUD)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.delta = float("inf")  # delta^k of the round (set by attention)

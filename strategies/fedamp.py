@@ -33,13 +33,16 @@ import math
 import numpy as np
 
 from flower_pfl.algorithms.attention import fedamp_auto_weights, fedamp_weights, offdiag_mass
-from flower_pfl.strategies.message_passing import MessagePassingStrategy
+from flower_pfl.strategies.mechanism import Mechanism
+from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 
 #: below this mean weight on peers FedAMP is Local training in all but name
 MIN_PEER_MASS = 1e-3
 
 
 class FedAMP(MessagePassingStrategy):
+    mechanism = Mechanism("FedAMP", *CLOUD)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._coef = math.nan  # lambda / alpha_k of the round's weights (set by attention)

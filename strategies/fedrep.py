@@ -19,10 +19,15 @@ from flwr.common.logger import log
 
 from flower_pfl.learning.models import layer_groups, model_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.strategies.mechanism import Mechanism
+
+HEAD = ("its own head h_i carried over from an earlier round",
+        "the initial head; an untrained client evaluates (initial head, global body)")
 
 
 class FedRep(PersonalizedStrategy):
     has_global_model = False
+    mechanism = Mechanism("FedRep", *HEAD)
     #: the shared body and which model arrays it is (set by setup, not called on resume)
     checkpointed = ("body", "body_index")
 

@@ -15,13 +15,16 @@ below ``MIN_PEAK_OVER_MEAN`` a WARNING names sigma.
 from __future__ import annotations
 
 from flower_pfl.algorithms.attention import heurfedamp_weights, peak_over_mean
-from flower_pfl.strategies.message_passing import MessagePassingStrategy
+from flower_pfl.strategies.mechanism import Mechanism
+from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 
 #: peak / mean peer weight below this: attention is uniform over the peers
 MIN_PEAK_OVER_MEAN = 1.1
 
 
 class HeurFedAMP(MessagePassingStrategy):
+    mechanism = Mechanism("HeurFedAMP", *CLOUD)
+
     def attention(self, rows, server_round):
         return heurfedamp_weights(self.matrix.cosine(rows), rows, self.peers(),
                                   float(self.hyper["sigma"]), float(self.hyper["self-weight"]))

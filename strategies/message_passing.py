@@ -48,6 +48,12 @@ from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 STATE_DIR = "state"
 
 
+#: (what, otherwise) of the family's mechanism: a client's u_i mixes peers by their
+#: similarity to ITS uploaded model; before its first upload that is the initial model
+CLOUD = ("a cloud model u_i weighted by its own uploaded model's similarity to its peers",
+         "the weights compare the initial model with the peers")
+
+
 class MessagePassingStrategy(PersonalizedStrategy):
     has_global_model = False
     #: name under which the last round's weight matrix is saved (npy + png)

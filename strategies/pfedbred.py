@@ -26,12 +26,16 @@ from flwr.common.logger import log
 
 from flower_pfl.algorithms import pfedbred_math as pm
 from flower_pfl.strategies.base import PersonalizedStrategy
+from flower_pfl.strategies.mechanism import Mechanism
 
 CLIENT_KEYS = ("lambda", "alpha", "alpha-m", "local-iterations", "prox-steps", "batch-size",
                "theta-init")
 
 
 class PFedBreD(PersonalizedStrategy):
+    mechanism = Mechanism("pFedBreD", "theta_i (theta-init: carry) and, for meg/mh, the "
+                          "memorized w_i carried over from an earlier round",
+                          "both start at the received w")
     #: the meta-step of eq. 14; None: read ``hyper.prior`` (convenience names fix it)
     fixed_prior: str | None = None
 
@@ -80,5 +84,7 @@ class PFedBreDMHLookahead(PFedBreD):
 
 class PFedMe(PFedBreD):
     """pFedMe = the same framework with mu = w (no meta-step)."""
+
+    mechanism = None  # theta-init: restart -- nothing of an earlier round enters a fit
 
     fixed_prior = "none"

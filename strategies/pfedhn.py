@@ -21,10 +21,15 @@ import torch
 
 from flower_pfl.algorithms import plgu_math as pm
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.strategies.mechanism import Mechanism
+
+EMBEDDING = ("its embedding v_i trained in an earlier round",
+             "h(v_i) of the initial random embedding")
 
 
 class PFedHN(PersonalizedStrategy):
     has_global_model = False
+    mechanism = Mechanism("pFedHN", *EMBEDDING)
     #: the hypernetwork (the client embeddings v_i are in the ClientStore)
     checkpointed = ("hn",)
 

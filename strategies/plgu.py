@@ -25,12 +25,16 @@ from flwr.common.logger import log
 
 from flower_pfl.learning.models import model_for
 from flower_pfl.strategies.base import ClientUpdate
-from flower_pfl.strategies.fedrep import FedRep
+from flower_pfl.strategies.fedrep import HEAD, FedRep
 from flower_pfl.strategies.fedsam import FedSAM, apply_mean_delta, warn_rho_zero
-from flower_pfl.strategies.pfedhn import PFedHN
+from flower_pfl.strategies.mechanism import Mechanism
+from flower_pfl.strategies.pfedhn import EMBEDDING, PFedHN
 
 
 class PLGULF(FedSAM):
+    mechanism = Mechanism("PLGU-LF", "layer scores xi (eq. 6) from its own personal model of "
+                          "an earlier round", "Lambda = I: FedSAM's step, no personal layers")
+
     def setup(self, initial_arrays):
         warn_rho_zero(self.hyper, "plgu-lf", "PLGU-LF without LWSAM (layer freezing + SGD)")
         num_layers = len(model_for(self.cfg).layer_names())
@@ -71,7 +75,9 @@ class PerturbedVariant:
 
 class PLGUGRep(PerturbedVariant, FedRep):
     base_name = "FedRep"
+    mechanism = Mechanism("PLGU-GRep", *HEAD)
 
 
 class PLGUGHN(PerturbedVariant, PFedHN):
     base_name = "pFedHN"
+    mechanism = Mechanism("PLGU-GHN", *EMBEDDING)

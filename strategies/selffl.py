@@ -19,7 +19,10 @@ that the fluctuation of local models does not hinder variance approximation"): i
 first ``warmup-rounds`` rounds clients train one epoch from theta^{t-1} and the server
 averages by sample size; eqs. 13-14 take samples only from the last PRIME_ROUNDS of them
 on (eq. 13 needs two), so Self-FL starts with both variances known and none of the
-warm-up's early fluctuation in them.  ``oracle: true`` (synthetic task only)
+warm-up's early fluctuation in them.  Under partial participation (fraction-fit < 1) a
+client's FIRST participation fits FIRST_FITS bootstrap resamples (section 3.2's "u
+independent samples"), so sigma_m^2 is known at once and eqs. 8/10 run from then on
+instead of from its next turn, ~1/C rounds later.  ``oracle: true`` (synthetic task only)
 replaces the estimates by the true sigma_0^2 and sigma_m^2 = noise^2 / N_m.
 
 Visibility (nothing falls back silently): every round server.csv gets the count of each
@@ -50,11 +53,17 @@ from flwr.common.logger import log
 from flower_pfl.algorithms import selffl_math as sm
 from flower_pfl.model_store import RowMatrix, plan_from_config
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.strategies.mechanism import Mechanism
 
 OPTIMUM_OFFSET = sm.OPTIMUM_OFFSET
 PRIME_ROUNDS = 2  # warm-up rounds at the end of the warm-up that already sample eqs. 13-14
 UNKNOWN = -1.0  # config values cannot be None: negative variance = not known yet
 SIGMA0_DROP_ORDERS = 2.0  # warn when sigma_0^2 fell this many orders below its peak
+#: bootstrap fits in a client's first participation when not every client takes part every
+#: round (fraction-fit < 1): eq. 13's two samples at once (docs/algorithms/selffl.md)
+FIRST_FITS = 2
+#: eq. 8 rules under which eq. 8 itself set the client's steps (the others fall back)
+EQ8_RAN = frozenset({sm.RULE_EQ8, sm.RULE_L_MAX, sm.RULE_ETA_GE_SIGMA, sm.RULE_BELOW_ONE})
 
 #: server.csv column -> the client's eq. 8 rule it counts
 RULE_COLUMNS = {
@@ -77,6 +86,9 @@ def _median_known(values) -> float:
 class SelfFL(PersonalizedStrategy):
     #: uploads are decoded one at a time into the round's rows (strategies/base.py)
     lazy_uploads = True
+    mechanism = Mechanism("Self-FL", "eq. 8/10", "configured steps at eta from the global "
+                          "model, i.e. FedAvg's local update",
+                          "run more rounds than hyper.selffl.warmup-rounds or raise fraction-fit")
     #: sigma_0^2 and its peak (the sigma_m^2 are in the ClientStore), and the choices
     #: ``setup`` made from the model (a resumed run does not call setup again)
     checkpointed = ("sigma0_sq", "sigma0_peak", "estimator", "contraction", "eq13_samples",
@@ -116,6 +128,12 @@ class SelfFL(PersonalizedStrategy):
             for pid, value in enumerate(truth.sigma_sq):
                 self.store.put("sigma_sq", pid, float(value))
 
+    def mechanism_used(self, update: ClientUpdate, carried: bool) -> bool:
+        """Eq. 8 set the client's steps (not a fallback rule) AND eq. 10's coefficient c_m
+        was defined (> 0), whether or not the client had trained before."""
+        return (str(update.metrics.get("steps_rule", "")) in EQ8_RAN
+                and float(update.metrics.get("init_coef", 0.0)) > 0)
+
     def warmup(self, server_round: int) -> bool:
         return server_round <= self.warmup_rounds
 
@@ -148,6 +166,9 @@ class SelfFL(PersonalizedStrategy):
                              if self.hyper["bootstrap-lr"] != "auto" else -1.0),
             "oracle-sigma-sq": float(self.oracle_sigma_sq[pid]) if self.oracle_sigma_sq is not None
             else UNKNOWN,
+            # partial participation: a client's next turn is ~1/C rounds away, so its first
+            # participation takes eq. 13's two samples at once (clients/selffl.py)
+            "first-fits": FIRST_FITS if float(self.cfg["fraction-fit"]) < 1.0 else 1,
         }
 
     def upload_extra(self, server_round):

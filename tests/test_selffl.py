@@ -431,3 +431,100 @@ def test_fallback_counts_follow_the_client_rules(tmp_path):
     strategy.aggregate_updates(3, updates)
     row = strategy.round_server_log  # what log_server got (server.csv in a real round)
     assert all(row[c] == 1 for c in RULE_COLUMNS)
+
+
+# ------------------------------------------------- first participation, mechanism per run
+def test_first_participation_fits_two_resamples_and_uses_sigma_m_at_once(tmp_path):
+    """Partial participation: a client's first turn fits FIRST_FITS = 2 independent bootstrap
+    resamples, so sigma_m^2 (eq. 13, the n-1 variance of the two optima) is known at once
+    and eqs. 8 and 10 use it in the same round; one fit leaves it unknown (fallback)."""
+    from flower_pfl.learning.params import ParamSpec
+
+    cfg = config.load(SYNTH, ["clients=4"])
+    fit_cfg = _fit_cfg(cfg, sigma0_sq=1.0, s_minus=5.0, contraction="variance", first_fits=2)
+    reference = _selffl_client(cfg, pid=3)
+    reference.setup(fit_cfg)
+    spec = ParamSpec.of([np.zeros(1, np.float32)])
+    o0, _ = reference.bootstrap_optimum(np.zeros(1), spec, fit_cfg)
+    o1, _ = reference.bootstrap_optimum(np.zeros(1), spec, fit_cfg, fit=1)
+    sigma_sq = float((o0[0] - o1[0]) ** 2 / 2)  # two samples: n - 1 = 1 in the denominator
+    assert sigma_sq > 1e-6  # two different resamples, not the same one twice
+    client = _selffl_client(cfg, pid=3)
+    _, _, metrics = client.fit([np.array([0.0], np.float32)], fit_cfg)
+    assert metrics["bootstrap_fits"] == 2
+    assert metrics["sigma_sq"] == pytest.approx(sigma_sq, rel=1e-6)
+    # eq. 10's coefficient (sigma_0^2 + sigma_m^2)^-1 / S_{-m} with sigma_0^2 = 1, S_{-m} = 5
+    assert metrics["init_coef"] == pytest.approx(1.0 / ((1.0 + sigma_sq) * 5.0), rel=1e-6)
+    from flower_pfl.strategies.selffl import EQ8_RAN
+
+    steps, eta_m, rule = sm.local_schedule(0.001, sigma_sq, 5.0, 1000,
+                                           client.spec.num_steps(client.data.num_train))
+    assert metrics["steps_rule"] == rule and rule in EQ8_RAN
+    assert metrics["local_steps"] == steps and metrics["eta_m"] == pytest.approx(eta_m)
+    # one fit (every client every round: fraction-fit 1): eq. 13 waits for the next round
+    single = _selffl_client(cfg, pid=3)
+    _, _, metrics = single.fit([np.array([0.0], np.float32)], {**fit_cfg, "first-fits": 1})
+    assert metrics["sigma_sq"] == -1.0 and metrics["steps_rule"] == sm.RULE_UNKNOWN
+    assert metrics["init_coef"] == 0.0 and "bootstrap_fits" not in metrics
+
+
+def test_first_fits_only_under_partial_participation(tmp_path):
+    """fraction-fit 1 (the committed synthetic and FMNIST cells): one fit per round, as
+    before; fraction-fit < 1: FIRST_FITS on a client's first turn."""
+    from flower_pfl.strategies.selffl import FIRST_FITS, SelfFL
+
+    assert FIRST_FITS == 2
+    for fraction, expected in [(1.0, 1), (0.2, FIRST_FITS)]:
+        cfg = config.load(SYNTH, ["clients=5", f"fraction-fit={fraction}"])
+        strategy = SelfFL(cfg, results_dir=tmp_path / str(fraction))
+        strategy.initialize_parameters(None)
+        assert strategy.fit_payload(0, 1)[1]["first-fits"] == expected
+
+
+def test_default_sized_five_round_run_uses_eq8_and_eq10(tmp_path, caplog):
+    """`flower-pfl run --set strategy=selffl --set rounds=5`'s shape (20 clients, 20% per
+    round, 1 warm-up round; a smaller FMNIST subset): every client takes part about once,
+    yet eqs. 8/10 run (first participation fits two resamples), and the run's mechanism
+    line and summary.json count exactly the client-rounds whose rule was eq. 8's with a
+    defined c_m.  Before, every round fell back (variance unknown, init_global 4)."""
+    import csv
+    import json
+    import logging
+
+    from tests.conftest import small_config
+
+    from flower_pfl.strategies.selffl import EQ8_RAN
+
+    cfg = small_config(strategy="selffl", rounds=5, clients=20, **{"fraction-fit": 0.2},
+                       data={"subsample": 4000})
+    with caplog.at_level(logging.INFO):
+        s = inprocess.run(cfg, tmp_path / "run")
+    rows = list(csv.DictReader(open(s.results.dir / "selffl_clients.csv")))
+    used = sum(r["steps_rule"] in EQ8_RAN and float(r["init_coef"]) > 0 for r in rows)
+    assert len(rows) == 20 and used >= 4, [(r["round"], r["steps_rule"]) for r in rows]
+    assert not any(r["steps_rule"] == sm.RULE_UNKNOWN for r in rows)
+    server = _server_csv(s)
+    assert math.isfinite(float(server[0]["sigma_m_sq_median"]))  # known from round 1 on
+    assert all(int(float(r["fallback_init_global"])) == 0 for r in server[1:])
+    summary = json.loads((s.results.dir / "summary.json").read_text())
+    assert summary["mechanism"]["used"] == used and summary["mechanism"]["client_rounds"] == 20
+    line = f"Self-FL: eq. 8/10 used in {used} of 20 client-rounds"
+    hits = [r for r in caplog.records if line in r.getMessage()]
+    assert len(hits) == 1 and hits[0].levelno == logging.INFO
+
+
+def test_a_run_that_never_uses_eq8_ends_with_a_warning(tmp_path, caplog):
+    """Every round a warm-up round: eqs. 8/10 never run, and the run says so at the end."""
+    import json
+    import logging
+
+    cfg = config.load(SYNTH, ["clients=4", "rounds=2", "hyper.selffl.warmup-rounds=2"])
+    with caplog.at_level(logging.INFO):
+        s = inprocess.run(cfg, tmp_path / "run")
+    summary = json.loads((s.results.dir / "summary.json").read_text())
+    assert summary["mechanism"] == {**summary["mechanism"], "used": 0, "client_rounds": 8,
+                                    "never_used": True}
+    hits = [r for r in caplog.records
+            if "Self-FL: eq. 8/10 used in 0 of 8 client-rounds" in r.getMessage()]
+    assert len(hits) == 1 and hits[0].levelno == logging.WARNING
+    assert "warmup-rounds" in hits[0].getMessage()

@@ -4,7 +4,8 @@
 * ``rounds.csv``    -- one row per evaluation round: statistics of the personalized (and,
                        where the strategy has one, global) accuracies over ALL clients
 * ``clients.csv``   -- one row per client per evaluation round (with ``device``,
-                       ``gpu_name``, ``gpu_peak_mib`` of its last fit: flower_pfl.learning.devices)
+                       ``gpu_name``, ``gpu_peak_mib`` of its last fit: flower_pfl.learning.devices;
+                       ``trained`` 0 = never trained: its metric is the server's model)
 * ``fit.csv``       -- one row per accepted upload: round, partition-id, num-examples, the
                        device it trained on (``device``; on CUDA ``gpu_name`` and
                        ``gpu_peak_mib``) and the client's numeric fit metrics (train_loss,
@@ -47,6 +48,9 @@ from flower_pfl.atomic import atomic_write_text
 from flower_pfl.learning.metrics import STAT_KEYS, best_mean
 from flower_pfl.reporting import tracking
 
+#: statistics of the trained clients only in rounds.csv (``personal_trained_<key>``)
+TRAINED_KEYS = ("mean", "weighted_mean", "worst10_mean")
+
 
 class ResultsWriter:
     def __init__(self, out_dir: Path, config: Mapping[str, Any]) -> None:
@@ -61,6 +65,7 @@ class ResultsWriter:
         self.metric = metric_of(self.config.get("values", {}))
         self.lower_is_better = lower_is_better(self.metric)
         self.last_clients: list[dict[str, Any]] = []  # the last evaluated round's rows
+        self.extra: dict[str, Any] = {}  # set_summary: end-of-run entries of summary.json
         _write_json(self.dir / "config.json", config)
         self.tracker = tracking.open_tracker(self.config.get("values", {}), self.dir,
                                              self.metric)
@@ -68,9 +73,13 @@ class ResultsWriter:
 
     def log_round(self, server_round: int, personal: Mapping[str, float],
                   global_: Mapping[str, float] | None, clients: Sequence[Mapping[str, Any]],
-                  lower_is_better: bool | None = None) -> None:
+                  lower_is_better: bool | None = None,
+                  trained: Mapping[str, float] | None = None,
+                  trained_clients: int | None = None) -> None:
         """One evaluation round.  ``lower_is_better`` (optional) is the caller's direction; it
-        must be the writer's own (:func:`metric_of` the configuration), never a second rule."""
+        must be the writer's own (:func:`metric_of` the configuration), never a second rule.
+        ``trained``: the same statistics over the clients that have trained (``trained`` 1
+        in their rows; None: none has), ``trained_clients`` how many they are."""
         if lower_is_better is not None and lower_is_better != self.lower_is_better:
             raise ValueError(f"round {server_round}: the caller says lower_is_better="
                              f"{lower_is_better}, the run's metric {self.metric!r} says "
@@ -80,6 +89,10 @@ class ResultsWriter:
         row.update({f"personal_{k}": personal[k] for k in STAT_KEYS})
         if global_ is not None:
             row.update({f"global_{k}": global_[k] for k in STAT_KEYS})
+        if trained_clients is not None:
+            row["personal_trained_clients"] = int(trained_clients)
+            for k in TRAINED_KEYS:
+                row[f"personal_trained_{k}"] = trained[k] if trained else float("nan")
         self.rounds.append(row)
         row["personal_bmta"] = self._best("personal_mean")
         append_csv(self.dir / "rounds.csv", row)
@@ -88,6 +101,12 @@ class ResultsWriter:
         self.write_summary()
         if self.tracker is not None:
             self.tracker.round(row, clients)
+
+    def set_summary(self, key: str, value: Any) -> None:
+        """An end-of-run entry of ``summary.json`` (the mechanism's count, the clients that
+        never trained), kept across later rewrites."""
+        self.extra[key] = value
+        self.write_summary()
 
     def _best(self, key: str) -> float:
         """BMTA: best per-round mean so far (max; min for an error metric such as mse)."""
@@ -151,7 +170,8 @@ class ResultsWriter:
         has rewound them)."""
         summary: dict[str, Any] = {"status": self.status, "rounds": self.rounds,
                                    "server": self.server_rows,
-                                   "elapsed_s": round(time.time() - self.started, 3)}
+                                   "elapsed_s": round(time.time() - self.started, 3),
+                                   **self.extra}
         if self.rounds:
             last = self.rounds[-1]
             summary["final"] = {k: v for k, v in last.items() if k != "round"}
