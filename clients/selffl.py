@@ -112,35 +112,32 @@ class SelfFLClient(PersonalStateClient):
         moments = self.load_moments()
         default_steps = self.spec.num_steps(self.data.num_train)
         oracle = _known(config["oracle-sigma-sq"])
-        sigma_m_sq = oracle if math.isfinite(oracle) else moments.variance  # eq. 13
-        eta = float(config["eta"])
-        sigma0_sq, s_minus = _known(config["sigma0-sq"]), _known(config["s-minus"])
-        coef = 0.0 if config["warmup"] else sm.init_coefficient(sigma0_sq, sigma_m_sq, s_minus)
-        init = sm.init_params(theta_global, theta_prev, coef)  # eq. 10 (coef 0: global model)
         extra, upload = {}, {}
         sample = bool(config["sample-variance"])  # False in the early warm-up rounds
         boot = config["variance-estimator"] == "bootstrap" and sample
         fits = first_participation_fits(int(config.get("first-fits", 1)), moments.count) \
             if boot and not math.isfinite(oracle) else 1
-        if boot:
-            # the fit runs first: its contraction sets this round's eq. 8 ('measured')
-            optimum, extra = self.bootstrap_optimum(init, spec, config)
         if fits > 1:
             # first participation under partial participation: u = fits independent
             # resamples now (section 3.2: "u independent samples of its data and the
             # corresponding local optimal parameter"), so eq. 13 is known this round and
-            # eqs. 8/10 use it at once instead of at the client's next participation
-            moments.add(optimum - theta_global if config["eq13-samples"] == "offset"
-                        else optimum)
-            for k in range(1, fits):
-                more, _ = self.bootstrap_optimum(init, spec, config, fit=k)
-                moments.add(more - theta_global if config["eq13-samples"] == "offset"
-                            else more)
-            sigma_m_sq = moments.variance
-            if not config["warmup"]:
-                coef = sm.init_coefficient(sigma0_sq, sigma_m_sq, s_minus)
-                init = sm.init_params(theta_global, theta_prev, coef)
-            extra["bootstrap_fits"] = fits
+            # eqs. 8/10 use it at once instead of at the client's next participation.  The
+            # fits start at the global model (eq. 10 cannot be formed without sigma_m^2; for
+            # a client without a personal model it IS the global model)
+            for k in range(fits):
+                found, info = self.bootstrap_optimum(theta_global, spec, config, fit=k)
+                moments.add(found - theta_global if config["eq13-samples"] == "offset"
+                            else found)
+                if k == 0:  # eq. 14's sample and eq. 8's contraction: the first resample
+                    optimum, extra = found, {**info, "bootstrap_fits": fits}
+        sigma_m_sq = oracle if math.isfinite(oracle) else moments.variance  # eq. 13
+        eta = float(config["eta"])
+        sigma0_sq, s_minus = _known(config["sigma0-sq"]), _known(config["s-minus"])
+        coef = 0.0 if config["warmup"] else sm.init_coefficient(sigma0_sq, sigma_m_sq, s_minus)
+        init = sm.init_params(theta_global, theta_prev, coef)  # eq. 10 (coef 0: global model)
+        if boot and fits == 1:
+            # the fit runs first: its contraction sets this round's eq. 8 ('measured')
+            optimum, extra = self.bootstrap_optimum(init, spec, config)
         curvature = extra.get("curvature") if config["contraction"] == "measured" else None
         if config["warmup"]:
             steps, eta_m, why = default_steps, None, sm.RULE_WARMUP
