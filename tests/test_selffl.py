@@ -491,9 +491,8 @@ def test_default_sized_five_round_run_uses_eq8_and_eq10(tmp_path, caplog):
     import json
     import logging
 
-    from tests.conftest import small_config
-
     from flower_pfl.strategies.selffl import EQ8_RAN
+    from tests.conftest import small_config
 
     cfg = small_config(strategy="selffl", rounds=5, clients=20, **{"fraction-fit": 0.2},
                        data={"subsample": 4000})
