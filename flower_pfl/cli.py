@@ -26,7 +26,6 @@ SIGHUP.
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import shutil
 import signal
@@ -207,10 +206,10 @@ def strategies_command(name: str | None) -> int:
               f"strategy's description and hyper-parameters.")
         return 0
     if name not in registry.REGISTRY:
-        close = difflib.get_close_matches(name, list(registry.REGISTRY), n=1, cutoff=0.6)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        print(f"flower-pfl: unknown strategy '{name}'{hint}; `flower-pfl strategies` lists "
-              f"them", file=sys.stderr)
+        from flower_pfl.hyper import did_you_mean
+
+        print(f"flower-pfl: unknown strategy '{name}'{did_you_mean(name, registry.REGISTRY)}; "
+              f"`flower-pfl strategies` lists them", file=sys.stderr)
         return 2
     entry = registry.REGISTRY[name]
     wrap = lambda text, indent: textwrap.fill(text, width, initial_indent=indent,  # noqa: E731

@@ -13,7 +13,6 @@ the ServerApp sends to every client, so clients never read files of their own
 from __future__ import annotations
 
 import copy
-import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from flower_pfl.hyper import check_value
+from flower_pfl.hyper import check_value, did_you_mean
 
 #: the app's folder: simulation.yaml, pyproject.toml, strategies/ and clients/ beside flower_pfl/
 APP_DIR = Path(__file__).resolve().parent.parent
@@ -151,11 +150,6 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _suggest(key: str, candidates: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
 def parse_overrides(overrides: str | Sequence[str] | None) -> dict[str, Any]:
     """Parse ``"rounds=5 strategy=fedamp"`` (or a list of such pairs) into a dict.
 
@@ -242,7 +236,7 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
     values: dict[str, Any] = {}
     for key, _value in flat.items():
         if key not in FIELDS:
-            problems.append(f"unknown key '{key}'{_suggest(key, list(FIELDS))}")
+            problems.append(f"unknown key '{key}'{did_you_mean(key, list(FIELDS))}")
     for key, field in FIELDS.items():
         if key not in flat:  # the default (a float where the field is a number)
             values[key], problem = check_value(key, field.default, field.types, nullable=True)
@@ -257,7 +251,7 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
 
     name = values.get("strategy")
     if name not in REGISTRY:
-        problems.append(f"unknown strategy '{name}'{_suggest(str(name), list(REGISTRY))}: "
+        problems.append(f"unknown strategy '{name}'{did_you_mean(str(name), list(REGISTRY))}: "
                         f"allowed are {sorted(REGISTRY)}")
     hyper: dict[str, Any] = {}
     if not isinstance(hyper_tree, Mapping):
@@ -266,8 +260,8 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
         hyper_tree = {}
     for strat, params in hyper_tree.items():
         if strat not in REGISTRY:
-            problems.append(f"'hyper.{strat}': unknown strategy{_suggest(strat, list(REGISTRY))}; "
-                            f"allowed are {sorted(REGISTRY)}")
+            problems.append(f"'hyper.{strat}': unknown strategy"
+                            f"{did_you_mean(strat, REGISTRY)}; allowed are {sorted(REGISTRY)}")
             continue
         if params is None:
             continue

@@ -11,9 +11,10 @@ silently disable a method's mechanism.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ class Entry:
         for key in params:
             if key not in self.hyper:
                 allowed = sorted(self.hyper) or "none"
-                problems.append(f"'{prefix}.{key}' is not a hyper-parameter of '{self.name}' "
-                                f"(allowed: {allowed})")
+                problems.append(f"'{prefix}.{key}' is not a hyper-parameter of '{self.name}'"
+                                f"{did_you_mean(str(key), self.hyper)} (allowed: {allowed})")
         for key, spec in self.hyper.items():
             value, problem = check_value(f"{prefix}.{key}", params.get(key, spec.default),
                                          spec.types, spec.check, spec.allowed)
@@ -62,6 +63,14 @@ class Entry:
             else:
                 values[key] = value
         return values, problems
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` naming the closest of ``candidates`` (difflib, ratio >= 0.6),
+    or ``""``.  The one suggestion for every misspelt name: configuration keys, strategies,
+    hyper-parameters (config.py, :meth:`Entry.validate_hyper`, the command line)."""
+    close = difflib.get_close_matches(name, [str(c) for c in candidates], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 TYPE_NAMES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}

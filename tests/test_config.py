@@ -42,6 +42,9 @@ def test_defaults_fill_missing_keys_and_hyper():
      "'hyper.fedavg-ft.finetune' is not a hyper-parameter"),
     ({"hyper": {"fedavg-ft": {"finetune-steps": 0}}}, "'hyper.fedavg-ft.finetune-steps' = 0"),
     ({"hyper": {"nope": {}}}, "'hyper.nope': unknown strategy"),
+    ({"hyper": {"fedamp": {"sigmaa": 1.0}}},
+     "'hyper.fedamp.sigmaa' is not a hyper-parameter of 'fedamp' (did you mean 'sigma'?)"),
+    ({"hyper": {"fedavgft": {}}}, "'hyper.fedavgft': unknown strategy (did you mean 'fedavg-ft'?)"),
     ({"min-fit-clients": 30, "clients": 20}, "'min-fit-clients' = 30 exceeds 'clients' = 20"),
     ({"client-resources": {"num-gpus": -0.5}}, "'client-resources.num-gpus' = -0.5"),
 ])
@@ -130,3 +133,15 @@ def test_reliability_keys_that_cannot_be_met(tree, needle):
     with pytest.raises(ConfigError) as info:
         config.validate(tree, source="bad.yaml")
     assert needle in str(info.value)
+
+
+def test_a_misspelt_hyper_parameter_in_set_gets_the_closest_name(tmp_path):
+    """--set hyper.X.KEY goes through the same suggestion as every other key; a name far from
+    every hyper-parameter gets none (no guess where nothing is close)."""
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"strategy": "fedamp"}))
+    with pytest.raises(ConfigError, match=r"'hyper\.fedamp\.lamda' .*\(did you mean 'lambda'\?\)"):
+        config.load(path, ["hyper.fedamp.lamda=0.5"])
+    with pytest.raises(ConfigError) as info:
+        config.load(path, ["hyper.fedamp.zzz=0.5"])
+    assert "did you mean" not in str(info.value) and "(allowed: ['alpha-k'" in str(info.value)
