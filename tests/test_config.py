@@ -145,3 +145,23 @@ def test_a_misspelt_hyper_parameter_in_set_gets_the_closest_name(tmp_path):
     with pytest.raises(ConfigError) as info:
         config.load(path, ["hyper.fedamp.zzz=0.5"])
     assert "did you mean" not in str(info.value) and "(allowed: ['alpha-k'" in str(info.value)
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_strategy_listing_tells_every_variant_apart(columns, monkeypatch, capsys):
+    """`flower-pfl strategies` cuts each description at the terminal's width: what is left
+    must differ between any two strategies (a family's shared preamble first would make the
+    pfedbred variants' lines identical), and each pfedbred variant's line names its prior."""
+    from flower_pfl import registry
+    from flower_pfl.cli import main
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["strategies"]) == 0
+    lines = capsys.readouterr().out.splitlines()[:len(registry.REGISTRY)]
+    shown = {ln.split()[0]: ln.split(None, 1)[1] for ln in lines}
+    assert list(shown) == list(registry.REGISTRY)
+    assert max(len(ln) for ln in lines) <= columns
+    assert len(set(shown.values())) == len(shown), sorted(shown.values())
+    for prior in ("lg", "meg", "mh", "mh-lookahead"):
+        assert shown[f"pfedbred-{prior}"].startswith(f"prior {prior}:")
+    assert "hyper 'prior'" in shown["pfedbred"] and "mu = w" in shown["pfedme"]

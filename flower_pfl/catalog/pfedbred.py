@@ -74,13 +74,26 @@ def _stability(values, hyper) -> list[str]:
     return problems
 
 
+# What the family shares; each entry's summary starts with what tells it apart (the
+# one-line listing of `flower-pfl strategies` is cut at the terminal's width).
 _SUMMARY = ("pFedBreD_ns (Shi et al., NeurIPS 2023, Alg. 1, spherical Gaussian prior): per local "
             "iteration mu = meta-step (eq. 14), theta = K-step prox of f_i around mu, "
-            "w -= alpha_m lambda (mu - theta) (eq. 13); server w = (1-beta) w + beta mean w_i.")
+            "w -= alpha_m lambda (mu - theta) (eq. 13, hyper 'envelope': mu - theta or "
+            "w - theta); server w = (1-beta) w + beta mean w_i.")
+_PRIORS = {
+    "lg": "prior lg: mu = w - eta_alpha grad f_i(w) (loss gradient)",
+    "meg": "prior meg: mu = w - eta (w_iR(t-1) - theta) (memorized envelope gradient)",
+    "mh": "prior mh: mu = w - eta_alpha grad f_i(w) - eta (w_iR(t-1) - theta) (both; the "
+          "paper's main method)",
+    "mh-lookahead": "prior mh-lookahead: a look-ahead gradient on a 2nd batch applied to w, "
+                    "then meg's mu (the authors' code's mh)",
+}
+
 
 ENTRIES = [
     Entry("pfedbred", "strategies.pfedbred:PFedBreD", "clients.pfedbred:PFedBreDClient",
-          _SUMMARY + " prior: lg | meg | mh.",
+          "prior chosen by hyper 'prior' (lg | meg | mh | mh-lookahead; default mh). "
+          + _SUMMARY,
           {"prior": Hyper("mh", (str,), lambda v: v in ("lg", "meg", "mh", "mh-lookahead"),
                           "one of ['lg', 'meg', 'mh', 'mh-lookahead']",
                           "meta-step of eq. 14: loss gradient, memorized envelope gradient, or "
@@ -90,14 +103,14 @@ ENTRIES = [
            **META, **COMMON},
           cross_check=_stability),
     *[Entry(f"pfedbred-{p}", f"strategies.pfedbred:PFedBreD{p.upper()}",
-            "clients.pfedbred:PFedBreDClient", _SUMMARY + f" Fixed prior = {p}.",
+            "clients.pfedbred:PFedBreDClient", f"{_PRIORS[p]}. " + _SUMMARY,
             {**META, **COMMON}, cross_check=_stability) for p in ("lg", "meg", "mh")],
     Entry("pfedbred-mh-lookahead", "strategies.pfedbred:PFedBreDMHLookahead",
-          "clients.pfedbred:PFedBreDClient", _SUMMARY + " Fixed prior = mh-lookahead (the "
-          "authors' public code's mh).", {**META, **COMMON}, cross_check=_stability),
+          "clients.pfedbred:PFedBreDClient", f"{_PRIORS['mh-lookahead']}. " + _SUMMARY,
+          {**META, **COMMON}, cross_check=_stability),
     Entry("pfedme", "strategies.pfedbred:PFedMe", "clients.pfedbred:PFedBreDClient",
-          "pFedMe (Dinh et al., NeurIPS 2020): pFedBreD's framework with mu = w (Moreau "
-          "envelope, no meta-step; the paper's 'Non-PP' row).",
+          "pFedMe (Dinh et al., NeurIPS 2020): no prior, mu = w (Moreau envelope, no "
+          "meta-step; pFedBreD's 'Non-PP' row), theta restarts at w each round.",
           {**COMMON, "theta-init": _theta_init("restart")},
           cross_check=_stability),
 ]
