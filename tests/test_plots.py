@@ -63,6 +63,24 @@ def test_run_curves_have_integer_rounds_the_global_model_and_the_loss(tmp_path, 
     assert loss.lines[0].get_ydata()[0] == pytest.approx(first)
 
 
+def test_every_run_curve_has_its_own_colour_and_a_legend_that_shows_its_dashes(tmp_path, drawn):
+    """curves.png: personalized mean, worst-10%, top-10% and global mean in four different
+    colours of matplotlib's cycle, four line styles, and legend handles long enough to show a
+    dash pattern (a 2-font-size handle shows '--' as one solid stroke)."""
+    inprocess.run(_tiny("fedavg", rounds=2), tmp_path)
+    acc = drawn["curves.png"]["axes"][0]
+    colours = [ln.get_color() for ln in acc.lines]
+    assert len(colours) == 4 and len(set(colours)) == 4
+    assert set(colours) <= set(plots.cycle_colors())
+    assert len({ln.get_linestyle() for ln in acc.lines}) == 4
+    legend = acc.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == [ln.get_label() for ln in acc.lines]
+    assert [h.get_color() for h in legend.legend_handles] == colours
+    assert [h.get_linestyle() for h in legend.legend_handles] == [
+        ln.get_linestyle() for ln in acc.lines]
+    assert legend.handlelength >= 3.5
+
+
 def test_a_strategy_without_a_global_model_draws_none(tmp_path, drawn):
     inprocess.run(_tiny("local"), tmp_path)
     acc = drawn["curves.png"]["axes"][0]

@@ -2,14 +2,17 @@
 
 Pure drawing: every function takes plain numbers (rows of ``rounds.csv``/``summary.json``,
 per-client accuracies, a weight matrix) and writes one PNG. Nothing here reads results
-folders or knows about Flower, so :mod:`flower_pfl.reporting.results` (one run) and
-:mod:`flower_pfl.reporting.tables` (a bench matrix of runs) share it.
+folders or knows about Flower, so :mod:`flower_pfl.reporting.results` (one run),
+:mod:`flower_pfl.reporting.tables` (a bench matrix of runs) and
+:mod:`flower_pfl.reporting.compare` (any finished runs) share it.
 
 * :func:`run_curves`   -- one run: personalized mean, worst-10% and top-10% and the global
-                          model's mean vs round, beside the loss (train, personalized test);
-* :func:`curves`       -- a bench setting: one panel per view (personalized mean,
-                          personalized worst-10%, global mean where a strategy has one), a
-                          line per strategy (mean over seeds, band = +- one std), the
+                          model's mean vs round, each its own colour (matplotlib's cycle)
+                          and line style, beside the loss (train, personalized test);
+* :func:`curves`       -- a bench setting or a comparison of runs: one panel per view
+                          (default personalized mean, personalized worst-10%, global mean
+                          where a strategy has one), a line per label in its own colour
+                          (mean over seeds, band = +- one std), the
                           paper's number as a dotted horizontal line in the strategy's
                           colour (the FedAMP BMTA curves, PLGU fairness);
 * :func:`distribution` -- per-client accuracy of the final round per strategy (box + points;
@@ -73,6 +76,25 @@ def _unit(metric: str) -> str:
     return "accuracy (%)" if metric == "accuracy" else metric
 
 
+#: legend handle length (font sizes): long enough to show a dashed or dotted line's pattern
+LEGEND_HANDLE = 4.0
+#: the line styles that tell curves of one colour apart (a run's views; >10 bench labels)
+STYLES = ("-", "--", ":", "-.")
+#: what a panel of :func:`curves` shows, by the round rows' key; other keys are their own name
+VIEW_NAMES = {"personal_mean": "personalized mean",
+              "personal_weighted_mean": "personalized weighted mean",
+              "personal_worst10_mean": "personalized worst-10%",
+              "personal_top10_mean": "personalized top-10%",
+              "personal_worst5_mean": "personalized worst-5%",
+              "personal_bmta": "personalized BMTA (best mean so far)",
+              "global_mean": "global model mean"}
+
+
+def cycle_colors() -> list[str]:
+    """Matplotlib's colour cycle (``axes.prop_cycle``), in order."""
+    return list(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+
+
 def _rounds_axis(ax) -> None:
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
@@ -105,25 +127,29 @@ def run_curves(rows: Rows, path: Path, title: str = "", metric: str = "accuracy"
                              squeeze=False)
     ax = axes[0][0]
     scale = _scale(metric)
-    for key, style, color, label in (
-            ("personal_mean", "-", "C0", "personalized mean"),
-            ("personal_worst10_mean", "--", "C0", "personalized worst-10%"),
-            ("personal_top10_mean", ":", "C0", "personalized top-10%"),
-            ("global_mean", "-.", "C1", "global model mean")):
+    colors = cycle_colors()
+    # one colour per curve (matplotlib's cycle) and a line style each, long legend handles
+    # so that the dashes show there too
+    for i, (key, style, label) in enumerate((
+            ("personal_mean", "-", "personalized mean"),
+            ("personal_worst10_mean", "--", "personalized worst-10%"),
+            ("personal_top10_mean", ":", "personalized top-10%"),
+            ("global_mean", "-.", "global model mean"))):
         rounds, mean, _ = series([rows], key, scale)
         if rounds:
-            ax.plot(rounds, mean, style, color=color, label=label,
+            ax.plot(rounds, mean, style, color=colors[i % len(colors)], label=label,
                     marker="o" if len(rounds) <= 12 else None, ms=3)
     _rounds_axis(ax)
     ax.set_ylabel(_unit(metric))
     ax.set_title(title or metric, fontsize=10)
     if ax.lines:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, handlelength=LEGEND_HANDLE)
     if loss:
         lx = axes[0][1]
         for i, (label, by_round) in enumerate(loss.items()):
             rounds = sorted(by_round)
-            lx.plot(rounds, [by_round[k] for k in rounds], color=f"C{i + 2}", label=label,
+            lx.plot(rounds, [by_round[k] for k in rounds], color=colors[i % len(colors)],
+                    label=label,
                     marker="o" if len(rounds) <= 12 else None, ms=3)
         _rounds_axis(lx)
         lx.set_ylabel("loss")
@@ -135,30 +161,36 @@ def run_curves(rows: Rows, path: Path, title: str = "", metric: str = "accuracy"
 
 def curves(runs: Mapping[str, Sequence[Rows]], path: Path, title: str = "",
            metric: str = "accuracy", paper: Mapping[str, float] | None = None,
-           paper_global: Mapping[str, float] | None = None, paper_label: str = "") -> Path:
-    """A bench setting: ``runs[label]`` is one list of round rows per seed.  Panels:
-    personalized mean, personalized worst-10% and -- where a label has a global model --
-    the global mean; seeds averaged round by round (rounds all seeds evaluated), band =
-    +- one std over seeds.  ``paper[label]`` / ``paper_global[label]``: the paper's number
-    in the plotted unit (percent for accuracy), drawn as a dotted horizontal line in the
-    label's colour; ``paper_label`` says which of our numbers it compares with."""
+           paper_global: Mapping[str, float] | None = None, paper_label: str = "",
+           views: Sequence[str] | None = None) -> Path:
+    """A bench setting: ``runs[label]`` is one list of round rows per seed.  Panels
+    (``views``: round-row keys; default personalized mean, personalized worst-10% and --
+    where a label has a global model -- the global mean); seeds averaged round by round
+    (rounds all seeds evaluated), band = +- one std over seeds.  A label's colour is the
+    cycle's; past the cycle's length the line style changes.  ``paper[label]`` /
+    ``paper_global[label]``: the paper's number in the plotted unit (percent for
+    accuracy), drawn as a dotted horizontal line in the label's colour on the personalized
+    / global mean panel; ``paper_label`` says which of our numbers it compares with."""
     paper, paper_global = dict(paper or {}), dict(paper_global or {})
     scale = _scale(metric)
-    has_global = any(series(s, "global_mean")[0] for s in runs.values())
-    views = [("personal_mean", "personalized mean", paper),
-             ("personal_worst10_mean", "personalized worst-10%", {})]
-    if has_global:
-        views.append(("global_mean", "global model mean", paper_global))
+    if views is None:
+        has_global = any(series(s, "global_mean")[0] for s in runs.values())
+        views = ["personal_mean", "personal_worst10_mean"] + (["global_mean"] if has_global
+                                                               else [])
+    numbers_of = {"personal_mean": paper, "global_mean": paper_global}
     fig, axes = plt.subplots(1, len(views), figsize=(4.6 * len(views), 4.2), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = cycle_colors()
     handles = {}
-    for col, (key, name, numbers) in enumerate(views):
+    for col, key in enumerate(views):
+        name, numbers = VIEW_NAMES.get(key, key), numbers_of.get(key, {})
         ax = axes[0][col]
         for i, (label, seeds) in enumerate(runs.items()):
             color = colors[i % len(colors)]
+            style = STYLES[(i // len(colors)) % len(STYLES)]
             rounds, mean, std = series(seeds, key, scale)
             if rounds:
-                (line,) = ax.plot(rounds, mean, "-", color=color, lw=1.3)
+                (line,) = ax.plot(rounds, mean, style, color=color, lw=1.3,
+                                  marker="o" if len(rounds) <= 12 else None, ms=3)
                 handles.setdefault(label, line)
                 if len([s for s in seeds if s]) > 1:
                     ax.fill_between(rounds, mean - std, mean + std, color=color, alpha=0.15)
@@ -175,7 +207,7 @@ def curves(runs: Mapping[str, Sequence[Rows]], path: Path, title: str = "",
     rows = -(-len(labels) // 6)  # legend rows, six entries each
     if lines:
         fig.legend(lines, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7,
-                   bbox_to_anchor=(0.5, 0.0), frameon=False)
+                   bbox_to_anchor=(0.5, 0.0), frameon=False, handlelength=LEGEND_HANDLE)
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.015 + 0.045 * rows, 1, 1))
