@@ -4,6 +4,7 @@
                    [--tensorboard DIR] [--verbose | --quiet]
     flower-pfl validate [--config FILE] [--set key=value ...]
     flower-pfl strategies [NAME]
+    flower-pfl compare RUN_DIR ... [--metric KEY ...] [--out DIR]  (reporting/compare.py)
     flower-pfl partition [--config FILE] [--set key=value ...] --out DIR   (learning/shards.py)
     flower-pfl bench MATRIX.yaml [--seeds ...] [--set key=value ...]   (flower_pfl/running/bench.py)
     flower-pfl certs DIR | node-key DIR NAME | deploy ...                 (running/deploy.py)
@@ -83,6 +84,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("strategies", help="list the registered strategies; with NAME, one "
                        "strategy's description and hyper-parameters")
     p.add_argument("name", nargs="?", help="a registered strategy, e.g. fedamp")
+    text = ("the bench's table and overlaid curves of finished runs (each RUN_DIR as "
+            "`flower-pfl run` wrote it)")
+    p = sub.add_parser("compare", help=text, description=text + "; writes table.md, "
+                       "table.csv, curves.png, clients.png to --out")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's results folder")
+    p.add_argument("--metric", action="append", metavar="KEY",
+                   help="a rounds.csv statistic to draw (repeatable), e.g. personal_mean, "
+                   "personal_worst10_mean, global_mean (default), personal_top10_mean, "
+                   "personal_std, personal_trained_mean; a table column where the bench's "
+                   "table has none")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="output folder (default: outputs/compare-<time> in the cwd)")
+    p.add_argument("--allow-unfinished", action="store_true",
+                   help="also compare stopped or failed runs (and runs with failed clients) "
+                   "at their last evaluated round, marked in the table")
     p = sub.add_parser("partition", help="write each client's data shard to DIR/<partition-id>/ "
                        "(data per site in deployment)")
     p.add_argument("--config", default=str(APP_DIR / "simulation.yaml"),
@@ -141,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "strategies":
         return strategies_command(args.name)
+    if args.command == "compare":
+        return compare_command(args)
     resume_dir = Path(args.resume).resolve() if getattr(args, "resume", None) else None
     sets = list(args.set or [])
     # tracking changes no result: --tensorboard (and a tracking --set) may join a resume
@@ -225,6 +243,21 @@ def strategies_command(name: str | None) -> int:
         print(wrap(f"{key} = {h.default!r}" + (f"  ({h.allowed})" if h.allowed else ""), "    "))
         if h.doc:
             print(wrap(h.doc, "        "))
+    return 0
+
+
+def compare_command(args) -> int:
+    """``flower-pfl compare RUN_DIR ...`` (reporting/compare.py): 0 written, 2 refused."""
+    from flower_pfl.reporting.compare import CompareError, compare
+
+    out = Path(args.out or Path("outputs") / time.strftime("compare-%Y%m%d-%H%M%S"))
+    try:
+        result = compare(args.runs, out, args.metric, args.allow_unfinished)
+    except CompareError as exc:
+        print(f"flower-pfl compare: {exc}", file=sys.stderr)
+        return 2
+    print(result.table)
+    print(f"written to {out.resolve()}/: " + ", ".join(p.name for p in result.files))
     return 0
 
 

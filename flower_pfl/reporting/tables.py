@@ -69,13 +69,15 @@ COLUMNS = (
 )
 
 
-def cell_numbers(cell_dir: Path) -> dict[str, float] | None:
+def cell_numbers(cell_dir: Path, finished_only: bool = True) -> dict[str, float] | None:
     """The table's numbers for one finished run, read from its summary.json (accuracies in
-    percent); None for a run that did not complete or in which clients failed."""
+    percent); None for a run that did not complete or in which clients failed
+    (``finished_only=False``: any run with an evaluated round, at its last one)."""
     summary = read_summary(cell_dir)
-    if not summary or summary.get("status") != "completed" or not summary.get("rounds"):
+    if not summary or not summary.get("rounds"):
         return None
-    if client_failures(cell_dir) is not None:
+    if finished_only and (summary.get("status") != "completed"
+                          or client_failures(cell_dir) is not None):
         return None
     rounds = summary["rounds"]
     final = summary["final"]
@@ -245,14 +247,36 @@ def setting_line(matrix: Matrix, setting: str) -> str:
         values = config_mod.validate(copy.deepcopy(cell.tree)).values
     except config_mod.ConfigError:
         return ""
+    return settings_line(values)
+
+
+def settings_line(values: Mapping[str, Any]) -> str:
+    """``Settings: `clients=20`, ...``: the SHOWN keys of a run's configuration values (the
+    partition's own keys only for that partition)."""
     shown = [f"{k}={values[k]}" for k in SHOWN if k in values and values[k] is not None
              and not (k.startswith("data.") and k.split(".")[1] in ("alpha",) and
-                      values["data.partition"] != "dirichlet")
-             and not (k == "data.classes-per-client" and values["data.partition"] != "pathological")
-             and not (k == "data.groups" and values["data.partition"] != "practical")]
-    if values.get("data.subsample") is None:
+                      values.get("data.partition") != "dirichlet")
+             and not (k == "data.classes-per-client"
+                      and values.get("data.partition") != "pathological")
+             and not (k == "data.groups" and values.get("data.partition") != "practical")]
+    if "data.subsample" in values and values["data.subsample"] is None:
         shown.append("data.subsample=null (all samples)")
     return "Settings: " + ", ".join(f"`{x}`" for x in shown)
+
+
+def number_cells(rec: Mapping[str, Any], columns: Sequence[tuple[str, str]] = COLUMNS
+                 ) -> list[str]:
+    """A record's numbers as the table prints them, one per column: the value (one seed) or
+    mean ± std, 2 decimals (s/round 1); "–" where the record has none."""
+    cells_ = []
+    for col, _ in columns:
+        if col not in rec:
+            cells_.append("–")
+        else:
+            digits = 1 if col == "s_per_round" else 2
+            cells_.append(f"{rec[col]:.{digits}f}" if rec["seeds_done"] == 1 else
+                          f"{rec[col]:.{digits}f} ± {rec[col + '_std']:.{digits}f}")
+    return cells_
 
 
 def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path) -> None:
@@ -291,14 +315,7 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
             if rec["status"].startswith(("not run", "failed", "invalid")):
                 cells_ = [rec["status"]] + [""] * (len(COLUMNS) - 1)  # never a number
             else:
-                cells_ = []
-                for col, _ in COLUMNS:
-                    if col not in rec:
-                        cells_.append("–")
-                    else:
-                        digits = 1 if col == "s_per_round" else 2
-                        cells_.append(f"{rec[col]:.{digits}f}" if rec["seeds_done"] == 1 else
-                                      f"{rec[col]:.{digits}f} ± {rec[col + '_std']:.{digits}f}")
+                cells_ = number_cells(rec)
             paper = rec.get("paper")
             paper_s = "" if paper is None else f"{paper:.2f}"
             gap = rec.get("gap")
