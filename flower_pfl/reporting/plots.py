@@ -148,7 +148,8 @@ def run_curves(rows: Rows, path: Path, title: str = "", metric: str = "accuracy"
         lx = axes[0][1]
         for i, (label, by_round) in enumerate(loss.items()):
             rounds = sorted(by_round)
-            lx.plot(rounds, [by_round[k] for k in rounds], color=colors[i % len(colors)],
+            # colours after the accuracy panel's four: no colour means two things
+            lx.plot(rounds, [by_round[k] for k in rounds], color=colors[(i + 4) % len(colors)],
                     label=label,
                     marker="o" if len(rounds) <= 12 else None, ms=3)
         _rounds_axis(lx)
