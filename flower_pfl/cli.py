@@ -90,10 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "table.csv, curves.png, clients.png to --out")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's results folder")
     p.add_argument("--metric", action="append", metavar="KEY",
-                   help="a rounds.csv statistic to draw (repeatable), e.g. personal_mean, "
-                   "personal_worst10_mean, global_mean (default), personal_top10_mean, "
-                   "personal_std, personal_trained_mean; a table column where the bench's "
-                   "table has none")
+                   help="a rounds.csv statistic to draw (repeatable), e.g. personal_top10_mean, "
+                   "personal_std, personal_trained_mean, global_worst10_mean; a table column "
+                   "where the bench's table has none (default: personal_mean, "
+                   "personal_worst10_mean and global_mean where a run has one)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="output folder (default: outputs/compare-<time> in the cwd)")
     p.add_argument("--allow-unfinished", action="store_true",
