@@ -15,8 +15,10 @@ from tests.test_baselines import TINY, replay_fit, state_arrays, two_rounds
 
 
 def test_personal_step_has_the_prox_gradient(tmp_path):
-    # one personal SGD step from v != w^t: v1(lambda) - v1(0) = -lr * lambda * (v0 - w^t)
-    cfg = small_config(strategy="ditto", rounds=2, **TINY)
+    # one personal SGD step from v != w^t with the lambda the SERVER sent (0.7, not the
+    # default): v1(lambda) - v1(0) = -lr * lambda * (v0 - w^t)
+    lam = 0.7
+    cfg = small_config(strategy="ditto", rounds=2, **TINY, **{"hyper.ditto.lambda": lam})
     s, proxies, before, ins, res = two_rounds(cfg, tmp_path)
     pid = 0
     v0 = state_arrays(before[pid], "ditto-v")
@@ -24,14 +26,14 @@ def test_personal_step_has_the_prox_gradient(tmp_path):
 
     w_t = parameters_to_ndarrays(ins[pid].parameters)
     assert max(float(np.abs(a - b).max()) for a, b in zip(v0, w_t)) > 1e-3
-    lam, lr = 0.5, cfg["train.lr"]
+    lr = cfg["train.lr"]
 
-    def one_step(coef):
-        config = {**ins[pid].config, "lambda": coef, "personal-steps": 1}
+    def one_step(**change):
+        config = {**ins[pid].config, "personal-steps": 1, **change}
         state, _ = replay_fit(proxies[pid], before[pid], FitIns(ins[pid].parameters, config))
         return state_arrays(state, "ditto-v")
 
-    with_prox, without = one_step(lam), one_step(0.0)
+    with_prox, without = one_step(), one_step(**{"lambda": 0.0})
     for a, b, v, w in zip(with_prox, without, v0, w_t):
         np.testing.assert_allclose(a - b, -lr * lam * (v - w), rtol=1e-3, atol=1e-6)
 

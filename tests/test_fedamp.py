@@ -348,3 +348,43 @@ def test_strategy_attention_is_eq7_and_eq8_of_the_stored_models(strategy, tmp_pa
     peer = xi[off].reshape(4, 3)
     assert (peer.max(axis=1) > 1.5 * peer.min(axis=1)).all(), xi  # attention, not uniform
     assert xi.diagonal().min() < 0.95  # and not every client alone
+
+
+def test_fedamp_auto_weights_under_partial_participation_by_hand():
+    """Two of four clients sampled (rows 1 and 2): alpha_k auto normalises by the largest
+    peer sum over the SAMPLED rows, max_{k in {1, 2}} sum_{j != k} e^{-d_kj/sigma} -- a
+    sum over each row's columns, not over the column of each client (with every client
+    sampled and symmetric distances the two agree)."""
+    d = np.array([[0.0, 1.0, 4.0, 0.5],
+                  [1.0, 0.0, 2.0, 3.0],
+                  [4.0, 2.0, 0.0, 6.0],
+                  [0.5, 3.0, 6.0, 0.0]])
+    rows, sigma, floor = np.array([1, 2]), 2.0, 0.2
+    xi, _ = fedamp_auto_weights(d[rows], rows, np.ones(4, bool), sigma, floor)
+    e = np.exp(-d[rows] / sigma)
+    e[[0, 1], rows] = 0.0
+    top = e.sum(axis=1).max()  # row 1: e^-0.5 + e^-1 + e^-1.5 (column 0 would be larger)
+    assert top == pytest.approx(math.exp(-0.5) + math.exp(-1) + math.exp(-1.5))
+    want = (1 - floor) * e / top
+    want[[0, 1], rows] = 1 - want.sum(axis=1)
+    np.testing.assert_allclose(xi, want, rtol=1e-12)
+    assert xi[0, 1] == pytest.approx(floor)  # the row with the largest peer sum sits on the floor
+    # with all four sampled, row 0 (not sampled above) sets the normaliser: other weights
+    full, _ = fedamp_auto_weights(d, np.arange(4), np.ones(4, bool), sigma, floor)
+    assert abs(full[2, 1] - xi[1, 1]) > 1e-3
+
+
+def test_heurfedamp_weights_under_partial_participation_by_hand():
+    """Rows 1 and 3 of four, one client (0) not stored yet: the softmax runs over each
+    sampled row's stored peers (j != i), self weight 0.3."""
+    cos = np.array([[1.0, 0.2, 0.4, 0.1],
+                    [0.2, 1.0, 0.8, 0.3],
+                    [0.4, 0.8, 1.0, 0.6],
+                    [0.1, 0.3, 0.6, 1.0]])
+    rows, peers, sigma, self_w = np.array([1, 3]), np.array([False, True, True, True]), 4.0, 0.3
+    xi = heurfedamp_weights(cos[rows], rows, peers, sigma, self_w)
+    e12, e13 = math.exp(4 * 0.8), math.exp(4 * 0.3)  # client 1's peers: 2 and 3
+    e31, e32 = math.exp(4 * 0.3), math.exp(4 * 0.6)  # client 3's peers: 1 and 2
+    want = np.array([[0.0, self_w, 0.7 * e12 / (e12 + e13), 0.7 * e13 / (e12 + e13)],
+                     [0.0, 0.7 * e31 / (e31 + e32), 0.7 * e32 / (e31 + e32), self_w]])
+    np.testing.assert_allclose(xi, want, rtol=1e-12)
