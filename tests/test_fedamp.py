@@ -388,3 +388,43 @@ def test_heurfedamp_weights_under_partial_participation_by_hand():
     want = np.array([[0.0, self_w, 0.7 * e12 / (e12 + e13), 0.7 * e13 / (e12 + e13)],
                      [0.0, 0.7 * e31 / (e31 + e32), 0.7 * e32 / (e31 + e32), self_w]])
     np.testing.assert_allclose(xi, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("strategy,hyper,coef", [
+    ("fedamp", {"alpha-k": 0.5, "lambda": 0.01, "alpha-schedule": "inverse", "sigma": 2.0},
+     0.01 / (0.5 / 4)),  # alpha_4 = alpha_1 / 4
+    ("heurfedamp", {"alpha-k": 2.0, "lambda": 0.3}, 0.3 / 2.0)])
+def test_prox_weight_is_lambda_over_alpha_k_and_the_client_steps_by_it_by_hand(
+        strategy, hyper, coef, tmp_path):
+    """Eq. 6's weight lambda/alpha_k as the server sends it in round 4 (lambda != alpha_k,
+    FedAMP's alpha_k on the 1/k schedule), then the real client by hand in float64: SGD
+    from u_i on CE + coef/2 ||w - u_i||^2 (a swapped ratio, a halved weight or a flipped
+    sign lands elsewhere)."""
+    from flower_pfl import registry
+    from flower_pfl.clients.fedamp import FedAMPClient
+    from flower_pfl.strategies.base import ClientUpdate
+    from tests.test_baselines import make_client
+    from tests.test_fedprox import client_order, max_gap, prox_sgd_by_hand
+
+    cfg = small_config(strategy=strategy, clients=4, model="mclr", **{
+        "data.subsample": 2000, "train.lr": 0.2, "train.steps": 3, "train.batch-size": 16,
+        "hyper": {strategy: hyper}})
+    s = registry.get(strategy).strategy_cls()(cfg, results_dir=tmp_path)
+    s.initialize_parameters(None)
+    rng = np.random.default_rng(2)
+    w0 = s.spec.flatten(s.initial_model).astype(np.float64)
+    s.aggregate_updates(1, [ClientUpdate(p, s.spec.unflatten(
+        (w0 + rng.normal(0, 0.01, w0.size)).astype(np.float32)), 100 + 50 * p, {})
+        for p in range(4)])
+    s.attention(np.array([1, 3]), 4)
+    sent = s.fit_config(1, 4)["prox-coef"]
+    assert sent == pytest.approx(coef, rel=1e-12)
+    u = [(a + rng.normal(0, 0.05, a.shape)).astype(np.float32) for a in s.initial_model]
+    client = make_client(FedAMPClient, pid=1)
+    up, _, _ = client.fit([a.copy() for a in u], {"cfg": cfg.to_json(), "round": 4,
+                                                  "prox-coef": sent})
+    order = client_order(client, 3)
+    want = prox_sgd_by_hand(client, u, order, 0.2, u, coef)
+    error, gap = max_gap(up, want), max_gap(want, prox_sgd_by_hand(client, u, order, 0.2, u,
+                                                                    coef / 2))
+    assert error < 1e-5 and gap > 100 * error + 1e-6, (error, gap)
