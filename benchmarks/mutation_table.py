@@ -2,11 +2,14 @@
 
 The entries live as data in benchmarks/data/mutations.yaml (its header says what each
 field means); :func:`load_mutations` reads them into :class:`Mutation` records and refuses an
-entry with a missing or an unknown field.  :func:`check_patches` checks that every patch
-still applies (its ``old`` text occurs exactly once in its file, the names are unique) and
-:func:`check_coverage` that every registered strategy is covered by at least one mutation
-and that no mutation names an unknown strategy; benchmarks/mutations.py runs both before
-anything else.
+entry with a missing or an unknown field.  ``kind`` (optional) says what the patch does:
+``switch-off`` (the default: a mechanism turned off while the code runs) or ``subtle`` (the
+mechanism still runs, one detail is wrong: a sign, a factor of 2, a norm for a squared norm,
+two similar variables swapped, an axis); ``--kind`` of benchmarks/mutations.py selects one.
+:func:`check_patches` checks that every patch still applies (its ``old`` text occurs
+exactly once in its file, the names are unique) and :func:`check_coverage` that every
+registered strategy is covered by at least one mutation and that no mutation names an
+unknown strategy; benchmarks/mutations.py runs both before anything else.
 """
 
 from __future__ import annotations
@@ -29,21 +32,33 @@ class Mutation:
     old: str
     new: str
     tests: tuple[str, ...]  # pytest targets, the cheapest killer first (-x stops there)
+    kind: str = "switch-off"  # or "subtle" (KINDS)
+
+
+#: what a mutation does: turn a mechanism off, or get one detail of it subtly wrong
+KINDS = ("switch-off", "subtle")
+OPTIONAL = {"kind"}
 
 
 def load_mutations(path: Path = TABLE) -> tuple[Mutation, ...]:
     """The entries of the table at ``path``, in its order."""
     entries = yaml.safe_load(Path(path).read_text()) or []
-    wanted = [f.name for f in fields(Mutation)]
+    allowed = [f.name for f in fields(Mutation)]
+    wanted = [name for name in allowed if name not in OPTIONAL]
     out = []
     for i, entry in enumerate(entries):
         keys = set(entry) if isinstance(entry, dict) else set()
-        if keys != set(wanted):
+        if not set(wanted) <= keys <= set(allowed):
             raise ValueError(f"{path}: entry {i + 1} ({entry.get('name') if keys else entry!r})"
-                             f" needs exactly the fields {wanted}; missing "
-                             f"{sorted(set(wanted) - keys)}, unknown {sorted(keys - set(wanted))}")
+                             f" needs the fields {wanted} (optional: {sorted(OPTIONAL)}); "
+                             f"missing {sorted(set(wanted) - keys)}, unknown "
+                             f"{sorted(keys - set(allowed))}")
+        kind = str(entry.get("kind", "switch-off"))
+        if kind not in KINDS:
+            raise ValueError(f"{path}: entry {i + 1} ({entry['name']}): kind {kind!r} is not "
+                             f"one of {KINDS}")
         out.append(Mutation(str(entry["name"]), tuple(entry["strategies"]), entry["file"],
-                            entry["old"], entry["new"], tuple(entry["tests"])))
+                            entry["old"], entry["new"], tuple(entry["tests"]), kind))
     return tuple(out)
 
 

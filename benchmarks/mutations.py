@@ -26,7 +26,8 @@ Output: a markdown table (mutation, strategies, killed by, seconds) on stdout an
 must be covered by at least one mutation (checked at start): a new strategy adds its
 mutations to benchmarks/data/mutations.yaml.
 
-    python benchmarks/mutations.py --jobs 1 [--only NAME ...] [--out docs/mutations.md]
+    python benchmarks/mutations.py --jobs 1 [--only NAME ...] [--kind subtle]
+                                   [--out docs/mutations.md]
     python benchmarks/mutations.py --list       # the mutations, their files and targets
     python benchmarks/mutations.py --sanity     # show that the scratch copy is imported
 """
@@ -46,6 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.mutation_table import (  # noqa: E402
+    KINDS,
     ROOT,
     Mutation,
     check_coverage,
@@ -183,11 +185,11 @@ def table(results, command: str, total_s: float, baseline_s: float) -> str:
     lines = [f"Command: `{command}`", "",
              f"{killed} of {len(results)} mutations killed; baseline {baseline_s:.0f} s, "
              f"whole suite {total_s:.0f} s.", "",
-             "| mutation | strategies | killed by | seconds |",
-             "|---|---|---|---|"]
+             "| mutation | kind | strategies | killed by | seconds |",
+             "|---|---|---|---|---|"]
     for r in results:
         m = r["mutation"]
-        lines.append(f"| `{m.name}` | {', '.join(m.strategies)} | {r['by']} | "
+        lines.append(f"| `{m.name}` | {m.kind} | {', '.join(m.strategies)} | {r['by']} | "
                      f"{r['seconds']:.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -201,6 +203,12 @@ still runs) and the cheapest test that must fail under it; `python benchmarks/mu
 mutation. A mutation that survives means a missing test: add a test that fails under it,
 never weaken the mutation.
 
+Two kinds (the `kind` column): `switch-off` mutations turn a mechanism off; `subtle` ones
+(`kind: subtle`, the file's last section) leave it running with one detail wrong -- a sign,
+a factor of 2, a norm for a squared norm, two similar variables swapped, an axis -- and are
+killed by tests whose inputs are asymmetric (unequal client sizes and step sizes, partial
+participation), where such an error cannot cancel. `--kind subtle` runs only those.
+
 """
 
 
@@ -208,6 +216,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=1, help="mutations run at the same time")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutations")
+    parser.add_argument("--kind", choices=KINDS,
+                        help="run only the mutations of this kind (switch-off or subtle)")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter that runs pytest (default: this one)")
@@ -224,7 +234,7 @@ def main(argv=None) -> int:
         return 2
     if args.list:
         for m in MUTATIONS:
-            print(f"{m.name}  [{', '.join(m.strategies)}]  {m.file}\n    " +
+            print(f"{m.name}  ({m.kind})  [{', '.join(m.strategies)}]  {m.file}\n    " +
                   "\n    ".join(m.tests))
         return 0
     selected = list(MUTATIONS)
@@ -234,6 +244,8 @@ def main(argv=None) -> int:
             print(f"unknown mutation(s): {unknown}; --list shows them", file=sys.stderr)
             return 2
         selected = [m for m in MUTATIONS if m.name in args.only]
+    if args.kind:
+        selected = [m for m in selected if m.kind == args.kind]
 
     started = time.perf_counter()
     parent = Path(tempfile.mkdtemp(prefix="flower-pfl-mutations-"))

@@ -242,3 +242,32 @@ def test_fedavg_ft_evaluates_the_global_model_fine_tuned_on_train_data():
     plain, _, m = make_client(FedAvgClient, pid=3, num=10).evaluate(
         [a.copy() for a in w], {**config, "finetune-steps": 0})
     assert plain == pytest.approx(m["global_loss"])
+
+
+@pytest.mark.parametrize("name", ["fedavg-ft", "fedprox-ft"])
+def test_ft_evaluation_is_the_servers_step_count_of_sgd_by_hand(name, tmp_path):
+    """The strategy's evaluation instructions (finetune-steps 5, not the default) through
+    the real client: its personalized model is the global model after 5 SGD steps at
+    train.lr on its training batches (salt 1), by hand in float64 (MCLR); 4 or 10 steps
+    land elsewhere."""
+    from flower_pfl import registry
+    from tests.test_fedprox import client_order, max_gap, prox_sgd_by_hand
+
+    lr, steps = 0.2, 5
+    cfg = small_config(strategy=name, **TINY, **{f"hyper.{name}.finetune-steps": steps,
+                                                 "train.lr": lr, "train.batch-size": 16})
+    s = registry.get(name).strategy_cls()(cfg, results_dir=tmp_path)
+    s.initialize_parameters(None)
+    w, extra = s.eval_payload(3, 1)
+    assert extra["finetune-steps"] == steps
+    client = make_client(registry.get(name).client_cls(), pid=3)
+    config = {"cfg": cfg.to_json(), "round": 1, **extra}
+    client.setup(config)
+    got = [p.detach().numpy() for p in client.personal_model(list(w), config).parameters()]
+    order = client_order(client, 2 * steps, salt=1)
+    want = prox_sgd_by_hand(client, w, order[:steps], lr, w, 0.0)
+    error = max_gap(got, want)
+    for other in (steps - 1, 2 * steps):
+        assert max_gap(want, prox_sgd_by_hand(client, w, order[:other], lr, w, 0.0)) > \
+            100 * error + 1e-5
+    assert error < 1e-5, error

@@ -15,8 +15,10 @@ from tests.test_baselines import TINY, replay_fit, state_arrays, two_rounds
 
 
 def test_personal_step_has_the_prox_gradient(tmp_path):
-    # one personal SGD step from v != w^t: v1(lambda) - v1(0) = -lr * lambda * (v0 - w^t)
-    cfg = small_config(strategy="ditto", rounds=2, **TINY)
+    # one personal SGD step from v != w^t with the lambda the SERVER sent (0.7, not the
+    # default): v1(lambda) - v1(0) = -lr * lambda * (v0 - w^t)
+    lam = 0.7
+    cfg = small_config(strategy="ditto", rounds=2, **TINY, **{"hyper.ditto.lambda": lam})
     s, proxies, before, ins, res = two_rounds(cfg, tmp_path)
     pid = 0
     v0 = state_arrays(before[pid], "ditto-v")
@@ -24,14 +26,14 @@ def test_personal_step_has_the_prox_gradient(tmp_path):
 
     w_t = parameters_to_ndarrays(ins[pid].parameters)
     assert max(float(np.abs(a - b).max()) for a, b in zip(v0, w_t)) > 1e-3
-    lam, lr = 0.5, cfg["train.lr"]
+    lr = cfg["train.lr"]
 
-    def one_step(coef):
-        config = {**ins[pid].config, "lambda": coef, "personal-steps": 1}
+    def one_step(**change):
+        config = {**ins[pid].config, "personal-steps": 1, **change}
         state, _ = replay_fit(proxies[pid], before[pid], FitIns(ins[pid].parameters, config))
         return state_arrays(state, "ditto-v")
 
-    with_prox, without = one_step(lam), one_step(0.0)
+    with_prox, without = one_step(), one_step(**{"lambda": 0.0})
     for a, b, v, w in zip(with_prox, without, v0, w_t):
         np.testing.assert_allclose(a - b, -lr * lam * (v - w), rtol=1e-3, atol=1e-6)
 
@@ -67,3 +69,36 @@ def test_ditto_p_beats_ditto_g_on_a_pathological_split(tmp_path):
 def test_lambda_zero_is_rejected():
     with pytest.raises(ConfigError, match="lambda = 0 is Local"):
         small_config(strategy="ditto", **{"hyper.ditto.lambda": 0.0})
+
+
+def test_servers_lambda_reaches_the_personal_step_by_hand(tmp_path):
+    """Ditto's fit instructions (lambda 0.7, not the default) through the real client, from
+    a stored v_i unlike w^t: s SGD steps on f(v) + lambda/2 ||v - w^t||^2 (salt 1), by hand
+    in float64; the upload is FedAvg's update of w^t (salt 0, no prox term)."""
+    from flower_pfl.clients.ditto import DittoClient
+    from flower_pfl.learning.models import initial_arrays
+    from flower_pfl.strategies.ditto import Ditto
+    from tests.test_baselines import make_client
+    from tests.test_fedprox import client_order, max_gap, prox_sgd_by_hand
+
+    lam, lr, steps = 0.7, 0.2, 3
+    cfg = small_config(strategy="ditto", **TINY, **{
+        "hyper.ditto.lambda": lam, "hyper.ditto.personal-steps": steps, "train.lr": lr,
+        "train.steps": 2, "train.batch-size": 16})
+    s = Ditto(cfg, results_dir=tmp_path)
+    s.initialize_parameters(None)
+    w_t, extra = s.fit_payload(2, 1)
+    assert extra["lambda"] == lam and extra["personal-steps"] == steps
+    rng = np.random.default_rng(1)
+    v0 = [(a + rng.normal(0, 0.1, a.shape)).astype(np.float32) for a in initial_arrays(cfg)]
+    client = make_client(DittoClient, pid=2)
+    client.state.set_arrays("ditto-v", v0)
+    up, _, _ = client.fit([a.copy() for a in w_t], {"cfg": cfg.to_json(), "round": 1, **extra})
+    v = state_arrays(client.ctx.state, "ditto-v")
+    order = client_order(client, steps, salt=1)
+    want = prox_sgd_by_hand(client, v0, order, lr, w_t, lam)
+    error, gap = max_gap(v, want), max_gap(want, prox_sgd_by_hand(client, v0, order, lr, w_t,
+                                                                   lam / 2))
+    assert error < 1e-5 and gap > 100 * error + 1e-5, (error, gap)
+    fedavg = prox_sgd_by_hand(client, w_t, client_order(client, 2), lr, w_t, 0.0)
+    assert max_gap(up, fedavg) < 1e-5

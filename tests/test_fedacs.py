@@ -123,3 +123,34 @@ def test_mid_pick_ratio_selects_some_peers_and_does_not_warn(tmp_path, caplog):
     shares = [r["selection_share"] for r in s.results.server_rows[1:]]
     assert all(0 < v < 1 for v in shares), shares
     assert not [r for r in caplog.records if "fedacs round" in r.getMessage()]
+
+
+def test_threshold_under_partial_participation_is_over_the_seen_clients_by_hand(tmp_path):
+    """Three of five clients have uploaded: delta^k is the p-quantile of the 3 x 3 cosine
+    matrix of THEIR models (by hand), not of a matrix with the never-seen clients' columns
+    (their stored row is only the initial model)."""
+    from flower_pfl.strategies.base import ClientUpdate
+    from flower_pfl.strategies.fedacs import FedACS
+
+    p = 0.6
+    cfg = small_config(strategy="fedacs", clients=5, model="mclr", **{
+        "data.subsample": 2000, "hyper.fedacs.pick-ratio": p})
+    s = FedACS(cfg, results_dir=tmp_path)
+    s.initialize_parameters(None)
+    rng = np.random.default_rng(4)
+    w0 = s.spec.flatten(s.initial_model).astype(np.float64)
+    seen = [0, 2, 3]
+    models = {pid: (w0 + rng.normal(0, 0.05 * (1 + k), w0.size)).astype(np.float32)
+              for k, pid in enumerate(seen)}
+    s.aggregate_updates(1, [ClientUpdate(pid, s.spec.unflatten(m), 50 + 40 * pid, {})
+                            for pid, m in models.items()])
+    m = np.stack([models[pid] for pid in seen]).astype(np.float64)
+    norm = np.linalg.norm(m, axis=1)
+    cos = m @ m.T / np.outer(norm, norm)
+    want = float(np.quantile(cos, p))
+    assert s.threshold() == pytest.approx(want, rel=1e-5, abs=1e-6)
+    # with the unseen clients' columns the quantile moves: the test can tell
+    m_all = np.stack([models.get(pid, w0) for pid in range(5)]).astype(np.float64)
+    n_all = np.linalg.norm(m_all, axis=1)
+    wrong = float(np.quantile((m @ m_all.T) / np.outer(norm, n_all), p))
+    assert abs(wrong - want) > 1e-4, (wrong, want)

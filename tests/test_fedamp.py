@@ -348,3 +348,83 @@ def test_strategy_attention_is_eq7_and_eq8_of_the_stored_models(strategy, tmp_pa
     peer = xi[off].reshape(4, 3)
     assert (peer.max(axis=1) > 1.5 * peer.min(axis=1)).all(), xi  # attention, not uniform
     assert xi.diagonal().min() < 0.95  # and not every client alone
+
+
+def test_fedamp_auto_weights_under_partial_participation_by_hand():
+    """Two of four clients sampled (rows 1 and 2): alpha_k auto normalises by the largest
+    peer sum over the SAMPLED rows, max_{k in {1, 2}} sum_{j != k} e^{-d_kj/sigma} -- a
+    sum over each row's columns, not over the column of each client (with every client
+    sampled and symmetric distances the two agree)."""
+    d = np.array([[0.0, 1.0, 4.0, 0.5],
+                  [1.0, 0.0, 2.0, 3.0],
+                  [4.0, 2.0, 0.0, 6.0],
+                  [0.5, 3.0, 6.0, 0.0]])
+    rows, sigma, floor = np.array([1, 2]), 2.0, 0.2
+    xi, _ = fedamp_auto_weights(d[rows], rows, np.ones(4, bool), sigma, floor)
+    e = np.exp(-d[rows] / sigma)
+    e[[0, 1], rows] = 0.0
+    top = e.sum(axis=1).max()  # row 1: e^-0.5 + e^-1 + e^-1.5 (column 0 would be larger)
+    assert top == pytest.approx(math.exp(-0.5) + math.exp(-1) + math.exp(-1.5))
+    want = (1 - floor) * e / top
+    want[[0, 1], rows] = 1 - want.sum(axis=1)
+    np.testing.assert_allclose(xi, want, rtol=1e-12)
+    assert xi[0, 1] == pytest.approx(floor)  # the row with the largest peer sum sits on the floor
+    # with all four sampled, row 0 (not sampled above) sets the normaliser: other weights
+    full, _ = fedamp_auto_weights(d, np.arange(4), np.ones(4, bool), sigma, floor)
+    assert abs(full[2, 1] - xi[1, 1]) > 1e-3
+
+
+def test_heurfedamp_weights_under_partial_participation_by_hand():
+    """Rows 1 and 3 of four, one client (0) not stored yet: the softmax runs over each
+    sampled row's stored peers (j != i), self weight 0.3."""
+    cos = np.array([[1.0, 0.2, 0.4, 0.1],
+                    [0.2, 1.0, 0.8, 0.3],
+                    [0.4, 0.8, 1.0, 0.6],
+                    [0.1, 0.3, 0.6, 1.0]])
+    rows, peers, sigma, self_w = np.array([1, 3]), np.array([False, True, True, True]), 4.0, 0.3
+    xi = heurfedamp_weights(cos[rows], rows, peers, sigma, self_w)
+    e12, e13 = math.exp(4 * 0.8), math.exp(4 * 0.3)  # client 1's peers: 2 and 3
+    e31, e32 = math.exp(4 * 0.3), math.exp(4 * 0.6)  # client 3's peers: 1 and 2
+    want = np.array([[0.0, self_w, 0.7 * e12 / (e12 + e13), 0.7 * e13 / (e12 + e13)],
+                     [0.0, 0.7 * e31 / (e31 + e32), 0.7 * e32 / (e31 + e32), self_w]])
+    np.testing.assert_allclose(xi, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("strategy,hyper,coef", [
+    ("fedamp", {"alpha-k": 0.5, "lambda": 0.01, "alpha-schedule": "inverse", "sigma": 2.0},
+     0.01 / (0.5 / 4)),  # alpha_4 = alpha_1 / 4
+    ("heurfedamp", {"alpha-k": 2.0, "lambda": 0.3}, 0.3 / 2.0)], ids=["fedamp", "heurfedamp"])
+def test_prox_weight_is_lambda_over_alpha_k_and_the_client_steps_by_it_by_hand(
+        strategy, hyper, coef, tmp_path):
+    """Eq. 6's weight lambda/alpha_k as the server sends it in round 4 (lambda != alpha_k,
+    FedAMP's alpha_k on the 1/k schedule), then the real client by hand in float64: SGD
+    from u_i on CE + coef/2 ||w - u_i||^2 (a swapped ratio, a halved weight or a flipped
+    sign lands elsewhere)."""
+    from flower_pfl import registry
+    from flower_pfl.clients.fedamp import FedAMPClient
+    from flower_pfl.strategies.base import ClientUpdate
+    from tests.test_baselines import make_client
+    from tests.test_fedprox import client_order, max_gap, prox_sgd_by_hand
+
+    cfg = small_config(strategy=strategy, clients=4, model="mclr", **{
+        "data.subsample": 2000, "train.lr": 0.2, "train.steps": 3, "train.batch-size": 16,
+        "hyper": {strategy: hyper}})
+    s = registry.get(strategy).strategy_cls()(cfg, results_dir=tmp_path)
+    s.initialize_parameters(None)
+    rng = np.random.default_rng(2)
+    w0 = s.spec.flatten(s.initial_model).astype(np.float64)
+    s.aggregate_updates(1, [ClientUpdate(p, s.spec.unflatten(
+        (w0 + rng.normal(0, 0.01, w0.size)).astype(np.float32)), 100 + 50 * p, {})
+        for p in range(4)])
+    s.attention(np.array([1, 3]), 4)
+    sent = s.fit_config(1, 4)["prox-coef"]
+    assert sent == pytest.approx(coef, rel=1e-12)
+    u = [(a + rng.normal(0, 0.05, a.shape)).astype(np.float32) for a in s.initial_model]
+    client = make_client(FedAMPClient, pid=1)
+    up, _, _ = client.fit([a.copy() for a in u], {"cfg": cfg.to_json(), "round": 4,
+                                                  "prox-coef": sent})
+    order = client_order(client, 3)
+    want = prox_sgd_by_hand(client, u, order, 0.2, u, coef)
+    error, gap = max_gap(up, want), max_gap(want, prox_sgd_by_hand(client, u, order, 0.2, u,
+                                                                    coef / 2))
+    assert error < 1e-5 and gap > 100 * error + 1e-6, (error, gap)

@@ -53,3 +53,54 @@ def test_fedprox_ft_trains_as_fedprox_and_evaluates_as_fedavg_ft():
 def test_mu_zero_is_rejected(name):
     with pytest.raises(ConfigError, match="mu = 0 is FedAvg"):
         small_config(strategy=name, **{f"hyper.{name}.mu": 0.0})
+
+
+def prox_sgd_by_hand(client, w0, order, lr, centre, coef):
+    """MCLR by hand in float64: w <- w - lr (grad CE(w; b) + coef (w - centre)) over the
+    index batches ``order`` of ``client``'s training data."""
+    from torch.nn import functional as F
+
+    w = [torch.tensor(a, dtype=torch.float64) for a in w0]
+    c = [torch.tensor(a, dtype=torch.float64) for a in centre]
+    for idx in order:
+        leaf = [p.clone().requires_grad_(True) for p in w]
+        xb = client.data.x_train[idx].flatten(1).double()
+        loss = F.cross_entropy(xb @ leaf[0].T + leaf[1], client.data.y_train[idx])
+        w = [p - lr * (g + coef * (p - cc))
+             for p, g, cc in zip(w, torch.autograd.grad(loss, leaf), c)]
+    return [p.numpy() for p in w]
+
+
+def client_order(client, steps, salt=0):
+    """The client's seeded mini-batch order of its last fit (round and seed from setup)."""
+    from flower_pfl.learning.training import batches
+
+    return list(batches(client.data.num_train, client.spec.batch_size, steps,
+                        client.generator(salt), client.spec.drop_last))
+
+
+def max_gap(a, b):
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("name", ["fedprox", "fedprox-ft"])
+def test_client_round_by_hand_with_the_servers_mu(name, tmp_path):
+    """The strategy's mu (0.7, not the default) through the real client: K SGD steps on
+    CE + mu/2 ||w - w^t||^2 from w^t, by hand in float64.  The first step's prox term is 0
+    (w = w^t), so the steps after it carry the check; a halved mu, a flipped sign or the
+    centre taken as the moving w all land elsewhere."""
+    from flower_pfl import registry
+
+    mu, lr, steps = 0.7, 0.2, 4
+    cfg = small_config(strategy=name, **TINY, **{
+        f"hyper.{name}.mu": mu, "train.lr": lr, "train.steps": steps, "train.batch-size": 16})
+    s = registry.get(name).strategy_cls()(cfg, results_dir=tmp_path)
+    s.initialize_parameters(None)
+    w0, extra = s.fit_payload(1, 1)
+    client = make_client(registry.get(name).client_cls(), pid=1)
+    up, _, _ = client.fit([a.copy() for a in w0], {"cfg": cfg.to_json(), "round": 1, **extra})
+    order = client_order(client, steps)
+    want = prox_sgd_by_hand(client, w0, order, lr, w0, mu)
+    error, gap = max_gap(up, want), max_gap(want, prox_sgd_by_hand(client, w0, order, lr, w0,
+                                                                    mu / 2))
+    assert error < 1e-5 and gap > 100 * error + 1e-5, (error, gap)

@@ -74,3 +74,50 @@ def test_personalized_evaluation_uses_the_stored_head(tmp_path):
         # (h_i, phi^t): the client's own head on the current global body
         assert abs(reported[pid] - loss(head)) < 1e-5 * max(1.0, reported[pid]), pid
         assert abs(loss(init_head) - loss(head)) > 1e-3  # the initial head scores otherwise
+
+
+def test_head_then_body_steps_by_hand(tmp_path):
+    """One FedRep round of the real client on a DNN, by hand in float64 with unequal phase
+    lengths (head-epochs 2, body-epochs 1, 2 batches an epoch): 4 SGD steps on the head
+    fc2 with the body frozen (salt 0), then 2 on the body fc1 with the head frozen (salt 1),
+    from a stored head unlike the initial one; the body is uploaded and the head kept.
+    Swapping the two phases' lengths, their order or which layers they train lands elsewhere."""
+    from torch.nn import functional as F
+
+    from flower_pfl.clients.fedrep import FedRepClient
+    from flower_pfl.strategies.fedrep import FedRep
+    from tests.test_baselines import make_client
+    from tests.test_fedprox import client_order, max_gap
+
+    lr = 0.1
+    cfg = small_config(strategy="fedrep", **{**DNN, "hyper.fedrep.head-epochs": 2,
+                                             "hyper.fedrep.body-epochs": 1, "train.lr": lr,
+                                             "train.steps": 2, "train.batch-size": 16})
+    s = FedRep(cfg, results_dir=tmp_path)
+    s.initialize_parameters(None)
+    body0, extra = s.fit_payload(1, 1)
+    rng = np.random.default_rng(5)
+    head0 = [(a + rng.normal(0, 0.05, a.shape)).astype(np.float32)
+             for a in initial_arrays(cfg)[2:]]
+    client = make_client(FedRepClient, pid=1)
+    client.state.set_arrays("head", head0)
+    up, _, _ = client.fit([a.copy() for a in body0], {"cfg": cfg.to_json(), "round": 1, **extra})
+    head_order, body_order = client_order(client, 4, salt=0), client_order(client, 2, salt=1)
+
+    def by_hand(head_steps, body_steps):
+        p = [torch.tensor(a, dtype=torch.float64) for a in list(body0) + head0]
+        for which, order in (((2, 3), head_steps), ((0, 1), body_steps)):
+            for idx in order:
+                leaf = [q.clone().requires_grad_(k in which) for k, q in enumerate(p)]
+                xb = client.data.x_train[idx].flatten(1).double()
+                out = torch.relu(xb @ leaf[0].T + leaf[1]) @ leaf[2].T + leaf[3]
+                loss = F.cross_entropy(out, client.data.y_train[idx])
+                grads = dict(zip(which, torch.autograd.grad(loss, [leaf[k] for k in which])))
+                p = [q - lr * grads[k] if k in grads else q for k, q in enumerate(p)]
+        return [q.numpy() for q in p]
+
+    want = by_hand(head_order, body_order)
+    swapped = by_hand(head_order[:2], client_order(client, 4, salt=1))
+    kept = state_arrays(client.ctx.state, "head")
+    error = max(max_gap(up, want[:2]), max_gap(kept, want[2:]))
+    assert error < 1e-5 and max_gap(want, swapped) > 100 * error + 1e-5, error

@@ -162,3 +162,43 @@ def test_client_fit_moves_w_by_minus_beta_times_the_meta_gradient(variant):
     tol = 1e-5 if variant == "fo" else 5e-4  # HF: the client's finite-difference product
     assert error < tol, (error, gap_sgd, gap_other)
     assert gap_sgd > 100 * tol and gap_other > 100 * tol, (error, gap_sgd, gap_other)
+
+
+def test_personal_steps_are_sgd_at_alpha_not_at_the_training_lr(tmp_path):
+    """Per-FedAvg-P by hand with alpha (0.02) != train.lr (0.3): the server's evaluation
+    instructions carry alpha and the step count, and the client's personalized model is
+    the global model after that many SGD steps of size alpha on its seeded training
+    batches (salt 1), in float64 by hand."""
+    from flower_pfl.clients.perfedavg import PerFedAvgClient
+    from flower_pfl.learning.training import batches
+    from flower_pfl.strategies.perfedavg import PerFedAvg
+    from tests.test_baselines import make_client
+
+    alpha, lr, steps, size = 0.02, 0.3, 3, 16
+    cfg = small_config(strategy="perfedavg", **TINY, **{
+        "train.lr": lr, "train.batch-size": size, "hyper.perfedavg.alpha": alpha,
+        "hyper.perfedavg.personal-steps": steps})
+    s = PerFedAvg(cfg, results_dir=tmp_path)
+    s.initialize_parameters(None)
+    w0, extra = s.eval_payload(1, 1)
+    assert extra["alpha"] == alpha and extra["personal-steps"] == steps
+    client = make_client(PerFedAvgClient, pid=1)
+    config = {"cfg": cfg.to_json(), "round": 1, **extra}
+    client.setup(config)
+    got = [p.detach().numpy() for p in client.personal_model(list(w0), config).parameters()]
+    order = list(batches(client.data.num_train, size, steps, client.generator(salt=1),
+                         client.spec.drop_last))
+
+    def by_hand(step):
+        w = [torch.tensor(a, dtype=torch.float64) for a in w0]
+        for idx in order:
+            leaf = [p.clone().requires_grad_(True) for p in w]
+            xb = client.data.x_train[idx].flatten(1).double()
+            loss = F.cross_entropy(xb @ leaf[0].T + leaf[1], client.data.y_train[idx])
+            w = [p - step * g for p, g in zip(w, torch.autograd.grad(loss, leaf))]
+        return [p.numpy() for p in w]
+
+    want, at_lr = by_hand(alpha), by_hand(lr)
+    error = max(float(np.abs(a - b).max()) for a, b in zip(got, want))
+    gap = max(float(np.abs(a - b).max()) for a, b in zip(want, at_lr))
+    assert error < 1e-5 and gap > 1e3 * error + 1e-3, (error, gap)

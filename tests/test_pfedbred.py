@@ -296,3 +296,83 @@ def test_personalized_theta_beats_global_on_pathological_fmnist(tmp_path):
     # 2 classes per client: theta_i fits them, the global w must cover all 10
     assert float(last["personal_mean"]) > float(last["global_mean"]) + 0.1, last
     assert float(last["personal_mean"]) > 0.8
+
+
+# -------------------------------------------- asymmetric inputs: eta != eta_alpha, sizes
+def test_client_fit_is_mh_by_hand_with_the_servers_eta_and_eta_alpha(tmp_path):
+    """pfedbred-mh from the strategy's own fit instructions to the client's upload, by hand
+    in float64 on real FMNIST (MCLR): eta (0.3) != eta_alpha (0.07) and a carried theta and
+    memory unlike w, so a swap of the two step sizes (or of memory and theta) moves every
+    entry.  Per local iteration on batch b: mu = w - eta_alpha grad f(w; b) - eta (m - theta);
+    K steps theta -= alpha (grad f(theta; b) + lambda (theta - mu)); w -= alpha_m lambda
+    (mu - theta)."""
+    from flower_pfl.clients.pfedbred import MEMORY_KEY, PFedBreDClient
+    from flower_pfl.learning.training import batches
+    from flower_pfl.strategies.pfedbred import PFedBreDMH
+    from tests.test_baselines import make_client
+
+    eta, eta_a, lam, alpha, alpha_m, iters, k, size = 0.3, 0.07, 2.0, 0.03, 0.05, 2, 2, 16
+    cfg = small_config(strategy="pfedbred-mh", clients=4, model="mclr", **{
+        "data.subsample": 2000, "hyper": {"pfedbred-mh": {
+            "eta": eta, "eta-alpha": eta_a, "lambda": lam, "alpha": alpha, "alpha-m": alpha_m,
+            "local-iterations": iters, "prox-steps": k, "batch-size": size}}})
+    s = PFedBreDMH(cfg, results_dir=tmp_path)
+    s.initialize_parameters(None)
+    w0, extra = s.fit_payload(2, 1)
+    rng = np.random.default_rng(7)
+    theta0 = [(a + rng.normal(0, 0.05, a.shape)).astype(np.float32) for a in w0]
+    memory = [(a + rng.normal(0, 0.08, a.shape)).astype(np.float32) for a in w0]
+    client = make_client(PFedBreDClient, pid=2)
+    client.state.set_arrays("personal", theta0)
+    client.state.set_arrays(MEMORY_KEY, memory)
+    up, _, _ = client.fit([a.copy() for a in w0], {"cfg": cfg.to_json(), "round": 1, **extra})
+    order = list(batches(client.data.num_train, size, iters, client.generator(),
+                         client.spec.drop_last))
+
+    def grad(params, idx):
+        leaf = [p.clone().requires_grad_(True) for p in params]
+        xb = client.data.x_train[idx].flatten(1).double()
+        loss = F.cross_entropy(xb @ leaf[0].T + leaf[1], client.data.y_train[idx])
+        return torch.autograd.grad(loss, leaf)
+
+    def by_hand(eta, eta_a):
+        t64 = lambda arrays: [torch.tensor(a, dtype=torch.float64) for a in arrays]  # noqa: E731
+        w, theta, mem = t64(w0), t64(theta0), t64(memory)
+        for idx in order:
+            mu = [p - eta_a * g - eta * (m - t)
+                  for p, g, m, t in zip(w, grad(w, idx), mem, theta)]
+            for _ in range(k):
+                theta = [t - alpha * (g + lam * (t - m))
+                         for t, g, m in zip(theta, grad(theta, idx), mu)]
+            w = [p - alpha_m * lam * (m - t) for p, m, t in zip(w, mu, theta)]
+        return [p.numpy() for p in w]
+
+    want, swapped = by_hand(eta, eta_a), by_hand(eta_a, eta)
+    error = max(float(np.abs(a - b).max()) for a, b in zip(up, want))
+    gap = max(float(np.abs(a - b).max()) for a, b in zip(want, swapped))
+    assert error < 1e-5 and gap > 100 * error + 1e-4, (error, gap)
+
+
+@pytest.mark.parametrize("strategy", ["pfedme", "pfedbred"])
+def test_server_mean_is_uniform_and_samples_weights_only_when_asked(strategy, tmp_path):
+    """Line 12 on the strategy with unequal client sizes (10 vs 30 samples) and beta = 1.5:
+    E_I is the uniform mean by default, the sample-weighted one with weighting: samples."""
+    from flower_pfl import registry
+    from flower_pfl.strategies.base import ClientUpdate
+
+    def aggregate(**hyper):
+        cfg = small_config(strategy=strategy, clients=4, model="mclr", **{
+            "data.subsample": 2000, "hyper": {strategy: {"beta": 1.5, **hyper}}})
+        s = registry.get(strategy).strategy_cls()(cfg, results_dir=tmp_path / str(hyper))
+        s.initialize_parameters(None)
+        prev = [a.astype(np.float64) for a in s.global_arrays]
+        ups = [[a + 1.0 for a in s.global_arrays], [a - 3.0 for a in s.global_arrays]]
+        s.aggregate_updates(1, [ClientUpdate(0, ups[0], 10, {}), ClientUpdate(3, ups[1], 30, {})])
+        return prev, s.global_arrays
+
+    prev, uniform = aggregate()
+    for p, got in zip(prev, uniform):  # mean offset (1 - 3)/2 = -1: w + 1.5 * (-1)
+        np.testing.assert_allclose(got, p - 1.5, rtol=0, atol=1e-5)
+    prev, weighted = aggregate(weighting="samples")
+    for p, got in zip(prev, weighted):  # (10 * 1 + 30 * (-3))/40 = -2: w + 1.5 * (-2)
+        np.testing.assert_allclose(got, p - 3.0, rtol=0, atol=1e-5)

@@ -104,3 +104,53 @@ def test_client_control_variate_continues_across_rounds(tmp_path):
 def test_momentum_is_rejected():
     with pytest.raises(ConfigError, match="assumes plain SGD"):
         small_config(strategy="scaffold", **{"train.momentum": 0.9})
+
+
+def test_client_steps_are_corrected_by_plus_c_minus_ci_by_hand():
+    """The real client's fit on FMNIST with c != 0 and c_i != 0 of unequal sizes: each of the
+    K steps is y <- y - lr (grad f(y; b) + c - c_i) (line 10), by hand in float64; the
+    uploaded dc_i and the kept c_i+ follow option II from that y."""
+    from torch.nn import functional as F
+
+    from flower_pfl.algorithms.baselines_math import CONTROL
+    from flower_pfl.clients.scaffold import ScaffoldClient
+    from flower_pfl.learning.models import initial_arrays
+    from flower_pfl.learning.training import batches
+    from flower_pfl.reliability import EXTRA_ARRAYS, describe_parts
+    from tests.test_baselines import make_client
+
+    lr, steps, size = 0.1, 3, 16
+    cfg = small_config(strategy="scaffold", **TINY, **{
+        "train.lr": lr, "train.steps": steps, "train.batch-size": size})
+    x0 = initial_arrays(cfg)
+    rng = np.random.default_rng(3)
+    c = [rng.normal(0, 0.3, a.shape).astype(np.float32) for a in x0]
+    c_i = [rng.normal(0, 0.1, a.shape).astype(np.float32) + 0.2 for a in x0]
+    client = make_client(ScaffoldClient, pid=2)
+    client.state.set_arrays("scaffold-ci", c_i)
+    up, _, metrics = client.fit([a.copy() for a in x0] + [a.copy() for a in c], {
+        "cfg": cfg.to_json(), "round": 1, EXTRA_ARRAYS: describe_parts({CONTROL: c})})
+    y, dc = up[:len(x0)], up[len(x0):]
+    order = list(batches(client.data.num_train, size, steps, client.generator(),
+                         client.spec.drop_last))
+
+    def by_hand(sign):
+        w = [torch.tensor(a, dtype=torch.float64) for a in x0]
+        corr = [sign * torch.tensor(cc - ci, dtype=torch.float64) for cc, ci in zip(c, c_i)]
+        for idx in order:
+            xb = client.data.x_train[idx].flatten(1).double()
+            leaf = [p.clone().requires_grad_(True) for p in w]
+            loss = F.cross_entropy(xb @ leaf[0].T + leaf[1], client.data.y_train[idx])
+            grads = torch.autograd.grad(loss, leaf)
+            w = [p - lr * (g + d) for p, g, d in zip(w, grads, corr)]
+        return [p.numpy() for p in w]
+
+    want, flipped = by_hand(+1.0), by_hand(-1.0)
+    error = max(float(np.abs(a - b).max()) for a, b in zip(y, want))
+    gap = max(float(np.abs(a - b).max()) for a, b in zip(want, flipped))
+    assert error < 1e-5 and gap > 1e3 * error + 1e-3, (error, gap)
+    # option II from that y: c_i+ = c_i - c + (x - y)/(K lr); dc_i = c_i+ - c_i
+    c_plus = [ci - cc + (xx - yy) / (steps * lr) for ci, cc, xx, yy in zip(c_i, c, x0, y)]
+    for got, want_c, d, ci in zip(state_arrays(client.ctx.state, "scaffold-ci"), c_plus, dc, c_i):
+        np.testing.assert_allclose(got, want_c, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(d, want_c - ci, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,168 @@
+"""The algorithm pages (docs/algorithms/*.md) name only tests and hyper-parameters that exist.
+
+What a page names, and how it is checked:
+
+* a test file, ``tests/test_x.py``: the file exists;
+* a test, ``tests/test_x.py::test_name`` (a line break after ``::`` allowed) or a bare
+  `` `test_name` `` in backticks: a function of that name in that file / in some test file;
+  parameter ids in brackets, ``test_name[a|b]``, must each appear in the test's
+  ``parametrize`` decorators (an id ``x-y`` pytest joined from two parameters: each part);
+* a hyper-parameter, ``hyper.<strategy>.<key>`` (``<a|b>`` for several strategies, ``<s>``
+  for any): a registered strategy with that key in its catalog entry;
+* a hyper-parameter table (a header cell says "hyper-parameter", or the first header cell is
+  ``key`` under a heading that says "hyper-parameter"): the backticked keys of a row whose
+  first cell is a registered strategy are that strategy's keys; the backticked first cells of
+  a ``key`` table are keys of a strategy the page names in backticks.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from flower_pfl import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = sorted((ROOT / "docs" / "algorithms").glob("*.md"))
+
+NODE = re.compile(r"tests/(test_\w+\.py)(?:::\s*(test_\w+)(\[[^\]\s`]*\])?)?")
+BARE = re.compile(r"(?<![:\w/])`(test_\w+)(\[[^\]`]*\])?`")
+HYPER = re.compile(r"hyper\.(<[^>]+>|[a-z0-9-]+)\.([a-z][a-z0-9-]*)")
+TICKED = re.compile(r"`([^`]+)`")
+
+
+@lru_cache(maxsize=None)
+def defined_tests(tests_dir: Path = ROOT / "tests") -> dict[str, dict[str, str]]:
+    """{file name: {test function: the source of its decorators}} of every test file."""
+    out = {}
+    for path in sorted(tests_dir.glob("test_*.py")):
+        text = path.read_text()
+        found = {}
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.name.startswith("test_"):
+                found[node.name] = "\n".join(ast.get_source_segment(text, d) or ""
+                                             for d in node.decorator_list)
+        out[path.name] = found
+    return out
+
+
+def _param_problems(name: str, ids: str | None, decorators: str) -> list[str]:
+    if not ids:
+        return []
+    missing = [i for i in ids[1:-1].split("|")
+               if i and i not in decorators and not all(part in decorators
+                                                        for part in i.split("-"))]
+    return [f"{name}{ids}: no parameter {m!r} in its parametrize decorators" for m in missing]
+
+
+def missing_tests(text: str, functions: dict[str, dict[str, str]]) -> list[str]:
+    """The tests a page's ``text`` names that do not exist."""
+    problems = []
+    for file, name, ids in NODE.findall(text):
+        if file not in functions:
+            problems.append(f"tests/{file} does not exist")
+        elif name and name not in functions[file]:
+            problems.append(f"tests/{file}::{name} does not exist")
+        elif name:
+            problems += _param_problems(name, ids, functions[file][name])
+    for name, ids in BARE.findall(text):
+        owners = [f for f, names in functions.items() if name in names]
+        if not owners:
+            problems.append(f"{name}: no test of that name in tests/")
+        else:
+            problems += _param_problems(name, ids, "\n".join(functions[f][name] for f in owners))
+    return problems
+
+
+def _keys(strategy: str) -> set[str]:
+    return set(registry.get(strategy).hyper)
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def hyper_problems(text: str) -> list[str]:
+    """The hyper-parameters a page's ``text`` names that no registered strategy has."""
+    problems = []
+    names = set(registry.REGISTRY)
+    for who, key in HYPER.findall(text):
+        if who.startswith("<"):
+            inner = who[1:-1]
+            owners = inner.split("|") if "|" in inner else sorted(names)
+            unknown = [o for o in owners if o not in names]
+            problems += [f"hyper.{who}.{key}: {o!r} is not a registered strategy" for o in unknown]
+            owners = [o for o in owners if o in names]
+            if "|" in inner:
+                problems += [f"hyper.{o}.{key}: not a hyper-parameter of {o}"
+                             for o in owners if key not in _keys(o)]
+            elif not any(key in _keys(o) for o in owners):
+                problems.append(f"hyper.{who}.{key}: no strategy has the key {key!r}")
+        elif who not in names:
+            problems.append(f"hyper.{who}.{key}: {who!r} is not a registered strategy")
+        elif key not in _keys(who):
+            problems.append(f"hyper.{who}.{key}: not a hyper-parameter of {who}")
+    on_page = {t for t in TICKED.findall(text) if t in names}
+    heading, header = "", None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            heading, header = line.lower(), None
+            continue
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = _cells(line)
+        if header is None:
+            header = [c.lower() for c in cells]
+            continue
+        if set("".join(cells)) <= set("-: "):
+            continue  # the |---| line
+        hyper_cols = [i for i, h in enumerate(header) if "hyper-param" in h]
+        first = TICKED.findall(cells[0])
+        if hyper_cols and len(first) == 1 and first[0] in names:
+            for i in hyper_cols:
+                for key in TICKED.findall(cells[i] if i < len(cells) else ""):
+                    if key not in _keys(first[0]):
+                        problems.append(f"table row {first[0]}: {key!r} is not a "
+                                        f"hyper-parameter of {first[0]}")
+        elif header[0] == "key" and "hyper-param" in heading and first:
+            if not any(first[0] in _keys(s) for s in on_page):
+                problems.append(f"hyper-parameter table: {first[0]!r} is not a key of any "
+                                f"strategy the page names ({sorted(on_page)})")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_page_names_only_existing_tests(page):
+    assert missing_tests(page.read_text(), defined_tests()) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_page_names_only_existing_hyper_parameters(page):
+    assert hyper_problems(page.read_text()) == []
+
+
+def test_the_checks_find_a_missing_test_a_missing_parameter_and_a_missing_key():
+    functions = {"test_a.py": {"test_one": "@pytest.mark.parametrize('p', ['lg', 'mh'])",
+                               "test_two": ""}}
+    good = ("`tests/test_a.py::test_one[lg|mh]`, `test_two` and `tests/test_a.py::\n"
+            "test_two`; `hyper.fedamp.sigma`, `hyper.<fedamp|heurfedamp>.evaluate`\n\n"
+            "| name | hyper-parameters (default) |\n|---|---|\n| `ditto` | `lambda` (0.1) |\n")
+    assert missing_tests(good, functions) == [] and hyper_problems(good) == []
+    assert missing_tests("`tests/test_a.py::test_three`", functions) == \
+        ["tests/test_a.py::test_three does not exist"]
+    assert missing_tests("`tests/test_b.py`", functions) == ["tests/test_b.py does not exist"]
+    assert missing_tests("see `test_three`", functions) == \
+        ["test_three: no test of that name in tests/"]
+    assert len(missing_tests("`test_one[lg|meg]`", functions)) == 1
+    assert hyper_problems("--set hyper.fedamp.sigmaa=1") == \
+        ["hyper.fedamp.sigmaa: not a hyper-parameter of fedamp"]
+    assert len(hyper_problems("`hyper.<fedamp|fedacs>.sigma-scale`")) == 1  # fedacs has none
+    assert len(hyper_problems("| name | hyper-parameters |\n|---|---|\n| `ditto` | `mu` |")) == 1
+    page = "`pfedme`\n### Hyper-parameters\n| key | default |\n|---|---|\n| `eta` | 0 |\n"
+    assert len(hyper_problems(page)) == 1  # pfedme has no eta
