@@ -11,7 +11,8 @@ Run config keys (pyproject.toml ``[tool.flwr.app.config]``):
                    use their own ``state-dir`` node config instead).
 
 The legacy server loop always counts rounds from 1; :class:`ResumableServer` starts at
-the strategy's ``start_round`` instead, so a resumed run continues with the next round.
+the strategy's ``start_round`` instead, so a resumed run continues with the next round,
+and it ends the run early, with a checkpoint, when ``flower-pfl run`` asks it to stop.
 
 The ServerApp's strategies do their math in numpy; only the initial model needs torch (its
 seeded initialisation).  :func:`initial_arrays_apart` builds it in a short-lived child
@@ -36,13 +37,16 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.history import History
 
 from flower_pfl import config as config_mod
-from flower_pfl import registry
+from flower_pfl import registry, reliability
 from flower_pfl.child import run_python
 
 
 class ResumableServer(Server):
     """Flower's legacy round loop (fit round, then federated evaluation), from
-    ``strategy.start_round`` to ``num_rounds``."""
+    ``strategy.start_round`` to ``num_rounds``.  After each round it looks for the stop
+    file of ``flower-pfl run`` (:data:`flower_pfl.reliability.STOP_FILE`); the last round,
+    and a round after which a stop was asked for, end with a checkpoint of that round
+    (``strategy.end_after``)."""
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         history = History()
@@ -63,7 +67,23 @@ class ResumableServer(Server):
             if res_fed is not None and res_fed[0] is not None:
                 history.add_loss_distributed(server_round=current_round, loss=res_fed[0])
                 history.add_metrics_distributed(server_round=current_round, metrics=res_fed[1])
+            if current_round >= num_rounds:
+                self.end_run(current_round, "completed")
+            elif self.stop_requested():
+                self.end_run(current_round, "stopped")
+                break
         return history, timeit.default_timer() - start
+
+    def stop_requested(self) -> bool:
+        """Whether ``flower-pfl run`` asked this run to stop (its stop file, written on
+        SIGINT/SIGTERM/SIGHUP, is in the results folder)."""
+        results = getattr(self.strategy, "results", None)
+        return results is not None and reliability.stop_requested(results.dir)
+
+    def end_run(self, server_round: int, status: str) -> None:
+        end_after = getattr(self.strategy, "end_after", None)
+        if end_after is not None:
+            end_after(server_round, status)
 
 
 #: the child of :func:`initial_arrays_apart`: the run's values (JSON) in, arrays (npz) out

@@ -68,6 +68,20 @@ class Checkpointing:
             folder, time.perf_counter() - started)
         return folder
 
+    def end_after(self, server_round: int, status: str) -> Path | None:
+        """The run ends after ``server_round`` (``completed``, or ``stopped`` on request):
+        checkpoint that round whatever ``checkpoint-every`` says (so a stopped run resumes
+        there and a finished one can be extended), and write the final status.  Nothing
+        is written with ``checkpoint-every`` 0 (the clients' state is not mirrored then)."""
+        folder = None
+        if int(self.cfg.values.get("checkpoint-every", 0) or 0) > 0:
+            folder = self.save_checkpoint(server_round)
+        if status != "completed":  # a completed run's status was set with its last round
+            self.results.finish(status)
+            log(INFO, "[flower-pfl] run %s after round %d of %d", status, server_round,
+                self.cfg["rounds"])
+        return folder
+
     def _config_identity(self) -> dict[str, Any]:
         return {"values": dict(self.cfg.values), "hyper": dict(self.hyper)}
 
@@ -84,15 +98,17 @@ class Checkpointing:
                               f"one every 'checkpoint-every' rounds; 0 disables them)")
         state = reliability.read_checkpoint(folder)
         mine, theirs = self._config_identity(), state["config"]
-        if mine != theirs:
-            diff = sorted(k for k in set(mine["values"]) | set(theirs["values"])
-                          if mine["values"].get(k) != theirs["values"].get(k))
-            if mine["hyper"] != theirs["hyper"]:
-                diff.append("hyper")
+        diff = reliability.config_differences(theirs["values"], theirs["hyper"],
+                                              mine["values"], mine["hyper"])
+        if diff:
             raise ResumeError(f"{folder.parent.parent} was written by a different configuration "
                               f"(differs in: {', '.join(diff)}); resume it with its own "
-                              f"configuration or start a new run")
+                              f"configuration (only {', '.join(reliability.RESUME_FREE_KEYS)} "
+                              f"may change) or start a new run")
         r = int(state["round"])
+        if r >= int(self.cfg["rounds"]):
+            raise ResumeError(f"{folder.parent.parent} has run {r} round(s) already; set "
+                              f"rounds above {r} to extend it")
         self.restore_state(state["strategy"])
         res = state["results"]
         self.results.rounds = list(res["rounds"])
