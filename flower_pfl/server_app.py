@@ -37,16 +37,15 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.history import History
 
 from flower_pfl import config as config_mod
-from flower_pfl import registry, reliability
+from flower_pfl import registry
 from flower_pfl.child import run_python
 
 
 class ResumableServer(Server):
     """Flower's legacy round loop (fit round, then federated evaluation), from
-    ``strategy.start_round`` to ``num_rounds``.  After each round it looks for the stop
-    file of ``flower-pfl run`` (:data:`flower_pfl.reliability.STOP_FILE`); the last round,
-    and a round after which a stop was asked for, end with a checkpoint of that round
-    (``strategy.end_after``)."""
+    ``strategy.start_round`` to ``num_rounds``.  After each round the strategy's
+    ``after_round`` says whether the run ends there: its last round, or a stop asked for
+    by ``flower-pfl run`` (both checkpointed; strategies/checkpointing.py)."""
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         history = History()
@@ -67,23 +66,10 @@ class ResumableServer(Server):
             if res_fed is not None and res_fed[0] is not None:
                 history.add_loss_distributed(server_round=current_round, loss=res_fed[0])
                 history.add_metrics_distributed(server_round=current_round, metrics=res_fed[1])
-            if current_round >= num_rounds:
-                self.end_run(current_round, "completed")
-            elif self.stop_requested():
-                self.end_run(current_round, "stopped")
-                break
+            after_round = getattr(self.strategy, "after_round", None)
+            if after_round is not None and after_round(current_round, num_rounds):
+                break  # the last round, or a stop asked for (checkpointed either way)
         return history, timeit.default_timer() - start
-
-    def stop_requested(self) -> bool:
-        """Whether ``flower-pfl run`` asked this run to stop (its stop file, written on
-        SIGINT/SIGTERM/SIGHUP, is in the results folder)."""
-        results = getattr(self.strategy, "results", None)
-        return results is not None and reliability.stop_requested(results.dir)
-
-    def end_run(self, server_round: int, status: str) -> None:
-        end_after = getattr(self.strategy, "end_after", None)
-        if end_after is not None:
-            end_after(server_round, status)
 
 
 #: the child of :func:`initial_arrays_apart`: the run's values (JSON) in, arrays (npz) out

@@ -68,6 +68,19 @@ class Checkpointing:
             folder, time.perf_counter() - started)
         return folder
 
+    def after_round(self, server_round: int, last_round: int) -> bool:
+        """Called by the round loop after each round; True: end the run now.  The last
+        round ends it ``completed``; a stop asked for by ``flower-pfl run`` (its stop file
+        in the results folder, :func:`flower_pfl.reliability.request_stop`) ends it
+        ``stopped`` after the round in progress.  Either way that round is checkpointed."""
+        if server_round >= last_round:
+            self.end_after(server_round, "completed")
+            return True
+        if reliability.stop_requested(self.results.dir):
+            self.end_after(server_round, "stopped")
+            return True
+        return False
+
     def end_after(self, server_round: int, status: str) -> Path | None:
         """The run ends after ``server_round`` (``completed``, or ``stopped`` on request):
         checkpoint that round whatever ``checkpoint-every`` says (so a stopped run resumes

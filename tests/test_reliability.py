@@ -314,6 +314,114 @@ def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path)
         inprocess.run(other, tmp_path, resume=True)
 
 
+# ------------------------------------------------------------- stop, resume, extend
+def _lifecycle_cfg(**changes):
+    # default checkpoint-every (5): only the stop and the run's end write checkpoints here
+    return small_config(**{"strategy": "fedamp", "rounds": 3, "clients": 4, "model": "mclr",
+                            "fraction-fit": 0.5, "data.subsample": 2000, **changes})
+
+
+def test_stop_file_ends_the_run_after_its_round_and_resume_equals_uninterrupted(tmp_path):
+    cfg = _lifecycle_cfg()
+    assert cfg["checkpoint-every"] == 5  # the default: no periodic checkpoint in 3 rounds
+    full = tmp_path / "full"
+    inprocess.run(cfg, full, client_state_dir=full / "client-state")
+
+    part = tmp_path / "part"
+
+    def stop(strategy_obj, r):
+        if r == 2:  # `flower-pfl run` got SIGINT during round 2
+            reliability.request_stop(part)
+    inprocess.run(cfg, part, client_state_dir=part / "client-state", on_round=stop)
+    summary = json.loads((part / "summary.json").read_text())
+    assert summary["status"] == "stopped" and [r["round"] for r in summary["rounds"]] == [1, 2]
+    assert reliability.latest_checkpoint(part).name == "round-000002"
+    reliability.clear_stop(part)  # as the launcher does before it starts a run
+    inprocess.run(cfg, part, client_state_dir=part / "client-state", resume=True)
+    assert [int(r["round"]) for r in _read(part / "rounds.csv")] == [1, 2, 3]
+    assert _read(part / "clients.csv") == _read(full / "clients.csv") or \
+        _same_metrics(_read(part / "clients.csv"), _read(full / "clients.csv"))
+    assert json.loads((part / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_finished_run_is_extended_and_its_first_rows_stay(tmp_path):
+    short, longer = tmp_path / "short", tmp_path / "longer"
+    inprocess.run(_lifecycle_cfg(rounds=2), short, client_state_dir=short / "client-state")
+    first = _read(short / "clients.csv")
+    assert reliability.latest_checkpoint(short).name == "round-000002"  # the run's end
+    inprocess.run(_lifecycle_cfg(rounds=4), short, client_state_dir=short / "client-state",
+                  resume=True)
+    rows = _read(short / "clients.csv")
+    assert [r for r in rows if int(r["round"]) <= 2] == first
+    assert sorted({int(r["round"]) for r in rows}) == [1, 2, 3, 4]
+    # ... and it is the run that 4 rounds from the start would have been
+    inprocess.run(_lifecycle_cfg(rounds=4), longer, client_state_dir=longer / "client-state")
+    assert _same_metrics(rows, _read(longer / "clients.csv"))
+
+
+def _checkpointed(tmp_path, cfg, done: int) -> Path:
+    """A results folder whose newest checkpoint is after round ``done`` of ``cfg``."""
+    run = tmp_path / "run"
+    state = {"version": 1, "round": done,
+             "config": {"values": dict(cfg.values), "hyper": dict(cfg.hyper)}}
+    reliability.write_checkpoint(run, done, state)
+    return run
+
+
+def test_resume_compares_with_the_runs_own_configuration(tmp_path):
+    from flower_pfl.config import ConfigError
+    from flower_pfl.running.launch import AlreadyCompleted, resume_config
+
+    cfg = _lifecycle_cfg(rounds=3, **{"train.epochs": 2, "output-dir": "/elsewhere"})
+    run = _checkpointed(tmp_path, cfg, 3)
+    with pytest.raises(AlreadyCompleted, match=r"completed all its 3 round\(s\).*--set rounds=N"):
+        resume_config(run)
+    extended, path = resume_config(run, None, ["rounds=5", "stall-timeout=60"])
+    assert (extended["rounds"], extended["train.epochs"], extended["stall-timeout"]) == \
+        (5, 2, 60)
+    assert yaml.safe_load(path.read_text())["rounds"] == 5  # what the ServerApp reads
+    with pytest.raises(ConfigError) as bad:
+        resume_config(run, None, ["rounds=5", "seed=4"])
+    assert "seed differ(s) from the run's own configuration" in str(bad.value)
+    assert "train.epochs" not in str(bad.value).split("differ(s)")[0]
+    with pytest.raises(ConfigError, match=r": hyper\.sigma differ\(s\)"):
+        resume_config(run, None, ["hyper.fedamp.sigma=7"])
+    with pytest.raises(ConfigError, match="set rounds above 3"):
+        resume_config(run, None, ["rounds=2"])
+
+
+def test_config_differences_name_each_key_and_leave_the_free_ones_out():
+    saved = {"rounds": 3, "seed": 0, "train.lr": 0.1, "output-dir": "a"}
+    given = {"rounds": 9, "seed": 1, "train.lr": 0.1, "output-dir": "b", "extra": 1}
+    assert reliability.config_differences(saved, {"mu": 1.0, "k": 2}, given,
+                                          {"mu": 1.0, "k": 3}) == ["extra", "seed", "hyper.k"]
+    assert reliability.config_differences(saved, {}, saved, {}) == []
+
+
+_SIGNALS_CHILD = """
+import os, signal, sys
+from flower_pfl.running.procs import StopAfterRound, Terminated
+asked = []
+StopAfterRound(asked.append).install()
+os.kill(os.getpid(), signal.SIGINT)      # Ctrl-C: ask once, go on
+print("asked", asked, flush=True)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)  # again: stop now
+except Terminated as exc:
+    print("terminated", exc.signum, flush=True)
+"""
+
+
+def test_first_signal_asks_the_run_to_stop_a_second_stops_it_even_with_sigint_ignored():
+    # started with SIGINT ignored, as from `nohup` or a script's `trap '' INT`
+    out = subprocess.run([sys.executable, "-c", _SIGNALS_CHILD], capture_output=True,
+                         text=True, timeout=60, cwd=REPO,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == [f"asked [{int(signal.SIGINT)}]",
+                                          f"terminated {int(signal.SIGTERM)}"]
+
+
 # ------------------------------------------------------------- real `flower-pfl run`
 def _tiny_yaml(tmp_path: Path, strategy: str, **changes) -> Path:
     tree = {"strategy": strategy, "rounds": 4, "clients": 4, "fraction-fit": 0.5,

@@ -131,9 +131,9 @@ class RoundTracker:
         after = self.done - self.first  # rounds completed after the first one
         if left <= 0:
             return 0.0
-        if after <= 0:  # the first round's time is mostly start-up (Ray, actors): no ETA yet
-            return None
-        return left * (now - self.first_done_t) / after
+        # the first round's time is mostly start-up (Ray, the actors): no ETA from it alone
+        per = (now - self.first_done_t) / after if after > 0 else None
+        return None if per is None else left * per
 
 
 def follow_round(out: Output, track: RoundTracker, kind: str,
