@@ -45,12 +45,7 @@ from flower_pfl.reporting.console import BenchConsole, RunConsole
 from flower_pfl.reporting.results import read_summary
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.bench import run_bench
-from flower_pfl.running.launch import (
-    TRACKING_KEYS,
-    AlreadyCompleted,
-    resume_config,
-    run_simulation,
-)
+from flower_pfl.running.launch import AlreadyCompleted, resume_config, run_simulation
 from flower_pfl.running.procs import LaunchError, StopAfterRound, Terminated, stop_on_signals
 
 WIDTH = 100  # the strategies list fits a terminal this wide
@@ -84,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "'tracking: tensorboard' writes them to <results>/tensorboard); "
                            "needs pip install 'flower-pfl[tensorboard]'")
             p.add_argument("--resume", metavar="RESULTS_DIR", default=None,
-                           help="continue a stopped run from its newest checkpoint (its own "
-                           "configuration is used; --config/--set must match it if given)")
+                           help="continue a stopped run from its newest checkpoint with its "
+                           "own configuration; --set rounds=N extends a finished one (only "
+                           "rounds, output, tracking and time-limit keys may differ)")
     p = sub.add_parser("strategies", help="list the registered strategies; with NAME, one "
                        "strategy's description and hyper-parameters")
     p.add_argument("name", nargs="?", help="a registered strategy, e.g. fedamp")
@@ -149,12 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return strategies_command(args.name)
     resume_dir = Path(args.resume).resolve() if getattr(args, "resume", None) else None
     sets = list(args.set or [])
-    # tracking changes no result: --tensorboard (and a tracking --set) may join a resume
-    extra = [s for s in sets if s.split("=", 1)[0].strip() in TRACKING_KEYS]
-    if getattr(args, "tensorboard", None):
-        extra += ["tracking=tensorboard",
-                  f"tracking-dir={Path(args.tensorboard).expanduser().resolve()}"]
-        sets += extra[-2:]
+    if getattr(args, "tensorboard", None):  # tracking changes no result: it may join a resume
+        sets += ["tracking=tensorboard",
+                 f"tracking-dir={Path(args.tensorboard).expanduser().resolve()}"]
     try:
         if resume_dir is not None:  # --set/--config compared with the run's own configuration
             cfg, resume_yaml = resume_config(

@@ -7,10 +7,10 @@ and client resources taken from the YAML (:func:`federation_config`), checks the
 FINAL status (:func:`flower_pfl.running.procs.flwr_run`: ``flwr run --stream`` exits 0 even when
 the run failed) and stops every process it started -- SuperLink, SuperExec, ServerApp,
 Ray -- by PID, also on failure or Ctrl-C.  :func:`resume_config` rebuilds the configuration
-of a run to resume from its checkpoint (the tracking keys, :data:`TRACKING_KEYS`, may
-differ: they change no result).  The command line: :mod:`flower_pfl.cli`; what it prints
-while a run goes (it passes ``echo=False`` and its console's ``on_line``):
-:mod:`flower_pfl.reporting.console`.
+of a run to resume from its checkpoint (only the keys that cannot change its past,
+:data:`flower_pfl.reliability.RESUME_FREE_KEYS`, may differ: ``rounds`` extends it).
+The command line: :mod:`flower_pfl.cli`; what it prints while a run goes (it passes
+``echo=False`` and its console's ``on_line``): :mod:`flower_pfl.reporting.console`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,6 @@ from flower_pfl.running.procs import (  # noqa: F401 - LaunchError: what run_sim
 #: value set in the environment wins). Ray starts one idle Python worker per CPU for the
 #: first driver (~50-90 MB each) besides the ClientApp actors, which never use them.
 RAY_ENV = {"RAY_prestart_worker_first_driver": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-
-#: configuration keys that say where a run's numbers are also written, not what runs: a
-#: resumed run may set them differently (flower_pfl/reporting/tracking.py)
-TRACKING_KEYS = ("tracking", "tracking-dir")
-
 
 # ------------------------------------------------------------------------ processes
 def simulation_env(flwr_home: Path, port: int) -> dict:
@@ -115,6 +110,7 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
                 append=resume)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        reliability.clear_stop(results_dir)  # asked of this run: answered or moot now
     return RunOutcome(outcome.status, outcome.run_id, set(procs.known) - before)
 
 
