@@ -2,8 +2,11 @@
 
 Every ``checkpoint-every`` rounds :meth:`Checkpointing.save_checkpoint` writes, atomically
 (:mod:`flower_pfl.reliability`), the round, the configuration's identity, the strategy's
-state and the results state; :meth:`Checkpointing.resume` continues from the newest one,
-rewinding the results files so that no round is written twice.
+state and the results state; :meth:`Checkpointing.after_round` also writes one after the
+run's last round and after a round at whose end ``flower-pfl run`` asked it to stop (status
+``stopped``).  :meth:`Checkpointing.resume` continues from the newest one, rewinding the
+results files so that no round is written twice; only the configuration keys that cannot
+change the past (``reliability.RESUME_FREE_KEYS``: ``rounds`` extends a run) may differ.
 
 The strategy's state is an allow-list: each class names the attributes it saves in a
 class attribute ``checkpointed`` (a tuple of names), and a checkpoint holds the union of
