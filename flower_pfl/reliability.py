@@ -284,6 +284,7 @@ STOP_FILE = "stop-requested"
 def request_stop(results_dir: str | Path) -> Path:
     """Ask the run writing ``results_dir`` to stop after the round it is in."""
     path = Path(results_dir) / STOP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)  # a signal before the run made it
     path.write_text(f"{time.time():.3f}\n")
     return path
 
