@@ -32,21 +32,21 @@ import shutil
 import signal
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Sequence
 
 from flower_pfl import config as config_mod
-from flower_pfl import registry
+from flower_pfl import registry, reliability
 from flower_pfl.config import APP_DIR
 from flower_pfl.matrix import MatrixError, load_matrix
 from flower_pfl.reliability import preflight_apart
 from flower_pfl.reporting import tracking
 from flower_pfl.reporting.console import BenchConsole, RunConsole
+from flower_pfl.reporting.results import read_summary
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.bench import run_bench
-from flower_pfl.running.launch import TRACKING_KEYS, resume_config, run_simulation
-from flower_pfl.running.procs import LaunchError, Terminated, stop_on_signals
+from flower_pfl.running.launch import AlreadyCompleted, resume_config, run_simulation
+from flower_pfl.running.procs import LaunchError, StopAfterRound, Terminated, stop_on_signals
 
 WIDTH = 100  # the strategies list fits a terminal this wide
 
@@ -79,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "'tracking: tensorboard' writes them to <results>/tensorboard); "
                            "needs pip install 'flower-pfl[tensorboard]'")
             p.add_argument("--resume", metavar="RESULTS_DIR", default=None,
-                           help="continue a stopped run from its newest checkpoint (its own "
-                           "configuration is used; --config/--set must match it if given)")
+                           help="continue a stopped run from its newest checkpoint with its "
+                           "own configuration; --set rounds=N extends a finished one (only "
+                           "rounds, output, tracking and time-limit keys may differ)")
     p = sub.add_parser("strategies", help="list the registered strategies; with NAME, one "
                        "strategy's description and hyper-parameters")
     p.add_argument("name", nargs="?", help="a registered strategy, e.g. fedamp")
@@ -161,21 +162,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return compare_command(args)
     resume_dir = Path(args.resume).resolve() if getattr(args, "resume", None) else None
     sets = list(args.set or [])
-    # tracking changes no result: --tensorboard (and a tracking --set) may join a resume
-    extra = [s for s in sets if s.split("=", 1)[0].strip() in TRACKING_KEYS]
-    if getattr(args, "tensorboard", None):
-        extra += ["tracking=tensorboard",
-                  f"tracking-dir={Path(args.tensorboard).expanduser().resolve()}"]
-        sets += extra[-2:]
+    if getattr(args, "tensorboard", None):  # tracking changes no result: it may join a resume
+        sets += ["tracking=tensorboard",
+                 f"tracking-dir={Path(args.tensorboard).expanduser().resolve()}"]
     try:
-        if resume_dir is not None:
+        if resume_dir is not None:  # --set/--config compared with the run's own configuration
             cfg, resume_yaml = resume_config(
-                resume_dir, Path(args.config) if args.config_given else None,
-                [s for s in sets if s not in extra])
-            if extra:
-                cfg = config_mod.load(resume_yaml, extra)
+                resume_dir, Path(args.config) if args.config_given else None, sets)
         else:
             cfg = load_config(Path(args.config), sets)
+    except AlreadyCompleted as exc:
+        print(f"flower-pfl: {exc}")
+        return 0
     except config_mod.ConfigError as exc:
         print(f"flower-pfl: {exc}", file=sys.stderr)
         return 2
@@ -190,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "deploy":
         return deploy_command(args, cfg)
     if resume_dir is not None:
-        return run_command(args, cfg, resume_yaml, extra, resume_dir)
+        return run_command(args, cfg, resume_yaml, [], resume_dir)
     return run_command(args, cfg, Path(args.config), sets, None)
 
 
@@ -311,8 +309,13 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
     console.print(f"flower-pfl: {cfg.strategy} on {cfg['data.dataset']}/{cfg['data.partition']}"
                   f", {cfg['clients']} clients, {cfg['rounds']} rounds -> {results_dir}"
                   f"{' (resumed)' if resume_dir else ''} (full log: flwr-run.log there)")
-    stop_on_signals()
-    started = time.time()
+    def ask_to_stop(signum: int) -> None:
+        reliability.request_stop(results_dir)
+        print(f"\nflower-pfl: {signal.Signals(signum).name}: stopping after the round in "
+              f"progress (it is checkpointed); send it again to stop now", file=sys.stderr)
+
+    stops = StopAfterRound(ask_to_stop)
+    stops.install()
     try:
         with console:
             run_simulation(cfg, config_path, list(sets), results_dir, timeout_s=args.timeout,
@@ -320,15 +323,33 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
     except LaunchError as exc:
         print(f"flower-pfl: FAILED: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (procs.Terminated)
+    except KeyboardInterrupt as exc:  # a second signal (procs.Terminated): stopped at once
         name = exc.args[0] if isinstance(exc, Terminated) else "interrupted"
-        print(f"flower-pfl: {name}; every process of the run stopped. Continue with "
-              f"`flower-pfl run --resume {results_dir}`", file=sys.stderr)
+        reliability.mark_stopped(results_dir)
+        print(f"flower-pfl: {name}; every process of the run stopped. "
+              f"{resume_hint(results_dir)}", file=sys.stderr)
         return 128 + getattr(exc, "signum", signal.SIGINT)
-    console.summary(results_dir, time.time() - started,
+    finally:
+        reliability.clear_stop(results_dir)
+    summary = read_summary(results_dir) or {}
+    console.summary(results_dir, console.elapsed(),
                     tracking.logdir_hint(cfg.values, results_dir)
                     if tracking.enabled(cfg.values) else None)
+    if summary.get("status") == "stopped":
+        print(f"flower-pfl: {signal.Signals(stops.signum or signal.SIGINT).name}: the run "
+              f"stopped after round {len(summary.get('rounds') or [])} of {cfg['rounds']}. "
+              f"{resume_hint(results_dir)}", file=sys.stderr)
+        return 128 + int(stops.signum or signal.SIGINT)
     return 0
+
+
+def resume_hint(results_dir: Path) -> str:
+    """How to continue a stopped run -- only where a checkpoint exists to continue from."""
+    folder = reliability.latest_checkpoint(results_dir)
+    if folder is None:
+        return "It wrote no checkpoint, so it cannot be resumed (checkpoint-every 0?)."
+    return (f"Its checkpoint is after round {int(folder.name.split('-')[-1])}; continue with "
+            f"`flower-pfl run --resume {results_dir}`")
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:

@@ -48,6 +48,7 @@ import pickle
 import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,6 +250,64 @@ def restore_client_state(folder: Path, client_state_dir: Path) -> None:
     client_state_dir.mkdir(parents=True, exist_ok=True)
     if (folder / CLIENT_STATE).is_dir():
         link_tree(folder / CLIENT_STATE, client_state_dir)
+
+
+#: configuration keys a resumed run may set differently from the run it continues: none of
+#: them changes a round already run -- how many rounds there are (``rounds``: extend a run,
+#: or end a stopped one earlier), where results and caches go, what tracks them, and the
+#: time limits and checkpoint interval of the rounds still to come.  Any other key (data,
+#: model, strategy, hyper-parameters, seed, sampling, training) would make the continued
+#: run a different experiment than its first rounds.
+RESUME_FREE_KEYS = ("rounds", "output-dir", "run-name", "cache-dir", "tracking",
+                    "tracking-dir", "checkpoint-every", "stall-timeout", "round-timeout")
+
+
+def config_differences(saved_values: Mapping[str, Any], saved_hyper: Mapping[str, Any],
+                       values: Mapping[str, Any], hyper: Mapping[str, Any],
+                       free: Sequence[str] = RESUME_FREE_KEYS) -> list[str]:
+    """The keys in which a resumed run's configuration (``values``, ``hyper``) differs from
+    the one its checkpoint was written with, leaving out ``free`` keys; each differing
+    hyper-parameter is named ``hyper.<name>``."""
+    diff = sorted(k for k in set(saved_values) | set(values)
+                  if k not in free and saved_values.get(k) != values.get(k))
+    diff += sorted(f"hyper.{k}" for k in set(saved_hyper) | set(hyper)
+                   if saved_hyper.get(k) != hyper.get(k))
+    return diff
+
+
+#: the file ``flower-pfl run`` writes into the results folder on SIGINT/SIGTERM/SIGHUP; the
+#: ServerApp looks for it after every round and, when it is there, checkpoints that round
+#: and ends the run with status ``stopped`` (docs/reliability.md)
+STOP_FILE = "stop-requested"
+
+
+def request_stop(results_dir: str | Path) -> Path:
+    """Ask the run writing ``results_dir`` to stop after the round it is in."""
+    path = Path(results_dir) / STOP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)  # a signal before the run made it
+    path.write_text(f"{time.time():.3f}\n")
+    return path
+
+
+def stop_requested(results_dir: str | Path) -> bool:
+    return (Path(results_dir) / STOP_FILE).exists()
+
+
+def clear_stop(results_dir: str | Path) -> None:
+    (Path(results_dir) / STOP_FILE).unlink(missing_ok=True)
+
+
+def mark_stopped(results_dir: str | Path) -> None:
+    """Set ``status: stopped`` in the ``summary.json`` of a run the launcher stopped at
+    once (a second signal: the ServerApp had no chance to write it)."""
+    path = Path(results_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if summary.get("status") == "running":
+        summary["status"] = "stopped"
+        atomic_write_text(path, json.dumps(summary, indent=2, sort_keys=True))
 
 
 def rewind_csv(path: Path, last_round: int) -> int:

@@ -11,7 +11,8 @@ Run config keys (pyproject.toml ``[tool.flwr.app.config]``):
                    use their own ``state-dir`` node config instead).
 
 The legacy server loop always counts rounds from 1; :class:`ResumableServer` starts at
-the strategy's ``start_round`` instead, so a resumed run continues with the next round.
+the strategy's ``start_round`` instead, so a resumed run continues with the next round,
+and it ends the run early, with a checkpoint, when ``flower-pfl run`` asks it to stop.
 
 The ServerApp's strategies do their math in numpy; only the initial model needs torch (its
 seeded initialisation).  :func:`initial_arrays_apart` builds it in a short-lived child
@@ -42,7 +43,9 @@ from flower_pfl.child import run_python
 
 class ResumableServer(Server):
     """Flower's legacy round loop (fit round, then federated evaluation), from
-    ``strategy.start_round`` to ``num_rounds``."""
+    ``strategy.start_round`` to ``num_rounds``.  After each round the strategy's
+    ``after_round`` says whether the run ends there: its last round, or a stop asked for
+    by ``flower-pfl run`` (both checkpointed; strategies/checkpointing.py)."""
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         history = History()
@@ -63,6 +66,9 @@ class ResumableServer(Server):
             if res_fed is not None and res_fed[0] is not None:
                 history.add_loss_distributed(server_round=current_round, loss=res_fed[0])
                 history.add_metrics_distributed(server_round=current_round, metrics=res_fed[1])
+            after_round = getattr(self.strategy, "after_round", None)
+            if after_round is not None and after_round(current_round, num_rounds):
+                break  # the last round, or a stop asked for (checkpointed either way)
         return history, timeit.default_timer() - start
 
 

@@ -2,8 +2,11 @@
 
 Every ``checkpoint-every`` rounds :meth:`Checkpointing.save_checkpoint` writes, atomically
 (:mod:`flower_pfl.reliability`), the round, the configuration's identity, the strategy's
-state and the results state; :meth:`Checkpointing.resume` continues from the newest one,
-rewinding the results files so that no round is written twice.
+state and the results state; :meth:`Checkpointing.after_round` also writes one after the
+run's last round and after a round at whose end ``flower-pfl run`` asked it to stop (status
+``stopped``).  :meth:`Checkpointing.resume` continues from the newest one, rewinding the
+results files so that no round is written twice; only the configuration keys that cannot
+change the past (``reliability.RESUME_FREE_KEYS``: ``rounds`` extends a run) may differ.
 
 The strategy's state is an allow-list: each class names the attributes it saves in a
 class attribute ``checkpointed`` (a tuple of names), and a checkpoint holds the union of
@@ -68,6 +71,33 @@ class Checkpointing:
             folder, time.perf_counter() - started)
         return folder
 
+    def after_round(self, server_round: int, last_round: int) -> bool:
+        """Called by the round loop after each round; True: end the run now.  The last
+        round ends it ``completed``; a stop asked for by ``flower-pfl run`` (its stop file
+        in the results folder, :func:`flower_pfl.reliability.request_stop`) ends it
+        ``stopped`` after the round in progress.  Either way that round is checkpointed."""
+        if server_round >= last_round:
+            self.end_after(server_round, "completed")
+            return True
+        if reliability.stop_requested(self.results.dir):
+            self.end_after(server_round, "stopped")
+            return True
+        return False
+
+    def end_after(self, server_round: int, status: str) -> Path | None:
+        """The run ends after ``server_round`` (``completed``, or ``stopped`` on request):
+        checkpoint that round whatever ``checkpoint-every`` says (so a stopped run resumes
+        there and a finished one can be extended), and write the final status.  Nothing
+        is written with ``checkpoint-every`` 0 (the clients' state is not mirrored then)."""
+        folder = None
+        if int(self.cfg.values.get("checkpoint-every", 0) or 0) > 0:
+            folder = self.save_checkpoint(server_round)
+        if status != "completed":  # a completed run's status was set with its last round
+            self.results.finish(status)
+            log(INFO, "[flower-pfl] run %s after round %d of %d", status, server_round,
+                self.cfg["rounds"])
+        return folder
+
     def _config_identity(self) -> dict[str, Any]:
         return {"values": dict(self.cfg.values), "hyper": dict(self.hyper)}
 
@@ -84,15 +114,17 @@ class Checkpointing:
                               f"one every 'checkpoint-every' rounds; 0 disables them)")
         state = reliability.read_checkpoint(folder)
         mine, theirs = self._config_identity(), state["config"]
-        if mine != theirs:
-            diff = sorted(k for k in set(mine["values"]) | set(theirs["values"])
-                          if mine["values"].get(k) != theirs["values"].get(k))
-            if mine["hyper"] != theirs["hyper"]:
-                diff.append("hyper")
+        diff = reliability.config_differences(theirs["values"], theirs["hyper"],
+                                              mine["values"], mine["hyper"])
+        if diff:
             raise ResumeError(f"{folder.parent.parent} was written by a different configuration "
                               f"(differs in: {', '.join(diff)}); resume it with its own "
-                              f"configuration or start a new run")
+                              f"configuration (only {', '.join(reliability.RESUME_FREE_KEYS)} "
+                              f"may change) or start a new run")
         r = int(state["round"])
+        if r >= int(self.cfg["rounds"]):
+            raise ResumeError(f"{folder.parent.parent} has run {r} round(s) already; set "
+                              f"rounds above {r} to extend it")
         self.restore_state(state["strategy"])
         res = state["results"]
         self.results.rounds = list(res["rounds"])

@@ -229,9 +229,40 @@ def test_eta_leaves_the_first_round_out():
     t = console_output.RoundTracker(10)
     t.started, t.first = 0.0, 1
     t.first_done_t, t.done = 30.0, 1  # round 1 took 30 s (Ray's start)
-    assert t.eta(now=30.0) == 9 * 30.0
-    t.done = 3  # rounds 2 and 3 took 5 s each
+    assert t.eta(now=30.0) is None  # no round after the first yet: no ETA, not 9 x 30 s
+    t.done = 3  # rounds 2 and 3 took 4 s and 6 s
     assert t.eta(now=40.0) == 7 * 5.0
+    t.done = 10
+    assert t.eta(now=80.0) == 0.0
+
+
+def test_eta_of_a_resumed_run_counts_from_its_own_first_round():
+    t = console_output.RoundTracker(20)
+    t.started, t.first = 0.0, 6  # resumed after round 5: round 6 carries the start-up
+    t.first_done_t, t.done = 50.0, 6
+    assert t.eta(now=50.0) is None
+    t.done = 8  # rounds 7 and 8: 3 s together
+    assert t.eta(now=53.0) == 12 * 1.5
+
+
+def test_round_lines_show_no_eta_until_a_round_after_the_first_and_share_the_summary_clock(
+        monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(console.time, "time", lambda: now[0])  # a clock the test moves
+    c = console.RunConsole(3, stream=io.StringIO(), bar=False)
+    now[0] = 1010.0  # the launcher's preflight ran before the console was entered
+    with c:
+        for line in RAW:
+            if "round 1: personalized" in line:
+                now[0] += 60.0  # round 1 (with Ray's start) took 60 s
+            elif re.search(r"round [23]: personalized", line):
+                now[0] += 15.0  # rounds 2 and 3: 15 s each
+            c.feed(line + "\n")
+    rounds = [ln for ln in c.out.stream.getvalue().splitlines() if re.match(r"round \d/3 ", ln)]
+    assert rounds[0].endswith("| 1m00s") and "ETA" not in rounds[0]
+    assert rounds[1].endswith("| 1m15s, ETA 15s")
+    assert rounds[2].endswith("| 1m30s, ETA 0s")
+    assert c.elapsed() == 90.0  # what the closing summary prints: the round lines' clock
 
 
 def test_summary_gives_final_and_best_of_a_real_run(tmp_path):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -314,6 +316,114 @@ def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path)
         inprocess.run(other, tmp_path, resume=True)
 
 
+# ------------------------------------------------------------- stop, resume, extend
+def _lifecycle_cfg(**changes):
+    # default checkpoint-every (5): only the stop and the run's end write checkpoints here
+    return small_config(**{"strategy": "fedamp", "rounds": 3, "clients": 4, "model": "mclr",
+                            "fraction-fit": 0.5, "data.subsample": 2000, **changes})
+
+
+def test_stop_file_ends_the_run_after_its_round_and_resume_equals_uninterrupted(tmp_path):
+    cfg = _lifecycle_cfg()
+    assert cfg["checkpoint-every"] == 5  # the default: no periodic checkpoint in 3 rounds
+    full = tmp_path / "full"
+    inprocess.run(cfg, full, client_state_dir=full / "client-state")
+
+    part = tmp_path / "part"
+
+    def stop(strategy_obj, r):
+        if r == 2:  # `flower-pfl run` got SIGINT during round 2
+            reliability.request_stop(part)
+    inprocess.run(cfg, part, client_state_dir=part / "client-state", on_round=stop)
+    summary = json.loads((part / "summary.json").read_text())
+    assert summary["status"] == "stopped" and [r["round"] for r in summary["rounds"]] == [1, 2]
+    assert reliability.latest_checkpoint(part).name == "round-000002"
+    reliability.clear_stop(part)  # as the launcher does before it starts a run
+    inprocess.run(cfg, part, client_state_dir=part / "client-state", resume=True)
+    assert [int(r["round"]) for r in _read(part / "rounds.csv")] == [1, 2, 3]
+    assert _read(part / "clients.csv") == _read(full / "clients.csv") or \
+        _same_metrics(_read(part / "clients.csv"), _read(full / "clients.csv"))
+    assert json.loads((part / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_finished_run_is_extended_and_its_first_rows_stay(tmp_path):
+    short, longer = tmp_path / "short", tmp_path / "longer"
+    inprocess.run(_lifecycle_cfg(rounds=2), short, client_state_dir=short / "client-state")
+    first = _read(short / "clients.csv")
+    assert reliability.latest_checkpoint(short).name == "round-000002"  # the run's end
+    inprocess.run(_lifecycle_cfg(rounds=4), short, client_state_dir=short / "client-state",
+                  resume=True)
+    rows = _read(short / "clients.csv")
+    assert [r for r in rows if int(r["round"]) <= 2] == first
+    assert sorted({int(r["round"]) for r in rows}) == [1, 2, 3, 4]
+    # ... and it is the run that 4 rounds from the start would have been
+    inprocess.run(_lifecycle_cfg(rounds=4), longer, client_state_dir=longer / "client-state")
+    assert _same_metrics(rows, _read(longer / "clients.csv"))
+
+
+def _checkpointed(tmp_path, cfg, done: int) -> Path:
+    """A results folder whose newest checkpoint is after round ``done`` of ``cfg``."""
+    run = tmp_path / "run"
+    state = {"version": 1, "round": done,
+             "config": {"values": dict(cfg.values), "hyper": dict(cfg.hyper)}}
+    reliability.write_checkpoint(run, done, state)
+    return run
+
+
+def test_resume_compares_with_the_runs_own_configuration(tmp_path):
+    from flower_pfl.config import ConfigError
+    from flower_pfl.running.launch import AlreadyCompleted, resume_config
+
+    cfg = _lifecycle_cfg(rounds=3, **{"train.epochs": 2, "output-dir": "/elsewhere"})
+    run = _checkpointed(tmp_path, cfg, 3)
+    with pytest.raises(AlreadyCompleted, match=r"completed all its 3 round\(s\).*--set rounds=N"):
+        resume_config(run)
+    extended, path = resume_config(run, None, ["rounds=5", "stall-timeout=60"])
+    assert (extended["rounds"], extended["train.epochs"], extended["stall-timeout"]) == \
+        (5, 2, 60)
+    assert yaml.safe_load(path.read_text())["rounds"] == 5  # what the ServerApp reads
+    with pytest.raises(ConfigError) as bad:
+        resume_config(run, None, ["rounds=5", "seed=4"])
+    assert "seed differ(s) from the run's own configuration" in str(bad.value)
+    assert "train.epochs" not in str(bad.value).split("differ(s)")[0]
+    with pytest.raises(ConfigError, match=r": hyper\.sigma differ\(s\)"):
+        resume_config(run, None, ["hyper.fedamp.sigma=7"])
+    with pytest.raises(ConfigError, match="set rounds above 3"):
+        resume_config(run, None, ["rounds=2"])
+
+
+def test_config_differences_name_each_key_and_leave_the_free_ones_out():
+    saved = {"rounds": 3, "seed": 0, "train.lr": 0.1, "output-dir": "a"}
+    given = {"rounds": 9, "seed": 1, "train.lr": 0.1, "output-dir": "b", "extra": 1}
+    assert reliability.config_differences(saved, {"mu": 1.0, "k": 2}, given,
+                                          {"mu": 1.0, "k": 3}) == ["extra", "seed", "hyper.k"]
+    assert reliability.config_differences(saved, {}, saved, {}) == []
+
+
+_SIGNALS_CHILD = """
+import os, signal, sys
+from flower_pfl.running.procs import StopAfterRound, Terminated
+asked = []
+StopAfterRound(asked.append).install()
+os.kill(os.getpid(), signal.SIGINT)      # Ctrl-C: ask once, go on
+print("asked", asked, flush=True)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)  # again: stop now
+except Terminated as exc:
+    print("terminated", exc.signum, flush=True)
+"""
+
+
+def test_first_signal_asks_the_run_to_stop_a_second_stops_it_even_with_sigint_ignored():
+    # started with SIGINT ignored, as from `nohup` or a script's `trap '' INT`
+    out = subprocess.run([sys.executable, "-c", _SIGNALS_CHILD], capture_output=True,
+                         text=True, timeout=60, cwd=REPO,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == [f"asked [{int(signal.SIGINT)}]",
+                                          f"terminated {int(signal.SIGTERM)}"]
+
+
 # ------------------------------------------------------------- real `flower-pfl run`
 def _tiny_yaml(tmp_path: Path, strategy: str, **changes) -> Path:
     tree = {"strategy": strategy, "rounds": 4, "clients": 4, "fraction-fit": 0.5,
@@ -327,9 +437,12 @@ def _tiny_yaml(tmp_path: Path, strategy: str, **changes) -> Path:
 
 
 def _cli(*args: str) -> subprocess.Popen:
+    # this checkout's code, not the one the console script was installed from
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+        str(REPO), os.environ.get("PYTHONPATH", "")]))}
     return subprocess.Popen([str(Path(sys.executable).parent / "flower-pfl"), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO, start_new_session=True)
+                            cwd=REPO, start_new_session=True, env=env)
 
 
 @pytest.mark.slow  # a real `flwr run`
@@ -367,7 +480,11 @@ def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, t
     rest = launcher.communicate(timeout=180)[0]
     stop.set()
     assert launcher.returncode == 128 + signal.SIGTERM, "".join(log[-30:]) + rest
-    assert "SIGTERM; every process of the run stopped" in rest
+    # the round in progress finished and was checkpointed; the hint names that checkpoint
+    stopped_after = int(re.search(r"SIGTERM: the run stopped after round (\d+) of 10",
+                                  rest).group(1))
+    assert f"Its checkpoint is after round {stopped_after}; continue with" in rest
+    assert json.loads((results / "summary.json").read_text())["status"] == "stopped"
     assert len(seen) > 3 and not [p for p in seen if is_alive(p)], "processes left running"
     done = [int(r["round"]) for r in _read(results / "rounds.csv")]
     assert 2 <= max(done) < 10, "the run finished before SIGTERM landed"
@@ -395,6 +512,84 @@ def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, t
         assert float(got[pid][metric]) == pytest.approx(float(want[pid][metric]), abs=1e-6)
         assert float(got[pid]["loss"]) == pytest.approx(float(want[pid]["loss"]), rel=1e-4)
         assert got[pid]["fit-rounds"] == want[pid]["fit-rounds"]
+
+
+def test_cli_resume_of_a_completed_run_says_so_and_a_changed_key_is_named(tmp_path, capsys):
+    from flower_pfl import cli
+
+    cfg = _lifecycle_cfg(rounds=3)
+    run = _checkpointed(tmp_path, cfg, 3)
+    assert cli.main(["run", "--resume", str(run)]) == 0
+    assert "has completed all its 3 round(s); nothing to resume" in capsys.readouterr().out
+    assert cli.main(["run", "--resume", str(run), "--set", "rounds=5",
+                     "--set", "train.lr=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "train.lr differ(s) from the run's own configuration" in err
+    assert "rounds" not in err.split("differ(s)")[0]  # the extension is allowed
+
+
+@pytest.fixture(scope="module")
+def shared_superlink(tmp_path_factory):
+    """One Ray instance and one simulation SuperLink for the real runs below (as
+    tests/test_e2e_simulation.py); stopped by PID at the end."""
+    from contextlib import ExitStack
+
+    from flower_pfl.running.launch import simulation_superlink
+    from flower_pfl.running.procs import is_alive
+    from flower_pfl.running.rayhead import shared_ray
+
+    work = tmp_path_factory.mktemp("superlink")
+    with ExitStack() as stack:
+        env = stack.enter_context(pytest.MonkeyPatch.context())
+        env.setenv("RAY_ADDRESS", stack.enter_context(shared_ray(work, work / "ray.log")))
+        shared = stack.enter_context(simulation_superlink(work, work / "superlink.log"))
+        yield shared
+    assert not any(is_alive(p) for p in shared[1].known), "the shared SuperLink left processes"
+
+
+def _real_run(cfg_path: Path, results: Path, superlink, sets=(), resume=False, on_line=None):
+    from flower_pfl import config
+    from flower_pfl.running.launch import resume_config, run_simulation
+
+    if resume:
+        cfg, cfg_path = resume_config(results, None, list(sets))
+        sets = ()
+    else:
+        cfg = config.load(cfg_path, list(sets) or None)
+    return run_simulation(cfg, cfg_path, list(sets), results, echo=False, timeout_s=600,
+                          resume=resume, on_line=on_line, superlink=superlink)
+
+
+@pytest.mark.slow  # real `flwr run`s on one shared SuperLink and Ray instance
+def test_real_stop_in_round_2_resumes_to_the_uninterrupted_rows_and_extends(tmp_path,
+                                                                           shared_superlink):
+    # a CNN and 4 epochs, so that a round (~2 s) outlasts the ~0.5 s `flwr run --stream`
+    # takes to show its [ROUND 2] line (MCLR rounds take 0.2 s: the stop would land after
+    # the last round)
+    path = _tiny_yaml(tmp_path, "fedamp", rounds=3, model="cnn", train={"epochs": 4})
+    tree = yaml.safe_load(path.read_text())
+    del tree["checkpoint-every"]  # the default, 5: no periodic checkpoint in 3 rounds
+    path.write_text(yaml.safe_dump(tree))
+    full, part = tmp_path / "full", tmp_path / "part"
+    _real_run(path, full, shared_superlink)
+
+    def stop_in_round_2(line: str) -> None:  # what the launcher does on SIGINT
+        if "[ROUND 2]" in line:
+            reliability.request_stop(part)
+    _real_run(path, part, shared_superlink, on_line=stop_in_round_2)
+    summary = json.loads((part / "summary.json").read_text())
+    assert summary["status"] == "stopped" and len(summary["rounds"]) == 2
+    assert reliability.latest_checkpoint(part).name == "round-000002"
+    _real_run(path, part, shared_superlink, resume=True)
+    assert _same_metrics(_read(part / "clients.csv"), _read(full / "clients.csv"))
+    assert json.loads((part / "summary.json").read_text())["status"] == "completed"
+
+    original = _read(full / "clients.csv")
+    _real_run(path, full, shared_superlink, sets=["rounds=4"], resume=True)
+    rows = _read(full / "clients.csv")
+    assert rows[:len(original)] == original
+    assert sorted({int(r["round"]) for r in rows}) == [1, 2, 3, 4]
+    assert json.loads((full / "summary.json").read_text())["status"] == "completed"
 
 
 # ------------------------------------------------------------ bad input before training

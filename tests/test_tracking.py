@@ -96,7 +96,13 @@ def test_a_resumed_run_replaces_the_rounds_it_repeats(tmp_path):
     """4 rounds, then a resume from the round-2 checkpoint: rounds 3-4 run again; the events
     hold each round once, with the values rounds.csv holds after the resume."""
     cfg = _tiny("fedavg", rounds=4, tracking="tensorboard", **{"checkpoint-every": 2})
-    inprocess.run(cfg, tmp_path, client_state_dir=tmp_path / "cs")
+
+    def die_after_round_4(strategy, r):  # before the run's end writes its own checkpoint
+        if r == 4:
+            raise InterruptedError
+    with pytest.raises(InterruptedError):
+        inprocess.run(cfg, tmp_path, client_state_dir=tmp_path / "cs",
+                      on_round=die_after_round_4)
     first = _events(tmp_path / "tensorboard").Scalars("personalized/mean")
     inprocess.run(cfg, tmp_path, resume=True, client_state_dir=tmp_path / "cs")
     with open(tmp_path / "rounds.csv") as fh:

@@ -77,8 +77,13 @@ class RunConsole:
         self.notes: set[str] = set()
 
     def __enter__(self) -> "RunConsole":
+        self.track.started = time.time()  # the one clock: round lines and the summary
         self.out.start([("round", "starting the SuperLink", self.rounds)])
         return self
+
+    def elapsed(self) -> float:
+        """Seconds since the run started (what the round lines print; the summary's)."""
+        return time.time() - self.track.started
 
     def __exit__(self, *exc) -> None:
         self.out.stop()
@@ -115,7 +120,7 @@ class RunConsole:
             show_devices = info.devices != t.devices
             t.devices = info.devices
             timing = "" if self.out.progress is not None else \
-                f"{fmt_s(time.time() - t.started)}, ETA {fmt_s(eta)}"
+                fmt_s(self.elapsed()) + ("" if eta is None else f", ETA {fmt_s(eta)}")
             if not self.quiet:
                 self.print(format_round(info, self.rounds, timing, devices=show_devices))
             if info.round >= self.rounds:

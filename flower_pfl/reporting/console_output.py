@@ -8,8 +8,9 @@ bar of named tasks below them, plain text otherwise; colour only on a terminal w
 bar, for :class:`~flower_pfl.reporting.console.RunConsole` and
 :class:`~flower_pfl.reporting.console.BenchConsole` alike.
 
-Choices: ETA = rounds left x mean duration of the rounds after the first (which includes
-Ray's start); after a resume the bar starts at the rounds already done.
+Choices: ETA = rounds left x mean duration of the rounds after the first (the first one
+includes Ray's start: no ETA is shown until a second round has finished); after a resume
+the bar starts at the rounds already done.
 """
 
 from __future__ import annotations
@@ -121,17 +122,18 @@ class RoundTracker:
         return self.eta()
 
     def eta(self, now: float | None = None) -> float | None:
-        """Seconds left: rounds left x mean duration of the rounds after the first."""
+        """Seconds left: rounds left x mean duration of the rounds after the first; None
+        until one has finished (the first one's time is mostly start-up)."""
         now = time.time() if now is None else now
         if self.first is None or not self.done or self.first_done_t is None:
             return None
         left = self.total - self.done
         after = self.done - self.first  # rounds completed after the first one
-        if after > 0:
-            per = (now - self.first_done_t) / after
-        else:
-            per = self.first_done_t - self.started
-        return left * per
+        if left <= 0:
+            return 0.0
+        # the first round's time is mostly start-up (Ray, the actors): no ETA from it alone
+        per = (now - self.first_done_t) / after if after > 0 else None
+        return None if per is None else left * per
 
 
 def follow_round(out: Output, track: RoundTracker, kind: str,

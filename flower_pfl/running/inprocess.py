@@ -151,4 +151,6 @@ def run(cfg: RunConfig, results_dir: str | Path, manager: SimpleClientManager | 
             strategy.aggregate_evaluate(server_round, evals, failures)
         if on_round is not None:
             on_round(strategy, server_round)
+        if strategy.after_round(server_round, rounds or cfg["rounds"]):
+            break  # as flower_pfl.server_app.ResumableServer: the last round, or a stop
     return strategy

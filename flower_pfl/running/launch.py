@@ -7,10 +7,10 @@ and client resources taken from the YAML (:func:`federation_config`), checks the
 FINAL status (:func:`flower_pfl.running.procs.flwr_run`: ``flwr run --stream`` exits 0 even when
 the run failed) and stops every process it started -- SuperLink, SuperExec, ServerApp,
 Ray -- by PID, also on failure or Ctrl-C.  :func:`resume_config` rebuilds the configuration
-of a run to resume from its checkpoint (the tracking keys, :data:`TRACKING_KEYS`, may
-differ: they change no result).  The command line: :mod:`flower_pfl.cli`; what it prints
-while a run goes (it passes ``echo=False`` and its console's ``on_line``):
-:mod:`flower_pfl.reporting.console`.
+of a run to resume from its checkpoint (only the keys that cannot change its past,
+:data:`flower_pfl.reliability.RESUME_FREE_KEYS`, may differ: ``rounds`` extends it).
+The command line: :mod:`flower_pfl.cli`; what it prints while a run goes (it passes
+``echo=False`` and its console's ``on_line``): :mod:`flower_pfl.reporting.console`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,6 @@ from flower_pfl.running.procs import (  # noqa: F401 - LaunchError: what run_sim
 #: value set in the environment wins). Ray starts one idle Python worker per CPU for the
 #: first driver (~50-90 MB each) besides the ClientApp actors, which never use them.
 RAY_ENV = {"RAY_prestart_worker_first_driver": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-
-#: configuration keys that say where a run's numbers are also written, not what runs: a
-#: resumed run may set them differently (flower_pfl/reporting/tracking.py)
-TRACKING_KEYS = ("tracking", "tracking-dir")
-
 
 # ------------------------------------------------------------------------ processes
 def simulation_env(flwr_home: Path, port: int) -> dict:
@@ -87,7 +82,10 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
     included, a shared one not).
     Raises LaunchError if the run did not reach ``finished:completed``.
     """
+    from flower_pfl import reliability
+
     results_dir.mkdir(parents=True, exist_ok=True)
+    reliability.clear_stop(results_dir)  # a stop asked of an earlier run of this folder
     workdir = Path(tempfile.mkdtemp(prefix="flower-pfl-"))
     run_config = {
         "config-file": str(config_path.resolve()), "overrides": " ".join(overrides),
@@ -112,6 +110,7 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
                 append=resume)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        reliability.clear_stop(results_dir)  # asked of this run: answered or moot now
     return RunOutcome(outcome.status, outcome.run_id, set(procs.known) - before)
 
 
@@ -124,35 +123,54 @@ def federation_config(cfg: config_mod.RunConfig, num_supernodes: int | None = No
 
 
 # -------------------------------------------------------------------------- resume
+class AlreadyCompleted(Exception):
+    """``--resume`` of a run that has run all its rounds (nothing to do; not an error)."""
+
+
 def resume_config(results_dir: Path, config_path: Path | None = None,
                   overrides: Sequence[str] = ()) -> tuple[config_mod.RunConfig, Path]:
-    """The configuration a results folder was written with, as a YAML file the ServerApp
-    reads (``<results>/resume.yaml``); where ``config_path`` (default: the app's
-    simulation.yaml) and/or ``overrides`` are given, they must give the same
-    configuration."""
+    """The configuration to continue a results folder with, as a YAML file the ServerApp
+    reads (``<results>/resume.yaml``): the run's OWN configuration (saved in its newest
+    checkpoint) with ``overrides`` applied -- or ``config_path`` with ``overrides`` where
+    a file is named.  Only :data:`flower_pfl.reliability.RESUME_FREE_KEYS` may differ
+    from the saved configuration (``--set rounds=N`` extends a run); a ConfigError names
+    every other key that does.  AlreadyCompleted where the checkpoint is the run's last
+    round and ``rounds`` is not raised."""
+    import yaml
+
     from flower_pfl import reliability
 
     folder = reliability.latest_checkpoint(results_dir)
     if folder is None:
-        raise config_mod.ConfigError(f"--resume {results_dir}: no checkpoint there (runs write "
-                                     f"one every 'checkpoint-every' rounds)")
-    saved = reliability.read_checkpoint(folder)["config"]
-    tree = config_mod.merge({}, saved["values"])
-    tree["hyper"] = {saved["values"]["strategy"]: dict(saved["hyper"])}
-    path = results_dir / "resume.yaml"
-    import yaml
+        raise config_mod.ConfigError(
+            f"--resume {results_dir}: no checkpoint there (a run writes one every "
+            f"'checkpoint-every' rounds, when it is stopped and when it ends; none with "
+            f"checkpoint-every 0)")
+    state = reliability.read_checkpoint(folder)
+    saved, done = state["config"], int(state["round"])
+    own = results_dir / "resume.yaml"
+    own.write_text(yaml.safe_dump(config_tree(saved["values"], saved["hyper"]), sort_keys=True))
+    cfg = config_mod.load(config_path or own, list(overrides) or None)
+    diff = reliability.config_differences(saved["values"], saved["hyper"], cfg.values,
+                                          cfg.hyper)
+    if diff:
+        raise config_mod.ConfigError(
+            f"--resume {results_dir}: {', '.join(diff)} differ(s) from the run's own "
+            f"configuration; a resumed run may change only "
+            f"{', '.join(reliability.RESUME_FREE_KEYS)} (start a new run to change the rest)")
+    if done >= int(cfg["rounds"]):
+        if done == int(saved["values"]["rounds"]) == int(cfg["rounds"]):
+            raise AlreadyCompleted(f"{results_dir} has completed all its {done} round(s); "
+                                   f"nothing to resume. Extend it with `flower-pfl run "
+                                   f"--resume {results_dir} --set rounds=N` (N > {done})")
+        raise config_mod.ConfigError(f"--resume {results_dir}: its checkpoint is after round "
+                                     f"{done}; set rounds above {done} to continue it")
+    own.write_text(yaml.safe_dump(config_tree(cfg.values, cfg.hyper), sort_keys=True))
+    return config_mod.load(own), own
 
-    path.write_text(yaml.safe_dump(tree, sort_keys=True))
-    cfg = config_mod.load(path)
-    if config_path is not None or overrides:
-        given = config_mod.load(config_path or APP_DIR / "simulation.yaml",
-                                list(overrides) or None)
-        diff = sorted(k for k in set(given.values) | set(cfg.values)
-                      if given.values.get(k) != cfg.values.get(k) and k not in TRACKING_KEYS)
-        if given.hyper != cfg.hyper:
-            diff.append("hyper")
-        if diff:
-            raise config_mod.ConfigError(f"--resume {results_dir}: that run was written by a "
-                                         f"different configuration (differs in: "
-                                         f"{', '.join(diff)})")
-    return cfg, path
+
+def config_tree(values, hyper) -> dict:
+    """A YAML tree that loads as ``values`` with the strategy's ``hyper``."""
+    tree = config_mod.merge({}, dict(values))
+    tree["hyper"] = {values["strategy"]: dict(hyper)}
+    return tree

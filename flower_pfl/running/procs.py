@@ -345,7 +345,44 @@ def _raise_terminated(signum, frame) -> None:
 
 def stop_on_signals() -> None:
     """SIGTERM and SIGHUP stop the launcher the way Ctrl-C (SIGINT) does: every process it
-    started is stopped by PID on the way out (call once, from the main thread)."""
+    started is stopped by PID on the way out (call once, from the main thread).  SIGINT
+    gets Python's own handler back: a launcher started with SIGINT ignored (``nohup``, a
+    script's ``trap '' INT``, a shell's background job) inherits SIG_IGN, and Python then
+    leaves Ctrl-C ignored."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_terminated)
+
+
+#: the signals that stop a run: Ctrl-C, a scheduler's or ``kill``'s TERM, a closed terminal
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class StopAfterRound:
+    """Signals that end a run in two steps (call :meth:`install` from the main thread).
+
+    The first SIGINT/SIGTERM/SIGHUP calls ``ask(signum)`` -- ``flower-pfl run`` writes the
+    stop file the ServerApp reads after every round -- and the run goes on to the end of
+    the round it is in, checkpoints it and ends with status ``stopped``.  A second one
+    raises :class:`Terminated` (a ``KeyboardInterrupt``): every ``finally`` stops every
+    process by PID at once, and the run is left at its last checkpoint.  SIGINT's handler
+    is installed whatever it was before (a launcher started with SIGINT ignored can be
+    stopped with Ctrl-C too)."""
+
+    def __init__(self, ask) -> None:
+        self.ask = ask
+        self.signum: int | None = None  # the first signal received
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+            self.ask(signum)
+            return
+        for sig in STOP_SIGNALS:  # one hard stop is enough; ignore repeats while stopping
+            signal.signal(sig, signal.SIG_IGN)
+        raise Terminated(signum)
 
