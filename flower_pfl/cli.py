@@ -32,7 +32,6 @@ import shutil
 import signal
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -44,7 +43,6 @@ from flower_pfl.reliability import preflight_apart
 from flower_pfl.reporting import tracking
 from flower_pfl.reporting.console import BenchConsole, RunConsole
 from flower_pfl.reporting.results import read_summary
-from flower_pfl.reporting.slim import slim_tree
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.bench import run_bench
 from flower_pfl.running.launch import AlreadyCompleted, resume_config, run_simulation
@@ -367,9 +365,6 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--settings", nargs="+", help="run only these settings' cells")
     p.add_argument("--seeds", nargs="+", type=int, help="run only these seeds' cells")
     p.add_argument("--table-only", action="store_true", help="run nothing; rewrite table/plots")
-    p.add_argument("--slim", action="store_true",
-                   help="then slim every finished cell under --out to what the tables read "
-                   "(to commit under docs/results; flower_pfl/reporting/slim.py)")
     p.add_argument("--superlink", choices=("shared", "per-cell"), default="shared",
                    help="one SuperLink for all cells (default) or one per run")
     p.add_argument("--ray", choices=("per-run", "shared"), default="per-run",
@@ -397,9 +392,6 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         write_table(matrix, records, out)
         write_plots(matrix, cells, records, out)
         print(f"[bench] table: {out / 'table.md'}")
-        if args.slim:
-            runs, saved = slim_tree(out)
-            print(f"[bench] slimmed {runs} run folder(s) under {out}: {saved / 1e6:.1f} MB less")
         return 0
     only = {"strategy": args.strategies, "setting": args.settings, "seed": args.seeds}
     # Ctrl-C, SIGTERM and SIGHUP all unwind through the SuperLink/Ray contexts (every process
@@ -416,9 +408,6 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         print("flower-pfl bench: interrupted; processes stopped (rerun to resume)",
               file=sys.stderr)
         return 130
-    if args.slim:
-        runs, saved = slim_tree(out)
-        print(f"[bench] slimmed {runs} run folder(s) under {out}: {saved / 1e6:.1f} MB less")
     return 1 if any(r["status"] == "failed" for r in records) else 0
 
 
