@@ -32,6 +32,7 @@ import shutil
 import signal
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Sequence
 
