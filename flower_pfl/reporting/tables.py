@@ -109,6 +109,28 @@ def cell_numbers(cell_dir: Path, finished_only: bool = True) -> dict[str, float]
     return nums
 
 
+def round_series(cell_dir: Path) -> list[dict[str, Any]]:
+    """The run's evaluated rounds (summary.json's ``rounds``); for a slimmed cell, whose
+    summary keeps the first and last only, its rounds.csv (in the series archive) as
+    numbers."""
+    summary = read_summary(cell_dir) or {}
+    rounds = list(summary.get("rounds") or [])
+    if len(rounds) >= int(summary.get("rounds_total", 0)):
+        return rounds
+    out = []
+    for row in read_rows(cell_dir, "rounds"):
+        rec: dict[str, Any] = {}
+        for k, v in row.items():
+            try:
+                rec[k] = float(v)
+            except (TypeError, ValueError):
+                continue
+        if "round" in rec:
+            rec["round"] = int(rec["round"])
+        out.append(rec)
+    return out or rounds
+
+
 def cell_engine(cell_dir: Path) -> str:
     """``flwr`` (the bench's `flwr run`) or ``inprocess`` (benchmarks/matrix_inprocess.py)."""
     bench = read_json(cell_dir / "bench-cell.json")
@@ -367,7 +389,7 @@ def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> li
             curves[strategy] = []
             dist[strategy] = []
             for c in done:
-                curves[strategy].append((read_summary(c.dir) or {}).get("rounds", []))
+                curves[strategy].append(round_series(c.dir))
                 rows = read_rows(c.dir, "clients")
                 if rows:
                     metric = run_metric(c.dir)
