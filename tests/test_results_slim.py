@@ -127,3 +127,24 @@ def test_only_cells_written_under_docs_results_are_slimmed(tmp_path):
     assert under_docs(tmp_path / "docs" / "results" / "m")
     assert not under_docs(tmp_path / "results" / "m")
     assert not under_docs(tmp_path / "docs" / "other")
+
+
+def test_headers_mark_one_model_strategies_and_name_the_metric():
+    from flower_pfl.reporting.tables import GLOBAL_MARK, global_note, metric_words, one_model
+    one = {"per_seed": {0: {"final_mean": 80.0, "global_final": 80.0},
+                        1: {"final_mean": 81.5, "global_final": 81.5}}}
+    two = {"per_seed": {0: {"final_mean": 80.0, "global_final": 80.0},  # equal on one seed only
+                        1: {"final_mean": 83.0, "global_final": 81.5}}}
+    local = {"per_seed": {0: {"final_mean": 90.0}}}
+    assert one_model(one) and not one_model(two) and not one_model(local)
+    assert not one_model({"per_seed": {}})
+    assert GLOBAL_MARK.strip() in global_note([two, one]) and global_note([two, local]) == ""
+    assert metric_words([{"lower_is_better": False}]) == "Personalized accuracy in %"
+    assert "squared error" in metric_words([{}, {"lower_is_better": True}])
+
+
+def test_the_committed_tables_say_which_rows_hold_a_global_model():
+    fedacs = (RESULTS / "fedacs-table1" / "table.md").read_text()
+    assert "| fedavg † |" in fedacs and "| ditto |" in fedacs and "| local (in-process) |" in fedacs
+    synthetic = (RESULTS / "selffl-synthetic" / "table.md").read_text()
+    assert "squared error" in synthetic and "accuracy in %" not in synthetic
