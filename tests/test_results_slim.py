@@ -82,6 +82,7 @@ def full_cell(tmp_path: Path, last_round_clients: int = 3, fit_failed: int = 0) 
                for r in (2, 5, 9) for i in range(3 if r < 9 else last_round_clients)]
     write_csv(cell / "clients.csv", clients)
     (cell / "curves.png").write_bytes(b"png")
+    (cell / "checkpoint" / "round-000009").mkdir(parents=True)
     final = {k: v for k, v in rounds[-1].items() if k not in ("round", "elapsed_s")}
     (cell / "summary.json").write_text(json.dumps({
         "status": "completed", "elapsed_s": 41.0, "bmta": 0.65, "final": final,
@@ -97,6 +98,7 @@ def test_a_slimmed_cell_gives_the_same_numbers_curves_and_failure_check(tmp_path
     assert slim_cell(cell)
     assert not (cell / "rounds.csv").exists() and (cell / SERIES).is_file()
     assert not (cell / "fit.csv").exists() and not (cell / "curves.png").exists()
+    assert not (cell / "checkpoint").exists()
     summary = json.loads((cell / "summary.json").read_text())
     assert [r["round"] for r in summary["rounds"]] == [2, 9] and "server" not in summary
     after = cell_numbers(cell)

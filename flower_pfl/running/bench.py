@@ -162,7 +162,7 @@ def run_on(superlink: tuple[dict, ProcessSet], cfg: config_mod.RunConfig, path: 
 # s/round), clients.csv cut to its last evaluated round (the per-client final values), and
 # the per-round series (rounds.csv, server.csv, peers.csv, selffl_clients.csv) in one
 # compressed SERIES file.  Dropped: every round's per-client rows (clients.csv, fit.csv)
-# and the per-cell figures -- the cell's cell.yaml regenerates them.
+# the per-cell figures and the checkpoint folder -- the cell's cell.yaml regenerates them.
 IN_SERIES = ("rounds", "server", "peers", "selffl_clients")
 DROPPED = ("fit.csv", "curves.png", "attention.png", "selection.png", "flwr-run.log",
            "inprocess.log")
@@ -216,6 +216,7 @@ def slim_cell(cell_dir: Path) -> bool:
     (cell_dir / "summary.json").write_text(json.dumps(compact, indent=1))
     for name in DROPPED:
         (cell_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(cell_dir / "checkpoint", ignore_errors=True)  # the run's resume state
     return True
 
 
