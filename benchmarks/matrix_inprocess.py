@@ -138,9 +138,11 @@ def main() -> int:
                 print(f"[inprocess] {cell.key}: started ({time.time() - start:.0f} s)", flush=True)
             time.sleep(0.5)  # a finished cell's slot is refilled at once
             now = time.time()
-            for key, (_cell, proc) in list(running.items()):
+            for key, (done_cell, proc) in list(running.items()):
                 if proc.poll() is not None:
                     del running[key]
+                    if proc.returncode == 0 and bench.under_docs(out):
+                        bench.slim_cell(done_cell.dir)  # docs/results keeps slim cells
                     print(f"[inprocess] {key}: {'completed' if proc.returncode == 0 else 'FAILED'}"
                           f" ({now - start:.0f} s)", flush=True)
             if deadline is None or not running or now - last_check < 5:

@@ -37,8 +37,10 @@ ask these three and decide nothing themselves.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -314,12 +316,23 @@ def read_values(run_dir: Path) -> dict[str, Any]:
     return dict(conf.get("values", {})) if isinstance(conf, dict) else {}
 
 
+# A slimmed cell (docs/results/) keeps its per-round series in this one compressed file.
+SERIES = "series.zip"
+
+
 def read_rows(run_dir: Path, name: str) -> list[dict[str, str]]:
-    """The rows of ``<name>.csv`` (rounds, clients, fit, server, ...) as strings; [] without
-    the file."""
+    """The rows of ``<name>.csv`` (rounds, clients, fit, server, ...) as strings, or of that
+    member of the cell's SERIES archive; [] without either."""
     path = Path(run_dir) / f"{name}.csv"
     if not path.is_file():
-        return []
+        archive = Path(run_dir) / SERIES
+        if not archive.is_file():
+            return []
+        with zipfile.ZipFile(archive) as zf:
+            if f"{name}.csv" not in zf.namelist():
+                return []
+            text = zf.read(f"{name}.csv").decode()
+        return list(csv.DictReader(io.StringIO(text)))
     with open(path, newline="") as fh:
         return list(csv.DictReader(fh))
 

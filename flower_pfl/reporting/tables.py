@@ -109,6 +109,28 @@ def cell_numbers(cell_dir: Path, finished_only: bool = True) -> dict[str, float]
     return nums
 
 
+def round_series(cell_dir: Path) -> list[dict[str, Any]]:
+    """The run's evaluated rounds (summary.json's ``rounds``); for a slimmed cell, whose
+    summary keeps the first and last only, its rounds.csv (in the series archive) as
+    numbers."""
+    summary = read_summary(cell_dir) or {}
+    rounds = list(summary.get("rounds") or [])
+    if len(rounds) >= int(summary.get("rounds_total", 0)):
+        return rounds
+    out = []
+    for row in read_rows(cell_dir, "rounds"):
+        rec: dict[str, Any] = {}
+        for k, v in row.items():
+            try:
+                rec[k] = float(v)
+            except (TypeError, ValueError):
+                continue
+        if "round" in rec:
+            rec["round"] = int(rec["round"])
+        out.append(rec)
+    return out or rounds
+
+
 def cell_engine(cell_dir: Path) -> str:
     """``flwr`` (the bench's `flwr run`) or ``inprocess`` (benchmarks/matrix_inprocess.py)."""
     bench = read_json(cell_dir / "bench-cell.json")
@@ -201,12 +223,46 @@ def pair_records(matrix: Matrix, records: Sequence[Mapping[str, Any]]) -> list[d
     return rows
 
 
-def pairs_md(matrix: Matrix, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+GLOBAL_MARK = " †"
+
+
+def one_model(rec: Mapping[str, Any]) -> bool:
+    """Whether a record's strategy trains one model only (FedAvg, FedSAM, ...): on every
+    finished seed its personalized final numbers are its global model's."""
+    per_seed = rec.get("per_seed") or {}
+    return bool(per_seed) and all(
+        "global_final" in v and v["global_final"] == v["final_mean"]
+        for v in per_seed.values())
+
+
+def global_note(records: Sequence[Mapping[str, Any]]) -> str:
+    """The sentence explaining the one-model mark, where a table has such a row."""
+    if not any(one_model(r) for r in records):
+        return ""
+    return (f" A strategy marked{GLOBAL_MARK} trains one model: its personalized columns "
+            f"hold its global model.")
+
+
+def metric_words(records: Sequence[Mapping[str, Any]]) -> str:
+    """What the table's numbers are: accuracy in %, or an error (lower is better)."""
+    if any(r.get("lower_is_better") for r in records):
+        return "Personalized mean squared error (lower is better; not in %)"
+    return "Personalized accuracy in %"
+
+
+def pairs_md(matrix: Matrix, rows: Sequence[Mapping[str, Any]],
+             marked: Sequence[str] = ()) -> list[str]:
+    """table.md's "Paired comparisons"; ``marked``: (setting, strategy) keys of one-model
+    strategies, marked as in the table."""
+    def name(setting: str, strategy: str) -> str:
+        return strategy + (GLOBAL_MARK if (setting, strategy) in marked else "")
+
     lines = ["## Paired comparisons", "",
              "A − B on the same seed (only seeds where both finished), per seed and its mean, "
              "with the 95% Student-t interval (t quantile for n − 1 degrees of freedom; no "
              "interval with one seed). Personalized is compared with personalized, global with "
-             "global. Verdict: **holds** = the interval excludes 0 on A's better side, **does "
+             f"global (for a strategy marked{GLOBAL_MARK}, its personalized is its global model). "
+             "Verdict: **holds** = the interval excludes 0 on A's better side, **does "
              "not hold** = it excludes 0 on B's better side, **tie** = it contains 0 (for an "
              "error metric, marked so, lower is better).", ""]
     for setting in matrix.settings:
@@ -225,7 +281,8 @@ def pairs_md(matrix: Matrix, rows: Sequence[Mapping[str, Any]]) -> list[str]:
                     f"[{r['low']:+.2f}, {r['high']:+.2f}]"
                 nums = [per, f"{r['mean']:+.2f}", ci]
             kind = r["model"] + (", error: lower is better" if r["lower_is_better"] else "")
-            lines.append(f"| {r['a']} − {r['b']} | {r['column']} ({kind}) | "
+            lines.append(f"| {name(setting, r['a'])} − {name(setting, r['b'])} | "
+                         f"{r['column']} ({kind}) | "
                          f"{r['seeds'].replace(' ', ',') or '–'} | " + " | ".join(nums)
                          + f" | {r['verdict']} |")
         lines.append("")
@@ -293,12 +350,12 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
     lines = [f"# {matrix.name}", "",
              f"Matrix `{matrix.path.name}` on base `{matrix.base_path.name}`; seeds "
              f"{matrix.seeds} (unless a strategy or setting lists its own; column seeds = "
-             f"finished/planned). Personalized accuracy in % over ALL clients (final = last "
+             f"finished/planned). {metric_words(records)} over ALL clients (final = last "
              f"evaluated round), mean ± sample std over the finished seeds (a single value "
              f"where one seed finished); `global` = the "
              f"global model's final mean where the strategy has one; s/round = wall seconds per "
              f"round after the first evaluation. The paper's number sits beside our "
-             f"**{compared}**; gap = ours − paper.", ""]
+             f"**{compared}**; gap = ours − paper.{global_note(records)}", ""]
     for setting, spec in matrix.settings.items():
         lines.append(f"## {setting}")
         line = setting_line(matrix, setting)
@@ -325,6 +382,8 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
                 if rec.get("gap_global") is not None:
                     gap_s += f" (global {rec['gap_global']:+.2f})"
             mark = " (in-process)" if "inprocess" in rec.get("engine", "") else ""
+            if one_model(rec):
+                mark = GLOBAL_MARK + mark
             lines.append(f"| {rec['strategy']}{mark} | "
                          f"{matrix.paper_names.get(rec['strategy'], '')} | "
                          f"{rec['seeds_done']}/{rec['seeds_total']} | " + " | ".join(cells_)
@@ -336,7 +395,8 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
             w = csv.DictWriter(fh, fieldnames=PAIR_FIELDS, extrasaction="ignore", restval="")
             w.writeheader()
             w.writerows(pairs)
-        lines += pairs_md(matrix, pairs)
+        lines += pairs_md(matrix, pairs, [(r["setting"], r["strategy"]) for r in records
+                                          if one_model(r)])
     if any("inprocess" in r.get("engine", "") for r in records):
         lines += ["Rows marked (in-process) ran their cells through `flower_pfl.running.inprocess` "
                   "(benchmarks/matrix_inprocess.py: the same cell.yaml, Strategy and client "
@@ -367,7 +427,7 @@ def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> li
             curves[strategy] = []
             dist[strategy] = []
             for c in done:
-                curves[strategy].append((read_summary(c.dir) or {}).get("rounds", []))
+                curves[strategy].append(round_series(c.dir))
                 rows = read_rows(c.dir, "clients")
                 if rows:
                     metric = run_metric(c.dir)

@@ -25,11 +25,14 @@ inside the current cell): :class:`flower_pfl.reporting.console.BenchConsole`, ha
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import shutil
 import tempfile
 import time
+import zipfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -40,7 +43,7 @@ from flower_pfl import config as config_mod
 from flower_pfl.config import APP_DIR
 from flower_pfl.matrix import Cell, Matrix
 from flower_pfl.reporting.log_lines import fmt_s
-from flower_pfl.reporting.results import client_failures, read_json, read_summary
+from flower_pfl.reporting.results import SERIES, client_failures, read_json, read_summary
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.launch import federation_config, run_simulation, simulation_superlink
 from flower_pfl.running.procs import LaunchError, ProcessSet, RunOutcome, flwr_run
@@ -152,6 +155,83 @@ def run_on(superlink: tuple[dict, ProcessSet], cfg: config_mod.RunConfig, path: 
                     timeout_s=timeout_s, on_line=on_line)
 
 
+# -------------------------------------------------------------------------------- slim
+# A cell kept in docs/results/ keeps what recomputes the tables and what a reader opens:
+# cell.yaml, config.json, bench-cell.json, run-config.toml, a compact summary.json (final
+# metrics, BMTA, status, wall time; its rounds cut to the first and last, which give
+# s/round), clients.csv cut to its last evaluated round (the per-client final values), and
+# the per-round series (rounds.csv, server.csv, peers.csv, selffl_clients.csv) in one
+# compressed SERIES file.  Dropped: every round's per-client rows (clients.csv, fit.csv)
+# the per-cell figures and the checkpoint folder -- the cell's cell.yaml regenerates them.
+IN_SERIES = ("rounds", "server", "peers", "selffl_clients")
+DROPPED = ("fit.csv", "curves.png", "attention.png", "selection.png", "flwr-run.log",
+           "inprocess.log")
+
+
+def slim_cell(cell_dir: Path) -> bool:
+    """Cut one cell folder that has ended (finished, or stopped for good: a diverged
+    ablation) to what docs/results keeps (above); the tables and the done check read the
+    same numbers from it.  Idempotent; False where the folder holds no summary.json (left
+    as it is).  Not for a run still writing its files."""
+    cell_dir = Path(cell_dir)
+    summary = read_summary(cell_dir)
+    if not isinstance(summary, dict):
+        return False
+    members = {f"{name}.csv": cell_dir / f"{name}.csv" for name in IN_SERIES
+               if (cell_dir / f"{name}.csv").is_file()}
+    if members:
+        archive = cell_dir / SERIES
+        old = {}
+        if archive.is_file():
+            with zipfile.ZipFile(archive) as zf:
+                old = {n: zf.read(n) for n in zf.namelist()}
+        old.update({n: p.read_bytes() for n, p in members.items()})
+        tmp = archive.with_suffix(".tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_LZMA) as zf:
+            for name in sorted(old):
+                info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_LZMA
+                zf.writestr(info, old[name])
+        tmp.replace(archive)
+        for p in members.values():
+            p.unlink()
+    clients = cell_dir / "clients.csv"
+    if clients.is_file():
+        with open(clients, newline="") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            rows = list(reader)
+        if header and rows:
+            col = header.index("round")
+            last = max(int(r[col]) for r in rows)
+            buf = io.StringIO()
+            writer = csv.writer(buf, lineterminator="\n")
+            writer.writerow(header)
+            writer.writerows(r for r in rows if int(r[col]) == last)
+            clients.write_text(buf.getvalue())
+    rounds = summary.get("rounds") or []
+    compact = {k: v for k, v in summary.items() if k not in ("rounds", "server", "rounds_total")}
+    compact["rounds"] = rounds[:1] + rounds[1:][-1:]
+    compact["rounds_total"] = summary.get("rounds_total", len(rounds))
+    (cell_dir / "summary.json").write_text(json.dumps(compact, indent=1))
+    for name in DROPPED:
+        (cell_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(cell_dir / "checkpoint", ignore_errors=True)  # the run's resume state
+    return True
+
+
+def slim_tree(root: Path) -> int:
+    """:func:`slim_cell` every cell folder (one with a summary.json) under ``root``; the
+    number slimmed."""
+    return sum(slim_cell(p.parent) for p in sorted(Path(root).rglob("summary.json")))
+
+
+def under_docs(out: Path) -> bool:
+    """Whether ``out`` lies in a ``docs/results`` folder (cells written there are slimmed)."""
+    parts = Path(out).resolve().parts
+    return any(parts[i:i + 2] == ("docs", "results") for i in range(len(parts) - 1))
+
+
 # --------------------------------------------------------------------------------- run
 @contextmanager
 def environ(key: str, value: str) -> Iterator[None]:
@@ -261,6 +341,10 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
             if status != "completed":
                 log(f"[bench]   {(cell.dir / 'bench-error.txt').read_text().strip()[:500]}",
                     flush=True)
+    if under_docs(out):
+        for cell in cells:
+            if states[cell.key] == "done":
+                slim_cell(cell.dir)
     records = collect(matrix, cells)
     write_table(matrix, records, out)
     write_plots(matrix, cells, records, out)
