@@ -287,7 +287,7 @@ def test_inprocess_cells_land_in_the_bench_layout_marked_as_such(tiny, tmp_path)
              for s in SEEDS]
     assert float(row["bmta"]) == pytest.approx(sum(bmtas) / 2, abs=1e-9)
     md = (dest / "table.md").read_text()
-    assert "| fedavg (in-process) |" in md and "flower_pfl.running.inprocess" in md
+    assert "| fedavg † (in-process) |" in md and "flower_pfl.running.inprocess" in md
     assert _table(out)["fedavg"]["engine"] == "flwr"  # the flwr-run cells: not marked
     assert "(in-process)" not in (out / "table.md").read_text()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
