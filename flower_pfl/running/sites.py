@@ -313,8 +313,14 @@ def superlink_main(argv: Sequence[str]) -> int:
             f"registered key(s). Submit a run from this machine with: flower-pfl submit "
             f"--superlink {local} --ca {certs['ca']} --config FILE. Ctrl-C stops it.")
 
-    def explain(line: str) -> None:  # Flower's own ERROR lines, said plainly
+    refused_keys: set[str] = set()
+
+    def explain(line: str) -> None:  # Flower's own ERROR lines, said plainly (once per key)
         if "No SuperNode found with the given public key" in line:
+            key_text = line.split("public key:", 1)[-1].split("exception:", 1)[0]
+            if key_text in refused_keys:
+                return
+            refused_keys.add(key_text)
             say(f"a SuperNode whose key is not registered here was refused (its public key is "
                 f"in the line above; the SuperNode is told so). To let it in, put its .pub "
                 f"file in --keys-dir and restart, or: FLWR_HOME={workdir / 'flwr-home'} "
