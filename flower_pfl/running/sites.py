@@ -4,7 +4,7 @@
                          [--address 0.0.0.0:9092] [--workdir superlink/]
     flower-pfl supernode --superlink HOST:PORT --ca ca.crt --key keys/client-0.key
                          --partition-id 0 --data shards/0 --state-dir DIR
-                         [--gpu 0] [--num-partitions N] [--port 9094]
+                         [--gpu 0] [--num-partitions N] [--port 9094] [--log FILE]
     flower-pfl submit    --superlink HOST:PORT --ca ca.crt [--config FILE] [--set k=v ...]
                          [--results DIR]
 
@@ -23,14 +23,20 @@ is checked against the shard's manifest and ``num-partitions`` read from it befo
 anything starts; the run's data settings are checked when the first message arrives
 (a mismatch fails that client's messages with the reason, in this log and the server's
 ``failures.csv``). ``--gpu`` sets ``CUDA_VISIBLE_DEVICES`` (refused without CUDA). It
-prints what it starts and, once the SuperLink has accepted it, the node id it got. A
-SuperNode restarted after a crash is refused by the SuperLink until the old one has missed
-two heartbeats (up to a minute with Flower's defaults: the old process never signed off);
-``supernode`` then tries again every few seconds, for up to ``--rejoin-wait`` seconds.
+prints what it starts and, once the SuperLink has accepted it, the node id it got; a
+failed message is one line (:class:`NodeConsole`; Flower's traceback goes to the log,
+``--log``, default ``<state-dir>/supernode.log``). A refused activation has two causes
+Flower's SuperNode cannot tell apart: an unregistered key, or the SuperLink still counting
+this node online (after a crash, until the old one has missed two heartbeats: up to a
+minute). ``supernode`` asks the SuperLink which (:func:`deploy.key_registered`): an
+unregistered key is said so with how to register it (exit 1); otherwise it says so once
+and tries again quietly every few seconds, for up to ``--rejoin-wait`` seconds.
 
 ``submit`` (server machine: the ServerApp writes the results there) writes a ``flwr``
 connection, runs ``flwr run`` with the YAML, streams the log and checks that the run
 finished ``completed`` (exit 1 otherwise); Ctrl-C stops the run on the SuperLink too.
+
+Logs never hold Flower's colour codes; our stdout keeps them only on a terminal.
 
 Exit status: 0 done; 1 failed (the reason printed); 2 bad arguments, nothing started;
 128+N stopped by signal N.
