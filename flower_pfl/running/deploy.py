@@ -13,8 +13,9 @@ simulation; it checks the run's final status and stops every process by PID.
 On separate machines the same pieces are started one machine at a time by
 ``flower-pfl superlink`` / ``supernode`` / ``submit`` (flower_pfl/running/sites.py); both use the
 building blocks below (SuperLink and SuperNode command lines, the ``flwr`` connection
-file, key registration, submitting a run and checking its status), so a deployment on
-one machine and one on many start Flower the same way.
+file, key registration and asking whether a key is registered, submitting a run and
+checking its status), so a deployment on one machine and one on many start Flower the
+same way.
 
 Certificates: the server certificate names the given hosts AND the loopback names. A
 SuperLink listening on 0.0.0.0 starts its ServerApp process against 127.0.0.1 (Flower

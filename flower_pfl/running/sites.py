@@ -74,9 +74,8 @@ CONNECTION = "site"
 REJOIN_RETRY_S = 5.0
 EXIT_HINTS = {  # flwr.supercore.exit.ExitCode
     302: "the node key is not a valid private key (make one with `flower-pfl node-key`)",
-    305: "the SuperLink could not be reached or refused this node: check the address, that "
-         "--ca is the CA of the server's certificate (which must name that host), and that "
-         "this node's public key is registered (`flower-pfl superlink --keys-dir ...`)",
+    305: "the SuperLink could not be reached: check the address, and that --ca is the CA of "
+         "the server's certificate (which must name that host: `flower-pfl certs --host`)",
 }
 
 
