@@ -101,17 +101,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-unfinished", action="store_true",
                    help="also compare stopped or failed runs (and runs with failed clients) "
                    "at their last evaluated round, marked in the table")
-    p = sub.add_parser("partition", help="write each client's data shard to DIR/<partition-id>/ "
-                       "(data per site in deployment)")
+    text = ("write each client's data shard to DIR/<partition-id>/ (data per site in "
+            "deployment): client machine i gets DIR/<i> as `flower-pfl supernode --data`; on "
+            "one machine `flower-pfl deploy --data-root DIR`")
+    p = sub.add_parser("partition", help=text, description=text)
     p.add_argument("--config", default=str(APP_DIR / "simulation.yaml"),
                    help="the run's YAML file (default: the app's simulation.yaml)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override one key (repeatable), as for run")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the shards")
-    p = sub.add_parser("certs", help="make a throwaway CA + server certificate (testing)")
-    p.add_argument("dir")
-    p.add_argument("--host", action="append", help="host names/IPs of the SuperLink "
-                   "(default: 127.0.0.1 localhost ::1)")
+    text = ("make a throwaway CA + server certificate (testing): DIR/ca.crt, server.pem, "
+            "server.key")
+    p = sub.add_parser("certs", help=text, description=text)
+    p.add_argument("dir", metavar="DIR", help="folder for the files")
+    p.add_argument("--host", action="append", metavar="NAME",
+                   help="a host name or IP address the SuperNodes use to reach the SuperLink "
+                   "(repeatable); the certificate names these AND always 127.0.0.1, "
+                   "localhost and ::1 (the SuperLink's own ServerApp connects over loopback)")
     p = sub.add_parser("node-key", help="make an EC key pair for SuperNode authentication")
     p.add_argument("dir")
     p.add_argument("name")
@@ -146,10 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.config_given = any(a == "--config" or a.startswith("--config=") for a in argv)
 
     if args.command == "certs":
-        from flower_pfl.running.deploy import make_ca
+        from flower_pfl.running.deploy import LOOPBACK, make_ca
 
-        paths = make_ca(args.dir, args.host or ("127.0.0.1", "localhost", "::1"))
+        paths = make_ca(args.dir, args.host or ())
         print("\n".join(f"{k}: {v}" for k, v in paths.items()))
+        print(f"the server certificate names: "
+              f"{', '.join(dict.fromkeys([*(args.host or ()), *LOOPBACK]))}")
         return 0
     if args.command == "node-key":
         from flower_pfl.running.deploy import make_node_key

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,14 +41,42 @@ class ClientFailure(Exception):
         self.reason = reason
 
 
+# Flower's reason for a ClientApp's exception (run_clientapp): "<class 'T'>:<'message'>"
+CLIENT_EXCEPTION = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.S)
+MAX_REASON = 4000  # characters of a client's exception kept (a whole tensor would not fit)
+REJOIN = ("start its `flower-pfl supernode` again with the same command (it rejoins under "
+          "its node id with its state from --state-dir); the run goes on without it meanwhile")
+
+
+def _whole(text: str) -> str:
+    cut = len(text) - MAX_REASON
+    return text if cut <= 0 else f"{text[:MAX_REASON]} ... ({cut} more characters)"
+
+
 def failure_reason(exc: BaseException) -> str:
-    """One line saying why a message to a client failed (timeout, client error, other)."""
+    """Why a message to a client failed, with the fix: no reply, its node gone (Flower's
+    Node/Message Unavailable errors), or the client's own exception in full (up to
+    MAX_REASON characters: its message names the fix, e.g. a refused shard's remake
+    command)."""
     text = str(exc)
     if "Expected one Message but got: 0" in text:
         return "no reply (timed out or node disconnected)"
-    if "Message contains an Error" in text:
-        return "client raised: " + text.split("reason:", 1)[-1].strip()[:400]
-    return f"{type(exc).__name__}: {text[:400]}"
+    if "Message contains an Error" not in text:
+        return f"{type(exc).__name__}: {_whole(text)}"
+    reason = text.split("(reason: ", 1)[-1]
+    reason = reason.rsplit("). It originated during client-side execution", 1)[0].strip()
+    if "Node Unavailable" in reason:
+        return ("node gone: its SuperNode stopped sending heartbeats (stopped, crashed or cut "
+                "off from the SuperLink; Flower: Node Unavailable). Fix: " + REJOIN)
+    if "Message Unavailable" in reason or "message objects are unavailable" in reason:
+        return ("node gone or too slow: no reply before the message expired at round-timeout "
+                "(its SuperNode went away mid-round -- stopped, crashed or cut off from the "
+                "SuperLink -- or took longer than round-timeout; Flower: Message Unavailable). "
+                "Fix: if it went away, " + REJOIN + "; if it is slow, raise round-timeout")
+    match = CLIENT_EXCEPTION.match(reason)
+    if match:  # flower_pfl.learning.shards.ShardError -> ShardError
+        reason = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2)}"
+    return "client raised: " + _whole(reason)
 
 
 class TaggedProxy(ClientProxy):

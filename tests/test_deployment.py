@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flower_pfl.running.deploy import Deployment, make_ca, make_node_key
+from flower_pfl.running.deploy import Deployment, key_registered, make_ca, make_node_key
 from flower_pfl.running.procs import is_alive
 
 # Real SuperLink + SuperNode processes with TLS: 1-2 minutes each.
@@ -54,8 +54,15 @@ def test_secure_deployment_runs_fedamp_and_refuses_an_unregistered_node(tmp_path
         rogue = dep.add_node(2, "rogue", rogue_key)
         proc = dep.start_node(rogue)
         assert proc.wait(timeout=120) != 0  # refused by the SuperLink
+        # asked, the SuperLink tells the unregistered key from a registered (online) one
+        link = f"127.0.0.1:{dep.port}"
+        assert key_registered(link, certs["ca"], rogue_key) is False
+        assert key_registered(link, certs["ca"], tmp_path / "keys" / "a.key") is True
         out = dep.run(_config(tmp_path), [], tmp_path / "res", timeout_s=600)
         procs = [n.process for n in dep.nodes.values()]
+    logs = sorted((tmp_path / "work").glob("*.log"))  # superlink.log, a/b/c/rogue.log
+    assert len(logs) == 5 and all("\x1b[" not in p.read_text(errors="replace") for p in logs)
+    assert "Failed to activate SuperNode" in (tmp_path / "work" / "rogue.log").read_text()
     assert out.status == "finished:completed"
     last = _rows(tmp_path / "res", 3)
     assert sorted(int(r["partition-id"]) for r in last) == [0, 1, 2]

@@ -273,6 +273,21 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
+def _assert_no_colour_codes(root: Path, *outputs: str) -> None:
+    """Every log file and every piped output of every host: no ANSI codes (Flower's logger
+    colours its level names into pipes and files alike)."""
+    files = [p for p in root.rglob("*") if p.suffix in (".log", ".out") and p.is_file()]
+    assert any(p.suffix == ".log" for p in files) and any(p.suffix == ".out" for p in files)
+    dirty = [str(p) for p in files if "\x1b[" in p.read_text(errors="replace")]
+    assert not dirty, dirty
+    assert not any("\x1b[" in text for text in outputs)
+
+
+def _failed_here(text: str) -> list[str]:
+    """A SuperNode's console lines about messages that failed on it."""
+    return [line for line in text.splitlines() if "failed on this node" in line]
+
+
 def test_hosts_in_namespaces_run_fedamp_and_a_killed_host_rejoins_with_its_state(net, hosts):
     # 5 rounds: a crashed SuperNode can rejoin only once the SuperLink has missed two of its
     # heartbeats (up to ~60 s, Flower's fixed interval); the run goes on meanwhile
@@ -299,20 +314,40 @@ def test_hosts_in_namespaces_run_fedamp_and_a_killed_host_rejoins_with_its_state
                 for role, (proc, log) in started.items()}
     events = []
 
-    def kill_n1_after_round_1(line: str) -> None:
-        if "[flower-pfl] round 1: personalized" in line and not events:
+    def kill_n1_in_round_2(line: str) -> None:
+        if "[ROUND 2]" in line and not events:
+            # client host 1 goes down once it has taken round 2's train message (a message
+            # the SuperLink hands out once): all its processes, SIGKILL, mid-round
+            proc, log = started["n1"]
+            deadline = time.time() + 120
+            while log.read_text(errors="replace").count("Receiving: train message") < 2:
+                assert time.time() < deadline and proc.poll() is None, "no round-2 message"
+                time.sleep(0.1)
             events.append("killed")
-            _crash(net.ns["n1"])  # client host 1 goes down: all its processes, SIGKILL
+            _crash(net.ns["n1"])
             assert started["n1"][0].poll() is not None
             started["n1"] = _start_node(net, "n1", nodes["n1"], attempt=1)  # same command
             events.append("restarted")
 
-    code, output = _submit(net, server, env, kill_n1_after_round_1)
+    code, output = _submit(net, server, env, kill_n1_in_round_2)
     assert code == 0 and "completed" in output, output[-3000:]
     assert events == ["killed", "restarted"]
-    # it rejoined under the same node id (node authentication) and partition-id 1
+    # it rejoined under the same node id (node authentication) and partition-id 1, after
+    # one line saying why the SuperLink refused it at first (its key IS registered)
     proc, log = started["n1"]
-    assert _node_id(_wait_for(log, "connected to the SuperLink", proc)) == first_id["n1"]
+    rejoin = _wait_for(log, "connected to the SuperLink", proc)
+    assert _node_id(rejoin) == first_id["n1"]
+    assert rejoin.count("although its key is registered: it still counts this node as "
+                        "online") == 1, rejoin
+    assert "not registered" not in rejoin, rejoin
+    assert rejoin.count("Exit Code: 305") == 1  # Flower's refusal, shown for the 1st try only
+    # the killed node's round-2 message: reported as the node gone, with the fix, on the
+    # server's console and in failures.csv (not as an exception of the client)
+    gone = [f for f in _rows(server / "res" / "failures.csv")
+            if (f["round"], f["phase"], f["partition-id"]) == ("2", "fit", "1")]
+    assert len(gone) == 1 and gone[0]["reason"].startswith("node gone"), gone
+    assert "start its `flower-pfl supernode` again with the same command" in gone[0]["reason"]
+    assert f"fit of partition-id 1 failed: {gone[0]['reason']}" in output
 
     res = server / "res"
     final = {int(r["partition-id"]): r for r in _rows(res / "clients.csv")
@@ -329,20 +364,58 @@ def test_hosts_in_namespaces_run_fedamp_and_a_killed_host_rejoins_with_its_state
         not any((nodes["n1"][0] / "cache").rglob("*.npy"))  # never built a pooled cache
     for ns in net.names():  # stopping the hosts' commands stops everything they started
         _empty_ns(ns)
+    _assert_no_colour_codes(hosts, output)
 
 
 def test_a_node_given_a_shard_of_other_settings_fails_with_the_reason(net, hosts):
+    """Also: a SuperNode whose key was never registered is told so and stops."""
     run = {**RUN, "clients": 2, "rounds": 1}
     server, env, nodes = _setup(net, hosts, run, {"n0": None, "n1": "seed=1"})
+    rogue = hosts / "n2"  # a third machine whose public key never reached the server
+    rogue.mkdir()
+    shutil.copy(server / "certs" / "ca.crt", rogue / "ca.crt")
+    _fpl("node-key", "keys", "rogue", cwd=rogue)
     _start_superlink(net, server, env)
+    rogue_proc = net.start("n2", [FPL, "supernode", "--superlink", f"{net.addr['link']}:{PORT}",
+                                  "--ca", "ca.crt", "--key", "keys/rogue.key", "--partition-id",
+                                  "1", "--num-partitions", "2", "--state-dir", "state"],
+                           rogue, rogue / "supernode-0.out",
+                           {**env, "FLWR_HOME": str(rogue / "flwr-home")})
     for role, node in nodes.items():
         proc, log = _start_node(net, role, node)
         _wait_for(log, "connected to the SuperLink", proc)
+    assert rogue_proc.wait(timeout=120) == 1
+    said = (rogue / "supernode-0.out").read_text(errors="replace")
+    assert said.count("its key /") == 1 and "keys/rogue.key is not registered there" in said
+    assert "put " + str(rogue / "keys" / "rogue.pub") + " in the --keys-dir" in said
+    assert "counts this node as online" not in said, said
+    assert "connected to the SuperLink" not in said, said
+    assert (server / "superlink.out").read_text(errors="replace").count(
+        "a SuperNode whose key is not registered here was refused") == 1  # once per key
+
     code, output = _submit(net, server, env)
-    node_log = (nodes["n1"][0] / "supernode-0.out").read_text(errors="replace")
-    for text in (node_log, output):
-        assert "is refused" in text and "seed: 1 vs 0" in text, text[-3000:]
-    failures = _rows(server / "res" / "failures.csv")
-    assert {int(f["partition-id"]) for f in failures} == {1}
-    assert all("settings-hash" in f["reason"] for f in failures), failures
     assert code == 0, output[-3000:]  # the other client's round went on
+    # the server's failures.csv and console: the client's whole reason, its fix included
+    failures = _rows(server / "res" / "failures.csv")
+    assert {(f["phase"], int(f["partition-id"])) for f in failures} == {("fit", 1),
+                                                                         ("evaluate", 1)}
+    for f in failures:
+        reason = f["reason"]
+        assert reason.startswith("client raised: ShardError: data-root ") and \
+            "is refused" in reason and "seed: 1 vs 0" in reason, reason
+        assert reason.endswith("(it was made by `flower-pfl partition --config run.yaml --set "
+                               "seed=1 --out shards-1`), and give this machine <DIR>/1"), reason
+        assert f"{f['phase']} of partition-id 1 failed: {reason}" in output
+    # the client machine: one line per failed message on its console, the traceback in its log
+    console = (nodes["n1"][0] / "supernode-0.out").read_text(errors="replace")
+    lines = _failed_here(console)
+    assert len(lines) == 2 and lines[0].startswith(
+        "flower-pfl: the train message of round 1 failed on this node: ShardError: "), lines
+    assert failures[0]["reason"][len("client raised: "):] in lines[0]
+    assert lines[1].endswith("with the same error (2 messages so far)"), lines
+    assert "Traceback" not in console and "Exit Code: 800" not in console
+    log = (nodes["n1"][0] / "state" / "supernode.log").read_text(errors="replace")
+    assert log.count("Traceback (most recent call last)") == 2
+    for ns in net.names():
+        _empty_ns(ns)
+    _assert_no_colour_codes(hosts, output)

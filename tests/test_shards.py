@@ -194,6 +194,11 @@ def test_cli_writes_a_folder_per_client_and_refuses_a_bad_config(tmp_path):
         manifest = json.loads((out / str(pid) / "manifest.json").read_text())
         assert manifest["partition-id"] == pid and (out / str(pid) / "shard.npz").is_file()
     assert "wrote 4 shards" in res.stdout and res.stdout.count("\nshard ") == 3
+    # the hint names the commands the README documents, not Flower's --node-config
+    assert (f"Copy {out}/<i> to client machine i and start its SuperNode with `flower-pfl "
+            f"supernode ... --partition-id i --data <that folder>`; on one machine: "
+            f"`flower-pfl deploy ... --data-root {out}`") in res.stdout
+    assert "node-config" not in res.stdout
 
     yaml_file.write_text("clients: 4\nmodel: mclr\ndata:\n  dataset: fmnist\n  bogus: 3\n")
     res = _cli("--config", str(yaml_file), "--out", str(tmp_path / "bad"))

@@ -180,8 +180,10 @@ def partition_command(cfg: Mapping[str, Any], out_dir: str | os.PathLike,
     test = sum(m["counts"]["test"] for m in manifests)
     echo(f"flower-pfl: wrote {len(manifests)} shards ({train} train + {test} test samples, "
          f"{cfg['data.dataset']}/{cfg['data.partition']}, settings-hash "
-         f"{partitions.partition_key(cfg)}) to {Path(out_dir).expanduser()}. Give each client "
-         f"machine its folder <out>/<partition-id> as data-root in --node-config.")
+         f"{partitions.partition_key(cfg)}) to {Path(out_dir).expanduser()}. Copy "
+         f"{Path(out_dir) / '<i>'} to client machine i and start its SuperNode with "
+         f"`flower-pfl supernode ... --partition-id i --data <that folder>`; on one machine: "
+         f"`flower-pfl deploy ... --data-root {out_dir}`.")
     stale = stale_folders(out_dir, len(manifests))
     if stale:
         echo(f"note: {out_dir} also holds shard folders of other settings ({', '.join(stale)}); "

@@ -13,8 +13,9 @@ simulation; it checks the run's final status and stops every process by PID.
 On separate machines the same pieces are started one machine at a time by
 ``flower-pfl superlink`` / ``supernode`` / ``submit`` (flower_pfl/running/sites.py); both use the
 building blocks below (SuperLink and SuperNode command lines, the ``flwr`` connection
-file, key registration, submitting a run and checking its status), so a deployment on
-one machine and one on many start Flower the same way.
+file, key registration and asking whether a key is registered, submitting a run and
+checking its status), so a deployment on one machine and one on many start Flower the
+same way.
 
 Certificates: the server certificate names the given hosts AND the loopback names. A
 SuperLink listening on 0.0.0.0 starts its ServerApp process against 127.0.0.1 (Flower
@@ -197,6 +198,51 @@ def register_key(public_key: Path, name: str, connection: str, env: dict) -> str
     raise LaunchError(f"registering {name} ({public_key}) failed: {text[-1200:]}")
 
 
+# Flower 1.42's Fleet API error codes (flwr.supercore.error.ApiErrorCode) the probe reads
+INVALID_HEARTBEAT_INTERVAL, NODE_ACTIVATION_FAILED = 2003, 2004
+
+
+def key_registered(superlink: str, ca: Path | None, private_key: Path) -> bool | None:
+    """Ask the SuperLink whether the public key of ``private_key`` is registered, changing
+    nothing: a SuperNode refused activation (``Failed to activate SuperNode``, the only
+    answer it gets) is either unregistered or still counted online after a crash.
+
+    The probe is an ``ActivateNode`` request signed with the key, as the SuperNode sends it,
+    but with a heartbeat interval of 0 (out of Flower's bounds). Flower 1.42's handler
+    (``fleet_handlers.activate_node``) looks the key up FIRST -- unknown: error 2004,
+    ``No SuperNode found with the given public key`` -- and checks the interval only for a
+    known key (error 2003), before activating anything. True: registered; False: not;
+    None: no such answer (unreachable within Flower's 30 s, another Flower version)."""
+    try:
+        import httpx
+        from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+        from flwr.proto.fleet_pb2 import ActivateNodeRequest  # pylint: disable=E0611
+        from flwr.supercore.error import FlowerError
+        from flwr.supercore.interceptors.http.runtime_version import (
+            RuntimeVersionHttpInterceptor,
+        )
+        from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+        from flwr.supernode.fleet_http_client import FleetHttpClient
+        from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
+    except ImportError:
+        return None
+    try:
+        key = load_ssh_private_key(Path(private_key).expanduser().read_bytes(), None)
+        with FleetHttpClient.from_server_address(
+                superlink, ca is None, None if ca is None else str(ca),
+                interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperNode"),
+                              NodeAuthHttpInterceptor(key, key.public_key())]) as client:
+            client.ActivateNode(ActivateNodeRequest(
+                public_key=public_key_to_bytes(key.public_key()), heartbeat_interval=0))
+    except httpx.HTTPStatusError as exc:
+        error = FlowerError.from_json(exc.response.text)
+        code = error.code if error is not None else None
+        return {INVALID_HEARTBEAT_INTERVAL: True, NODE_ACTIVATION_FAILED: False}.get(code)
+    except Exception:  # noqa: BLE001 - unreachable, bad key file, ...: cannot tell
+        return None
+    return None  # accepted an out-of-bounds interval: not the Flower this was written for
+
+
 def node_data_root(data_root: str | None, pid: int) -> str | None:
     """The ``data-root`` of node ``pid``: ``<data_root>/<pid>`` when that is a shard folder
     (``flower-pfl partition --out <data_root>``), else ``data_root`` itself (a dataset)."""
@@ -356,20 +402,21 @@ class Deployment:
         self.close()
 
 
-def check_gpus(gpus: Sequence[str]) -> None:
-    """``--gpus`` names CUDA devices of this machine; a CPU-only machine is an error, not a
-    silent CPU run."""
+def check_gpus(gpus: Sequence[str], flag: str = "--gpus") -> None:
+    """``gpus`` (the option ``flag``: ``deploy --gpus``, ``supernode --gpu``) names CUDA
+    devices of this machine; a CPU-only machine is an error, not a silent CPU run."""
     if not gpus:
         return
     import torch
 
+    given = f"{flag} {','.join(gpus)}"
     if not torch.cuda.is_available():
-        raise LaunchError(f"--gpus {','.join(gpus)}: this machine has no CUDA device "
-                          f"(torch {torch.__version__}); leave --gpus out to run on the CPU")
+        raise LaunchError(f"{given}: this machine has no CUDA device "
+                          f"(torch {torch.__version__}); leave {flag} out to run on the CPU")
     count = torch.cuda.device_count()
     bad = [g for g in gpus if not g.isdigit() or int(g) >= count]
     if bad:
-        raise LaunchError(f"--gpus {','.join(gpus)}: no such device {bad}; this machine has "
+        raise LaunchError(f"{given}: no such device {bad}; this machine has "
                           f"{count} (ids 0..{count - 1})")
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from flower_pfl.config import APP_DIR
+from flower_pfl.reporting.log_lines import strip_ansi
 
 
 class LaunchError(RuntimeError):
@@ -121,10 +122,13 @@ class ProcessSet:
         self.known: set[int] = set()
 
     def start(self, cmd: Sequence[str], env: dict, log_path: Path) -> subprocess.Popen:
+        """Start ``cmd`` with its output appended to ``log_path``, without the colour codes
+        Flower's logger writes whatever its output is (:func:`copy_plain`)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(list(cmd), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        threading.Thread(target=copy_plain, args=(proc.stdout, log_path), daemon=True).start()
         self.procs.append(proc)
         return proc
 
@@ -140,6 +144,14 @@ class ProcessSet:
                 proc.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def copy_plain(stream, log_path: Path) -> None:
+    """Append a process' output (bytes) to ``log_path`` line by line, without ANSI codes."""
+    with open(log_path, "a", encoding="utf-8") as log:
+        for raw in stream:
+            log.write(strip_ansi(raw.decode("utf-8", errors="replace")))
+            log.flush()
 
 
 def flwr_env(flwr_home: Path, port: int) -> dict:
@@ -280,6 +292,7 @@ def stream_run(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s:
     deadline = None if timeout_s is None else started + timeout_s
     last_progress, last_line = started, "(nothing yet)"
     lines: queue.Queue = queue.Queue()
+    tty = sys.stdout.isatty()
     with open(log_path, "a" if append else "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
@@ -300,10 +313,11 @@ def stream_run(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s:
                 break
             now = time.time()
             if line:
-                log.write(line)
+                plain = strip_ansi(line)  # Flower colours its log even into a pipe
+                log.write(plain)
                 log.flush()
                 if echo:
-                    sys.stdout.write(line)
+                    sys.stdout.write(line if tty else plain)
                     sys.stdout.flush()
                 match = re.search(r"Successfully started run (\d+)", line)
                 if match:

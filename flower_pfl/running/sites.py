@@ -4,7 +4,7 @@
                          [--address 0.0.0.0:9092] [--workdir superlink/]
     flower-pfl supernode --superlink HOST:PORT --ca ca.crt --key keys/client-0.key
                          --partition-id 0 --data shards/0 --state-dir DIR
-                         [--gpu 0] [--num-partitions N] [--port 9094]
+                         [--gpu 0] [--num-partitions N] [--port 9094] [--log FILE]
     flower-pfl submit    --superlink HOST:PORT --ca ca.crt [--config FILE] [--set k=v ...]
                          [--results DIR]
 
@@ -23,14 +23,20 @@ is checked against the shard's manifest and ``num-partitions`` read from it befo
 anything starts; the run's data settings are checked when the first message arrives
 (a mismatch fails that client's messages with the reason, in this log and the server's
 ``failures.csv``). ``--gpu`` sets ``CUDA_VISIBLE_DEVICES`` (refused without CUDA). It
-prints what it starts and, once the SuperLink has accepted it, the node id it got. A
-SuperNode restarted after a crash is refused by the SuperLink until the old one has missed
-two heartbeats (up to a minute with Flower's defaults: the old process never signed off);
-``supernode`` then tries again every few seconds, for up to ``--rejoin-wait`` seconds.
+prints what it starts and, once the SuperLink has accepted it, the node id it got; a
+failed message is one line (:class:`NodeConsole`; Flower's traceback goes to the log,
+``--log``, default ``<state-dir>/supernode.log``). A refused activation has two causes
+Flower's SuperNode cannot tell apart: an unregistered key, or the SuperLink still counting
+this node online (after a crash, until the old one has missed two heartbeats: up to a
+minute). ``supernode`` asks the SuperLink which (:func:`deploy.key_registered`): an
+unregistered key is said so with how to register it (exit 1); otherwise it says so once
+and tries again quietly every few seconds, for up to ``--rejoin-wait`` seconds.
 
 ``submit`` (server machine: the ServerApp writes the results there) writes a ``flwr``
 connection, runs ``flwr run`` with the YAML, streams the log and checks that the run
 finished ``completed`` (exit 1 otherwise); Ctrl-C stops the run on the SuperLink too.
+
+Logs never hold Flower's colour codes; our stdout keeps them only on a terminal.
 
 Exit status: 0 done; 1 failed (the reason printed); 2 bad arguments, nothing started;
 128+N stopped by signal N.
@@ -52,6 +58,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from flower_pfl.config import APP_DIR
+from flower_pfl.reporting.log_lines import strip_ansi
 from flower_pfl.running import deploy
 from flower_pfl.running.procs import (
     LaunchError,
@@ -63,14 +70,12 @@ from flower_pfl.running.procs import (
 )
 
 COMMANDS = ("superlink", "supernode", "submit")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CONNECTION = "site"
 REJOIN_RETRY_S = 5.0
 EXIT_HINTS = {  # flwr.supercore.exit.ExitCode
     302: "the node key is not a valid private key (make one with `flower-pfl node-key`)",
-    305: "the SuperLink could not be reached or refused this node: check the address, that "
-         "--ca is the CA of the server's certificate (which must name that host), and that "
-         "this node's public key is registered (`flower-pfl superlink --keys-dir ...`)",
+    305: "the SuperLink could not be reached: check the address, and that --ca is the CA of "
+         "the server's certificate (which must name that host: `flower-pfl certs --host`)",
 }
 
 
@@ -86,17 +91,131 @@ def _file(path: str, what: str) -> Path:
 
 
 # ---------------------------------------------------------------------- foreground
-def _pump(proc: subprocess.Popen, log_path: Path | None, on_line: Callable[[str], None]) -> None:
-    """Copy the process' output to our stdout (and a log), calling ``on_line`` per line."""
+LEVEL = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:")  # a Flower log line
+CLIENTAPP_RAISED = re.compile(r"^ERROR\s*:\s*ClientApp raised an exception")
+TASK_EXIT_800 = re.compile(r"^ERROR\s*:\s*Exit Code: 800\b")
+RECEIVING = re.compile(r"Receiving: (\S+) message")
+ROUND = re.compile(r"\[RUN \d+, ROUND (\d+)\]")
+EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(: (.*))?$")
+
+
+class NodeConsole:
+    """What a SuperNode's console shows of Flower's output: every line, except that a
+    ClientApp's exception -- Flower logs its traceback and then the task's ``Exit Code:
+    800`` for every message -- becomes ONE line naming the message and the error (the
+    server gets the same reason in ``failures.csv``); the full text stays in the log.
+
+    With ``hold`` (a retry after a refused activation) nothing is shown until the node is
+    connected: a refused retry's output (Flower's exit-code block) stays in the log.
+
+    :meth:`feed` takes one line without ANSI codes and returns what to print: a list of
+    lines, where ``None`` stands for the line itself."""
+
+    def __init__(self, log_path: Path | None = None, hold: bool = False) -> None:
+        self.log_path = log_path
+        self.held: list[str] | None = [] if hold else None  # lines not shown yet
+        self.refused = False
+        self.state = "pass"  # "trace": in a ClientApp traceback; "exit": in its exit-800 block
+        self.message, self.round = "a", None  # the message being handled (Flower's log)
+        self.exc: list[str] = []  # the exception's text (the last one of a chain)
+        self.in_frames = False
+        self.last_error: str | None = None
+        self.repeats = 0
+        self.summarised = False
+
+    def feed(self, line: str) -> list[str | None]:
+        text = line.rstrip("\n")
+        if self.held is not None:
+            self.refused = self.refused or "Failed to activate SuperNode" in text
+            if "SuperNode ID:" not in text:
+                self.held.append(text)
+                return []
+            held, self.held = self.held, None
+            return held + [None]
+        is_log = LEVEL.match(text) is not None
+        if self.state != "pass" and not is_log:
+            if self.state == "trace":
+                self._trace(text)
+            return []  # kept in the log only
+        out: list[str | None] = [self._summary()] if self.state == "trace" else []
+        self.state = "pass"
+        if CLIENTAPP_RAISED.match(text):
+            self.state, self.exc, self.in_frames = "trace", [], False
+            return out
+        if TASK_EXIT_800.match(text) and self.summarised:
+            self.state, self.summarised = "exit", False  # the same failure, said already
+            return out
+        self.summarised = False
+        match = ROUND.search(text)
+        if match:
+            self.round = int(match.group(1))
+        match = RECEIVING.search(text)
+        if match:
+            self.message = match.group(1)
+        return out + [None]
+
+    def close(self) -> list[str]:
+        """At the end of the output: a traceback still open is summarised; held lines are
+        shown unless the node was refused again."""
+        if self.held is not None:
+            return [] if self.refused else self.held
+        return [self._summary()] if self.state == "trace" else []
+
+    def _trace(self, text: str) -> None:
+        if text.startswith("Traceback (most recent call last)"):
+            self.exc, self.in_frames = [], True  # a chain: the outermost comes last
+        elif text.startswith((" ", "\t")):
+            self.in_frames = True
+        elif text.startswith(("During handling of the above exception",
+                              "The above exception was the direct cause")):
+            self.in_frames = False
+        elif text.strip():
+            if self.in_frames:
+                self.exc, self.in_frames = [], False
+            self.exc.append(text.strip())
+
+    def _summary(self) -> str:
+        self.state, self.summarised = "pass", True
+        error = " ".join(self.exc) or "(no exception text)"
+        match = EXC_LINE.match(self.exc[0]) if self.exc else None
+        if match:  # flower_pfl.learning.shards.ShardError: ... -> ShardError: ...
+            error = match.group(1).rsplit(".", 1)[-1] + (
+                f": {' '.join([match.group(3), *self.exc[1:]])}" if match.group(2) else "")
+        what = f"the {self.message} message" + (f" of round {self.round}" if self.round else "")
+        if error == self.last_error:
+            self.repeats += 1
+            return (f"flower-pfl: {what} failed on this node with the same error "
+                    f"({self.repeats} messages so far)")
+        self.last_error, self.repeats = error, 1
+        where = f"; the traceback is in {self.log_path}" if self.log_path else ""
+        return (f"flower-pfl: {what} failed on this node: {error} (the server records this "
+                f"reason in failures.csv{where})")
+
+
+def _pump(proc: subprocess.Popen, log_path: Path | None, on_line: Callable[[str], None],
+          console: NodeConsole | None = None) -> None:
+    """Copy the process' output to our stdout and a log, calling ``on_line`` per line
+    (without ANSI codes). Flower colours its log whatever its output is: the log file
+    never gets the colour codes, our stdout only on a terminal; ``console`` decides what
+    of it our stdout shows."""
     log = open(log_path, "a") if log_path else None
+    tty = sys.stdout.isatty()
+
+    def show(lines: list[str | None], line: str, plain: str) -> None:
+        for shown in lines:
+            sys.stdout.write((line if tty else plain) if shown is None else shown + "\n")
+        sys.stdout.flush()
+
     try:
         for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            plain = strip_ansi(line)
             if log:
-                log.write(line)
+                log.write(plain)
                 log.flush()
-            on_line(ANSI.sub("", line))
+            show([None] if console is None else console.feed(plain), line, plain)
+            on_line(plain)
+        if console is not None:
+            show(console.close(), "", "")
     finally:
         if log:
             log.close()
@@ -105,9 +224,11 @@ def _pump(proc: subprocess.Popen, log_path: Path | None, on_line: Callable[[str]
 def _foreground(cmd: list[str], env: dict, what: str, on_line: Callable[[str], None],
                 log_path: Path | None = None,
                 ready: Callable[[subprocess.Popen], None] | None = None,
-                explain: Callable[[], bool] = lambda: True) -> int:
+                explain: Callable[[], bool] = lambda: True,
+                console: NodeConsole | None = None) -> int:
     """Run ``cmd`` until it exits or we are stopped (Ctrl-C, SIGTERM, SIGHUP); every process
-    it started is stopped by PID on the way out. ``ready(proc)`` runs once it started."""
+    it started is stopped by PID on the way out. ``ready(proc)`` runs once it started;
+    ``explain()`` says whether to name a failure's exit code (False: the caller does)."""
     procs = ProcessSet()
     flower_code: list[int] = []  # the exit code Flower names in its log (its docs explain it)
 
@@ -122,7 +243,8 @@ def _foreground(cmd: list[str], env: dict, what: str, on_line: Callable[[str], N
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, start_new_session=True)
         procs.procs.append(proc)
-        pump = threading.Thread(target=_pump, args=(proc, log_path, watch), daemon=True)
+        pump = threading.Thread(target=_pump, args=(proc, log_path, watch, console),
+                                daemon=True)
         pump.start()
         if ready is not None:
             ready(proc)
@@ -196,8 +318,23 @@ def superlink_main(argv: Sequence[str]) -> int:
             f"registered key(s). Submit a run from this machine with: flower-pfl submit "
             f"--superlink {local} --ca {certs['ca']} --config FILE. Ctrl-C stops it.")
 
-    return _foreground(cmd, env, "SuperLink", lambda line: None, workdir / "superlink.log",
-                       ready)
+    refused_keys: set[str] = set()
+
+    def explain(line: str) -> None:  # Flower's own ERROR lines, said plainly (once per key)
+        if "No SuperNode found with the given public key" in line:
+            key_text = line.split("public key:", 1)[-1].split("exception:", 1)[0]
+            if key_text in refused_keys:
+                return
+            refused_keys.add(key_text)
+            say(f"a SuperNode whose key is not registered here was refused (its public key is "
+                f"in the line above; the SuperNode is told so). To let it in, put its .pub "
+                f"file in --keys-dir and restart, or: FLWR_HOME={workdir / 'flwr-home'} "
+                f"{bin_path('flwr')} supernode register FILE.pub")
+        elif "ApiError:2003" in line and "Heartbeat interval 0.0 is out of bounds" in line:
+            say("(the line above is a refused SuperNode asking whether its key is registered "
+                "here: it is; nothing was changed)")
+
+    return _foreground(cmd, env, "SuperLink", explain, workdir / "superlink.log", ready)
 
 
 # ------------------------------------------------------------------------ supernode
@@ -240,7 +377,7 @@ def supernode_plan(args) -> tuple[list[str], dict, str]:
     if args.partition_id >= num:
         raise LaunchError(f"--partition-id {args.partition_id} is outside [0, {num})")
     if args.gpu is not None:
-        deploy.check_gpus([args.gpu])
+        deploy.check_gpus([args.gpu], "--gpu")
     state_dir = Path(args.state_dir).expanduser().resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     deploy.split_address(args.superlink)  # HOST:PORT or a clear error
@@ -273,7 +410,8 @@ def supernode_parser() -> argparse.ArgumentParser:
                    "--out DIR: DIR/<partition-id>) or a dataset folder")
     p.add_argument("--state-dir", required=True, metavar="DIR",
                    help="where the client keeps its personal state (a restart continues it)")
-    p.add_argument("--gpu", default=None, metavar="ID", help="the CUDA device to train on")
+    p.add_argument("--gpu", default=None, metavar="ID", help="the CUDA device to train on "
+                   "(CUDA_VISIBLE_DEVICES; refused on a machine without CUDA)")
     p.add_argument("--port", type=int, default=9094,
                    help="local port for its ClientApp processes (one per SuperNode on a "
                    "machine; default 9094)")
@@ -282,8 +420,28 @@ def supernode_parser() -> argparse.ArgumentParser:
     p.add_argument("--rejoin-wait", type=float, default=120, metavar="S",
                    help="after a crash the SuperLink refuses this node until it has missed two "
                    "heartbeats: keep trying for this long (default 120 s)")
+    p.add_argument("--log", metavar="FILE", default=None,
+                   help="the SuperNode's full output, tracebacks included (default: "
+                   "supernode.log in --state-dir); the console shows one line per failed "
+                   "message")
     p.add_argument("--insecure", action="store_true", help="no TLS, no node auth (testing)")
     return p
+
+
+def public_key_of(key: Path) -> str:
+    """Where ``flower-pfl node-key`` put the public key of ``key`` (for the hints)."""
+    pub = key.with_suffix(".pub")
+    return str(pub) if pub.is_file() else f"the public key of {key}"
+
+
+def unregistered_hint(key: Path, superlink: str) -> str:
+    pub = public_key_of(key)
+    return (f"the SuperLink at {superlink} refuses this node: its key {key} is not registered "
+            f"there (the SuperLink logs \"No SuperNode found with the given public key\"). "
+            f"Register it on the server: put {pub} in the --keys-dir of `flower-pfl superlink` "
+            f"and restart it (registered keys are kept), or register it on the running one "
+            f"with `FLWR_HOME=superlink/flwr-home .venv/bin/flwr supernode register "
+            f"{Path(pub).name}`; then start this SuperNode again")
 
 
 def supernode_main(argv: Sequence[str]) -> int:
@@ -293,7 +451,12 @@ def supernode_main(argv: Sequence[str]) -> int:
     except LaunchError as exc:
         say(str(exc))
         return 2
-    say(about)
+    state_dir = Path(args.state_dir).expanduser().resolve()
+    log_path = Path(args.log).expanduser().resolve() if args.log else state_dir / "supernode.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    say(f"{about}; full log {log_path}")
+    ca = None if args.insecure else Path(args.ca).expanduser().resolve()
+    key = None if args.insecure else Path(args.key).expanduser().resolve()
     announced, refused = threading.Event(), threading.Event()
 
     def on_line(line: str) -> None:
@@ -305,22 +468,46 @@ def supernode_main(argv: Sequence[str]) -> int:
         if "Failed to activate SuperNode" in line:
             refused.set()
 
+    # Refused activation has two causes Flower does not tell apart on this side: the key is
+    # not registered, or the SuperLink still counts this node online (after a crash it keeps
+    # it ONLINE until 2 heartbeats, 30 s each, are missed, and refuses it until then). The
+    # SuperLink is asked which (deploy.key_registered) after the first refusal.
+    registered: bool | None = None
     deadline = time.time() + args.rejoin_wait
+    attempt = 0
     while True:
         refused.clear()
-        code = _foreground(cmd, env, "SuperNode", on_line, explain=lambda: not refused.is_set())
+        attempt += 1
+        code = _foreground(cmd, env, "SuperNode", on_line, log_path=log_path,
+                           explain=lambda: not refused.is_set(),
+                           console=NodeConsole(log_path, hold=attempt > 1))
         if code == 0 or not refused.is_set():
             return code
+        if attempt == 1:
+            registered = True if key is None else deploy.key_registered(args.superlink, ca, key)
+            if registered is False:
+                say(unregistered_hint(key, args.superlink))
+                return 1
+            if registered:
+                say(f"the SuperLink refuses to activate this node although its key is "
+                    f"registered: it still counts this node as online (its previous SuperNode "
+                    f"stopped without signing off, and the SuperLink waits for 2 missed "
+                    f"heartbeats, up to a minute). Trying again every {REJOIN_RETRY_S:.0f} s "
+                    f"for up to {args.rejoin_wait:.0f} s (--rejoin-wait)")
+            else:
+                say(f"the SuperLink refuses to activate this node and could not be asked why. "
+                    f"Either its key {key} is not registered there (register "
+                    f"{public_key_of(key)} with `flower-pfl superlink --keys-dir`), or the "
+                    f"SuperLink still counts this node as online after a crash (that passes "
+                    f"within a minute). Trying again every {REJOIN_RETRY_S:.0f} s for up to "
+                    f"{args.rejoin_wait:.0f} s (--rejoin-wait)")
         if time.time() > deadline:
-            say(f"the SuperLink still refuses to activate this node after {args.rejoin_wait:.0f} "
-                f"s (another SuperNode with this key is online?); giving up")
-            return code
-        # After a crash the SuperLink keeps the node (same key, same node id) online until
-        # 2 heartbeats (30 s each by default) are missed, and refuses to activate it again
-        # until then: the same command, retried, rejoins once that window has passed.
-        say(f"the SuperLink still counts this node as online (its previous SuperNode stopped "
-            f"without signing off); trying again in {REJOIN_RETRY_S:.0f} s, for up to "
-            f"{max(0.0, deadline - time.time()):.0f} s more")
+            why = ("the key is registered, so another SuperNode with this key is probably "
+                   "running: stop it, or give this machine its own key (flower-pfl node-key)"
+                   if registered else "see above")
+            say(f"the SuperLink still refuses to activate this node after {attempt} attempts "
+                f"in {args.rejoin_wait:.0f} s; giving up ({why})")
+            return 1
         try:
             time.sleep(REJOIN_RETRY_S)
         except KeyboardInterrupt as exc:
