@@ -64,7 +64,8 @@ class Checkpointing:
                  "strategy": self.checkpoint_state(),
                  "results": {"rounds": self.results.rounds, "server": self.results.server_rows,
                              "elapsed_s": time.time() - self.results.started,
-                             "lower_is_better": self.results.lower_is_better}}
+                             "lower_is_better": self.results.lower_is_better,
+                             "resumed_after": self.results.extra.get("resumed_after", [])}}
         folder = reliability.write_checkpoint(self.results.dir, server_round, state,
                                               self.client_state_dir)
         log(INFO, "[flower-pfl] checkpoint after round %d written: %s (%.2f s)", server_round,
@@ -131,6 +132,8 @@ class Checkpointing:
         self.results.server_rows = list(res["server"])
         self.results.lower_is_better = bool(res["lower_is_better"])
         self.results.started = time.time() - float(res["elapsed_s"])
+        # a resumed process's first round also holds its start-up: s/round leaves it out
+        self.results.extra["resumed_after"] = [*res.get("resumed_after", []), r]
         for csv_path in sorted(self.results.dir.glob("*.csv")):
             reliability.rewind_csv(csv_path, r)
         self.results.status = "running"

@@ -355,6 +355,8 @@ def test_a_finished_run_is_extended_and_its_first_rows_stay(tmp_path):
                   resume=True)
     rows = _read(short / "clients.csv")
     assert [r for r in rows if int(r["round"]) <= 2] == first
+    # round 3 also holds the second process's start-up: s/round leaves that step out
+    assert json.loads((short / "summary.json").read_text())["resumed_after"] == [2]
     assert sorted({int(r["round"]) for r in rows}) == [1, 2, 3, 4]
     # ... and it is the run that 4 rounds from the start would have been
     inprocess.run(_lifecycle_cfg(rounds=4), longer, client_state_dir=longer / "client-state")

@@ -72,3 +72,15 @@ def test_the_writer_refuses_a_caller_with_another_direction(tmp_path):
     stats = {k: 0.5 for k in STAT_KEYS}
     with pytest.raises(ValueError, match="lower_is_better"):
         writer.log_round(1, stats, None, [{"partition-id": 0}], lower_is_better=False)
+
+
+def test_seconds_per_round_leaves_out_each_resumed_process_start_up():
+    rounds = [{"round": r, "elapsed_s": e} for r, e in
+              zip([1, 2, 3, 4, 5], [10.0, 11.0, 30.0, 32.0, 33.0])]
+    # segments [1, 2] and [3, 4, 5]: (11 - 10 + 33 - 30) / (1 + 2); the step 2 -> 3 (19 s of
+    # a second process starting) is out; without the resume, (33 - 10) / 4
+    assert tables.seconds_per_round(rounds, [2]) == pytest.approx(4.0 / 3.0)
+    assert tables.seconds_per_round(rounds) == pytest.approx(23.0 / 4.0)
+    # a segment of one round adds nothing; nothing left: the last elapsed over its round
+    assert tables.seconds_per_round(rounds, [2, 3, 4]) == pytest.approx(1.0)
+    assert tables.seconds_per_round(rounds[:1]) == pytest.approx(10.0)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import csv
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -69,6 +69,25 @@ COLUMNS = (
 )
 
 
+def seconds_per_round(rounds: list[dict[str, Any]], resumed_after: Iterable[int] = ()) -> float:
+    """Wall seconds per round after the first evaluated one, from the rounds' ``elapsed_s``.
+    A step into a round that a resumed process ran first (the round after one in
+    ``resumed_after``) also holds that process's start-up, so it is left out; with no step
+    left, the last elapsed time over its round number."""
+    skip = set(resumed_after)
+    segments: list[list[dict[str, Any]]] = [[rounds[0]]]
+    for a, b in zip(rounds, rounds[1:]):
+        if a["round"] in skip:
+            segments.append([b])
+        else:
+            segments[-1].append(b)
+    spans = [(seg[-1]["elapsed_s"] - seg[0]["elapsed_s"], seg[-1]["round"] - seg[0]["round"])
+             for seg in segments if len(seg) > 1]
+    if spans:
+        return sum(t for t, _ in spans) / sum(n for _, n in spans)
+    return rounds[-1]["elapsed_s"] / max(rounds[-1]["round"], 1)
+
+
 def cell_numbers(cell_dir: Path, finished_only: bool = True) -> dict[str, float] | None:
     """The table's numbers for one finished run, read from its summary.json (accuracies in
     percent); None for a run that did not complete or in which clients failed
@@ -83,11 +102,8 @@ def cell_numbers(cell_dir: Path, finished_only: bool = True) -> dict[str, float]
     final = summary["final"]
     # accuracies in percent; the synthetic task's metric is a squared error: left as it is
     scale = 1.0 if lower_is_better(run_metric(cell_dir)) else 100.0
-    first, last = rounds[0], rounds[-1]
-    if last["round"] > first["round"]:
-        per_round = (last["elapsed_s"] - first["elapsed_s"]) / (last["round"] - first["round"])
-    else:
-        per_round = last["elapsed_s"] / max(last["round"], 1)
+    last = rounds[-1]
+    per_round = seconds_per_round(rounds, summary.get("resumed_after", ()))
     nums = {"final_mean": scale * final["personal_mean"],
             "final_weighted": scale * final["personal_weighted_mean"],
             "final_worst10": scale * final["personal_worst10_mean"],
