@@ -30,7 +30,7 @@ def fit_rounds(cfg, rounds: int) -> tuple[list[float], list[float]]:
     """Seconds and summed client SGD steps of each round's fit phase."""
     manager = inprocess.make_federation(cfg["clients"])
     with tempfile.TemporaryDirectory() as tmp:
-        strategy = registry.get(cfg.strategy).strategy_cls()(cfg, results_dir=tmp)
+        strategy = registry.strategy_class(cfg.strategy)(cfg, results_dir=tmp)
         parameters = strategy.initialize_parameters(manager)
         seconds, steps = [], []
         for server_round in range(1, rounds + 1):

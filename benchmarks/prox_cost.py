@@ -71,7 +71,7 @@ class Federation:
     def __init__(self, cfg, results_dir: str, autograd: bool = False) -> None:
         self.cfg, self.autograd = cfg, autograd
         self.manager = inprocess.make_federation(cfg["clients"])
-        self.strategy = registry.get(cfg.strategy).strategy_cls()(cfg, results_dir=results_dir)
+        self.strategy = registry.strategy_class(cfg.strategy)(cfg, results_dir=results_dir)
         self.parameters = self.strategy.initialize_parameters(self.manager)
         self.rounds, self.seconds, self.round_seconds = 0, [], []
 

@@ -51,7 +51,7 @@ def server_rounds(strategy_name: str, n: int, fraction: float, rounds: int,
     cfg = config.validate({"strategy": strategy_name, "clients": n, "fraction-fit": fraction,
                            "min-fit-clients": 1, "rounds": rounds, "model": "dnn",
                            "data": {"dataset": "fmnist"}}, source="server_cost")
-    strategy = registry.get(strategy_name).strategy_cls()(cfg, initial_arrays=model_arrays(),
+    strategy = registry.strategy_class(strategy_name)(cfg, initial_arrays=model_arrays(),
                                                           results_dir=out)
     manager = make_manager(n)
     params = strategy.initialize_parameters(manager)

@@ -94,7 +94,7 @@ def run_one(name: str, n: int, fraction: float, rounds: int, store: str, dtype: 
     cfg = config.validate(tree, source="store_scale")
     out = Path(tempfile.mkdtemp(prefix=f"{name}-{n}-", dir=workdir))
     try:
-        strategy = registry.get(name).strategy_cls()(cfg, initial_arrays=model_arrays(),
+        strategy = registry.strategy_class(name)(cfg, initial_arrays=model_arrays(),
                                                       results_dir=out)
         manager = make_manager(n)
         params = strategy.initialize_parameters(manager)

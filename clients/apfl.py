@@ -23,8 +23,11 @@ from flower_pfl.algorithms.baselines_math import apfl_step, mixture
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.training import batches
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.apfl import APFL
 
 
+@client_for(APFL)
 class APFLClient(PFLClient):
     def load_alpha(self, config) -> float:
         values = self.state.get_values("apfl")

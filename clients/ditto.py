@@ -15,8 +15,11 @@ from __future__ import annotations
 from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.fedavg import FedAvgClient
 from flower_pfl.learning.training import params_of
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.ditto import Ditto
 
 
+@client_for(Ditto)
 class DittoClient(FedAvgClient):
     def fit_round(self, parameters, config):
         center = params_of(self.new_model(parameters))  # w^t

@@ -14,8 +14,12 @@ from __future__ import annotations
 from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.base import PersonalStateClient
 from flower_pfl.learning.training import params_of
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.fedamp import FedAMP
+from flower_pfl.strategies.heurfedamp import HeurFedAMP
 
 
+@client_for(FedAMP, HeurFedAMP)
 class FedAMPClient(PersonalStateClient):
     def regularizer(self, model, config):
         center = params_of(model)  # u_i (training starts there), detached: it does not move

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.learning.models import get_arrays
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
 
 
+@client_for(FedAvg)
 class FedAvgClient(PFLClient):
     def regularizer(self, model, config):
         """Extra term of the local objective: a ``prox.Prox`` (FedProx) or a callable
@@ -28,6 +31,7 @@ class FedAvgClient(PFLClient):
         return self.new_model(parameters)
 
 
+@client_for(FedAvgFT)
 class FedAvgFTClient(FedAvgClient):
     def personal_model(self, parameters, config):
         model = self.new_model(parameters)

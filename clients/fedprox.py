@@ -18,8 +18,11 @@ from __future__ import annotations
 from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.fedavg import FedAvgClient, FedAvgFTClient
 from flower_pfl.learning.training import params_of
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.fedprox import FedProx, FedProxFT
 
 
+@client_for(FedProx)
 class FedProxClient(FedAvgClient):
     def regularizer(self, model, config):
         center = params_of(model)  # w^t: training starts there; detached, it does not move
@@ -27,5 +30,6 @@ class FedProxClient(FedAvgClient):
         return Prox(center, mu)
 
 
+@client_for(FedProxFT)
 class FedProxFTClient(FedProxClient, FedAvgFTClient):
     """FedProx training (FedProxClient.fit_round) + FedAvg-FT's fine-tuned evaluation."""

@@ -22,8 +22,11 @@ import numpy as np
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
 from flower_pfl.learning.models import get_arrays
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.fedrep import FedRep
 
 
+@client_for(FedRep)
 class FedRepClient(LWSAMClientMixin, PFLClient):
     def split(self, model):
         """(indices of head arrays, indices of body arrays) in get_arrays order."""

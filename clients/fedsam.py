@@ -19,6 +19,8 @@ from flower_pfl.algorithms.plgu_math import two_model_train
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.learning.models import NamedLayers, get_arrays, layer_groups
 from flower_pfl.learning.training import batches, train_lwsam
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.fedsam import FedSAM
 
 
 def layer_tensors(model: NamedLayers) -> list[list[torch.Tensor]]:
@@ -84,6 +86,7 @@ def deltas(trained: Sequence[np.ndarray], start: Sequence[np.ndarray]) -> list[n
             for a, b in zip(trained, start)]
 
 
+@client_for(FedSAM)
 class FedSAMClient(LWSAMClientMixin, PFLClient):
     def fit_round(self, parameters, config):
         model = self.new_model(parameters)

@@ -6,8 +6,11 @@ The model lives in ``context.state`` between rounds; nothing is uploaded.
 from __future__ import annotations
 
 from flower_pfl.clients.base import PersonalStateClient
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.local import Local
 
 
+@client_for(Local)
 class LocalClient(PersonalStateClient):
     def fit_round(self, parameters, config):
         model = self.load_personal() or self.new_model()

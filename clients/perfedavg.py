@@ -23,8 +23,11 @@ from flower_pfl.algorithms.baselines_math import batches_per_step, perfedavg_ste
 from flower_pfl.clients.fedavg import FedAvgClient
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.training import batches
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.perfedavg import PerFedAvg
 
 
+@client_for(PerFedAvg)
 class PerFedAvgClient(FedAvgClient):
     def meta_steps(self, per_step: int) -> int:
         if self.spec.steps is not None:

@@ -23,10 +23,20 @@ from flower_pfl.algorithms import pfedbred_math as pm
 from flower_pfl.clients.base import PersonalStateClient
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.training import batches
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.pfedbred import (
+    PFedBreD,
+    PFedBreDLG,
+    PFedBreDMEG,
+    PFedBreDMH,
+    PFedBreDMHLookahead,
+    PFedMe,
+)
 
 MEMORY_KEY = "pfedbred-w"
 
 
+@client_for(PFedBreD, PFedBreDLG, PFedBreDMEG, PFedBreDMH, PFedBreDMHLookahead, PFedMe)
 class PFedBreDClient(PersonalStateClient):
     def fit_round(self, parameters, config):
         prior = str(config["prior"])

@@ -13,8 +13,11 @@ from __future__ import annotations
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
 from flower_pfl.learning.models import get_arrays
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.pfedhn import PFedHN
 
 
+@client_for(PFedHN)
 class PFedHNClient(LWSAMClientMixin, PFLClient):
     def scales(self, generated, model) -> list[float]:
         """Lambda per layer: pFedHN runs plain SGD (rho = 0), so any value works."""

@@ -50,8 +50,11 @@ from flower_pfl.clients.fedsam import (
 )
 from flower_pfl.clients.pfedhn import PFedHNClient
 from flower_pfl.learning.models import get_arrays
+from flower_pfl.registry import client_for
+from flower_pfl.strategies.plgu import PLGUGHN, PLGULF, PLGUGRep
 
 
+@client_for(PLGULF)
 class PLGULFClient(LWSAMClientMixin, PFLClient):
     def fit_round(self, parameters, config):
         template = self.new_model(parameters)
@@ -99,6 +102,7 @@ class PLGULFClient(LWSAMClientMixin, PFLClient):
         return model if model is not None else self.new_model(parameters)
 
 
+@client_for(PLGUGRep)
 class PLGUGRepClient(FedRepClient):
     def train_body(self, model, body_layers, scales, rho, num_steps, config):
         """``reading: two-model``: Algorithm 1 on the body -- phi~ (in ``model``) by plain
@@ -137,6 +141,7 @@ class PLGUGRepClient(FedRepClient):
                                                                     split(received_body)))]
 
 
+@client_for(PLGUGHN)
 class PLGUGHNClient(PFedHNClient):
     def scales(self, generated, model):
         """Eq. 6 between the last trained model and the generated one; Lambda = L * xi."""

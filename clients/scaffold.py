@@ -30,9 +30,12 @@ from flower_pfl.algorithms.baselines_math import (
 )
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.learning.models import get_arrays
+from flower_pfl.registry import client_for
 from flower_pfl.reliability import UploadTemplate
+from flower_pfl.strategies.scaffold import Scaffold
 
 
+@client_for(Scaffold)
 class ScaffoldClient(PFLClient):
     def fit_round(self, parameters, config):
         parameters, extra = self.split_download(parameters, config)

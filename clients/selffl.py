@@ -42,7 +42,9 @@ from flower_pfl.clients.base import PersonalStateClient
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.learning.training import train
+from flower_pfl.registry import client_for
 from flower_pfl.reliability import UploadTemplate
+from flower_pfl.strategies.selffl import SelfFL
 
 
 def first_participation_fits(first_fits: int, samples: int) -> int:
@@ -56,6 +58,7 @@ def _known(value) -> float:
     return value if value >= 0 else math.nan
 
 
+@client_for(SelfFL)
 class SelfFLClient(PersonalStateClient):
     def load_moments(self) -> sm.Welford:
         meta = self.state.get_values("selffl") or {"count": 0}

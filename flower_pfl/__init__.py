@@ -6,17 +6,50 @@ adapters (``strategies``, ``clients``, ``server_app``, ``client_app``), ``runnin
 ``reporting``, and ``cli`` on top.
 
 ``strategies`` and ``clients`` are top-level folders of the source tree (one file per
-algorithm) but are imported as ``flower_pfl.strategies`` and ``flower_pfl.clients``, so an
-installed flower-pfl never collides with another project's ``strategies`` module: a wheel
-installs them inside this package (pyproject's ``package-dir``); from a source tree (a
-checkout, an editable install, a Flower app bundle) the two folders beside this one are
-added to the package's search path below.
+algorithm) but are imported as ``flower_pfl.strategies`` and ``flower_pfl.clients`` only, so
+an installed flower-pfl never collides with another project's ``strategies`` module: a
+wheel installs them inside this package (pyproject's ``package-dir``); from a source tree
+(a checkout, an editable install, a Flower app bundle) :class:`SiblingFolders` maps exactly
+these two names to the folders beside this package -- nothing else of the tree becomes
+part of the package, and nothing is imported until asked for.
 """
 
-from pathlib import Path as _Path
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+from pathlib import Path
 
 __version__ = "0.1.0"
 
-_TREE = _Path(__file__).resolve().parent.parent
-if not (_Path(__file__).parent / "strategies").is_dir() and (_TREE / "strategies").is_dir():
-    __path__.append(str(_TREE))  # noqa: F821 (a package's __path__)
+#: the two subpackages that live beside this folder in a source tree
+SIBLINGS = ("strategies", "clients")
+
+
+class SiblingFolders(importlib.abc.MetaPathFinder):
+    """Finds ``flower_pfl.strategies`` and ``flower_pfl.clients`` in ``root``'s folders of
+    those names (their modules are then found on the subpackage's own path)."""
+
+    def __init__(self, root: Path) -> None:
+        self.folders = {f"{__name__}.{name}": root / name for name in SIBLINGS}
+
+    def find_spec(self, fullname, path=None, target=None):
+        folder = self.folders.get(fullname)
+        if folder is None or not (folder / "__init__.py").is_file():
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, folder / "__init__.py", submodule_search_locations=[str(folder)])
+
+
+def _install() -> None:
+    here = Path(__file__).resolve().parent
+    if (here / "strategies").is_dir():  # a wheel: the subpackages are inside
+        return
+    # First on the meta path: the folders beside *this* copy of the package win over an
+    # editable install's mapping to another checkout.
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "SiblingFolders"]
+    sys.meta_path.insert(0, SiblingFolders(here.parent))
+
+
+_install()

@@ -240,7 +240,10 @@ def strategies_command(name: str | None) -> int:
     wrap = lambda text, indent: textwrap.fill(text, width, initial_indent=indent,  # noqa: E731
                                               subsequent_indent=indent)
     print(wrap(f"{entry.name}: {entry.summary}", ""))
-    print(f"  strategy {entry.strategy}, client {entry.client}")
+    where = registry.locate(name)  # read from the sources: no torch
+    print("  " + ", ".join(f"{what} {'.'.join(at) if at else '(none bound)'}"
+                           for what, at in (("strategy", where.strategy),
+                                            ("client", where.client))))
     if not entry.hyper:
         print("  no hyper-parameters")
         return 0

@@ -25,7 +25,7 @@ class RegistryClient(NumPyClient):
             from flower_pfl.clients.base import PFLClient
 
             return PFLClient(self.ctx)
-        return registry.get(str(name)).client_cls()(self.ctx)
+        return registry.client_class(str(name))(self.ctx)
 
     def get_properties(self, config):
         return self._client(config).get_properties(config)

@@ -1,7 +1,9 @@
-"""What a registered algorithm is: its Strategy, its client and its hyper-parameters.
+"""What a registered algorithm is: its name, summary and hyper-parameters.
 
 Pure data (no torch, no Flower): the catalog modules (``flower_pfl/catalog/*.py``) build
-:class:`Entry` objects from these classes, and ``flower_pfl/registry.py`` collects them.
+:class:`Entry` objects from these classes, ``flower_pfl/registry.py`` collects them, and
+the strategy and client classes bind themselves to an entry (``registry.strategy_for``,
+``registry.client_for``).
 Defaults are the papers' values where the paper states them and our choices otherwise.
 A ``doc`` says what the parameter does and why its default, in words, and points to the
 docs section that holds the measurements (docs/RESULTS.md, docs/algorithms/*.md): run
@@ -12,7 +14,6 @@ silently disable a method's mechanism.
 from __future__ import annotations
 
 import difflib
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -30,21 +31,14 @@ class Hyper:
 
 @dataclass(frozen=True)
 class Entry:
-    """A registered algorithm: server Strategy + client NumPyClient + hyper-parameters."""
+    """A registered algorithm: its name, a one-line summary and its hyper-parameters.  The
+    Strategy and client classes are bound to it by their own modules (flower_pfl.registry)."""
 
     name: str
-    strategy: str  # "module:Class" inside the flower_pfl package, e.g. "strategies.fedamp:FedAMP"
-    client: str  # "module:Class" inside the flower_pfl package, e.g. "clients.fedamp:FedAMPClient"
     summary: str
     hyper: Mapping[str, Hyper] = field(default_factory=dict)
     #: checks that need the rest of the configuration: (values, hyper) -> problems
     cross_check: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] | None = None
-
-    def strategy_cls(self) -> type:
-        return _load(self.strategy)
-
-    def client_cls(self) -> type:
-        return _load(self.client)
 
     def validate_hyper(self, params: Mapping[str, Any], prefix: str) -> tuple[dict, list[str]]:
         """Fill defaults, check types and ranges; return (values, problems)."""
@@ -95,11 +89,6 @@ def check_value(name: str, value: Any, types: tuple[type, ...],
     if isinstance(value, int) and not isinstance(value, bool) and float in types:
         value = float(value)
     return value, None
-
-
-def _load(path: str) -> type:
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(f"flower_pfl.{module}"), attr)
 
 
 POS = lambda v: v > 0  # noqa: E731 - a one-line check for the catalog's Hyper tables

@@ -103,7 +103,7 @@ def build_strategy(context: Context):
                                              config_mod.APP_DIR)
     cfg = config_mod.load(path, str(rc.get("overrides", "")) or None)
     results_dir = str(rc.get("results-dir", "")) or None
-    strategy = registry.get(cfg.strategy).strategy_cls()(
+    strategy = registry.strategy_class(cfg.strategy)(
         cfg, initial_arrays=initial_arrays_apart(cfg.values), results_dir=results_dir)
     client_state = str(rc.get("client-state-dir", ""))
     if client_state and int(cfg["checkpoint-every"]) > 0:

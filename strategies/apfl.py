@@ -10,10 +10,13 @@ by the registry.
 
 from __future__ import annotations
 
+from flower_pfl.catalog import baselines as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
 from flower_pfl.strategies.mechanism import Mechanism
 
 
+@strategy_for(catalog.APFL)
 class APFL(FedAvg):
     mechanism = Mechanism("APFL", "v_i and the adapted alpha_i carried over from an earlier "
                           "round", "v_i = w and alpha_i = alpha-init; an untrained client "

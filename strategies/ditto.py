@@ -9,10 +9,13 @@ evaluated every evaluation round: Ditto-P (v_i, the personalized column) and Dit
 
 from __future__ import annotations
 
+from flower_pfl.catalog import baselines as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
 from flower_pfl.strategies.mechanism import Mechanism
 
 
+@strategy_for(catalog.DITTO)
 class Ditto(FedAvg):
     mechanism = Mechanism("Ditto", "personal v_i carried over from an earlier round",
                           "v_i starts at the global model; an untrained client evaluates w")

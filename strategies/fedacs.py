@@ -36,6 +36,8 @@ from __future__ import annotations
 import numpy as np
 
 from flower_pfl.algorithms.attention import consensus_weights, fedacs_weights, quantile_threshold
+from flower_pfl.catalog import fedacs as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 
@@ -59,6 +61,7 @@ def selection_share(xi: np.ndarray, rows: np.ndarray, peers: np.ndarray,
     return float(shares.mean()), off
 
 
+@strategy_for(catalog.FEDACS)
 class FedACS(MessagePassingStrategy):
     mechanism = Mechanism("FedACS", *CLOUD)
 

@@ -33,6 +33,8 @@ import math
 import numpy as np
 
 from flower_pfl.algorithms.attention import fedamp_auto_weights, fedamp_weights, offdiag_mass
+from flower_pfl.catalog import fedamp as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 
@@ -40,6 +42,7 @@ from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 MIN_PEER_MASS = 1e-3
 
 
+@strategy_for(catalog.FEDAMP)
 class FedAMP(MessagePassingStrategy):
     mechanism = Mechanism("FedAMP", *CLOUD)
 

@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+from flower_pfl.catalog import baselines as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 
@@ -25,6 +27,7 @@ def weighted_average(arrays: Sequence[Sequence[np.ndarray]], weights: Sequence[f
             .astype(np.float32) for k in range(len(arrays[0]))]
 
 
+@strategy_for(catalog.FEDAVG)
 class FedAvg(PersonalizedStrategy):
     """Sample-weighted mean of the sampled clients' models."""
 
@@ -33,6 +36,7 @@ class FedAvg(PersonalizedStrategy):
                                               [u.num_examples for u in updates])
 
 
+@strategy_for(catalog.FEDAVG_FT)
 class FedAvgFT(FedAvg):
     """FedAvg whose clients fine-tune the global model before personalized evaluation."""
 

@@ -12,14 +12,18 @@ the global model for ``finetune-steps`` SGD steps (FedAvg-FT's evaluation, share
 
 from __future__ import annotations
 
+from flower_pfl.catalog import baselines as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
 
 
+@strategy_for(catalog.FEDPROX)
 class FedProx(FedAvg):
     def fit_payload(self, pid, server_round):
         arrays, extra = super().fit_payload(pid, server_round)
         return arrays, {**extra, "mu": float(self.hyper["mu"])}
 
 
+@strategy_for(catalog.FEDPROX_FT)
 class FedProxFT(FedProx, FedAvgFT):
     """FedProx.fit_payload (mu) + FedAvgFT.eval_payload (finetune-steps)."""

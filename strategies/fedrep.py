@@ -17,7 +17,9 @@ from logging import WARNING
 import numpy as np
 from flwr.common.logger import log
 
+from flower_pfl.catalog import plgu as catalog
 from flower_pfl.learning.models import layer_groups, model_for
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 from flower_pfl.strategies.mechanism import Mechanism
 
@@ -25,6 +27,7 @@ HEAD = ("its own head h_i carried over from an earlier round",
         "the initial head; an untrained client evaluates (initial head, global body)")
 
 
+@strategy_for(catalog.FEDREP)
 class FedRep(PersonalizedStrategy):
     has_global_model = False
     mechanism = Mechanism("FedRep", *HEAD)

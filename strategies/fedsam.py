@@ -19,6 +19,8 @@ from typing import Sequence
 import numpy as np
 from flwr.common.logger import log
 
+from flower_pfl.catalog import plgu as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 
@@ -50,6 +52,7 @@ def warn_rho_zero(hyper, name: str, becomes: str) -> None:
             name, becomes)
 
 
+@strategy_for(catalog.FEDSAM)
 class FedSAM(PersonalizedStrategy):
     def setup(self, initial_arrays):
         warn_rho_zero(self.hyper, "fedsam", "FedAvg with an unweighted mean of deltas")

@@ -15,6 +15,8 @@ below ``MIN_PEAK_OVER_MEAN`` a WARNING names sigma.
 from __future__ import annotations
 
 from flower_pfl.algorithms.attention import heurfedamp_weights, peak_over_mean
+from flower_pfl.catalog import fedamp as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 
@@ -22,6 +24,7 @@ from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 MIN_PEAK_OVER_MEAN = 1.1
 
 
+@strategy_for(catalog.HEURFEDAMP)
 class HeurFedAMP(MessagePassingStrategy):
     mechanism = Mechanism("HeurFedAMP", *CLOUD)
 

@@ -6,9 +6,12 @@ schedules rounds and collects evaluations; no weights travel in either direction
 
 from __future__ import annotations
 
+from flower_pfl.catalog import baselines as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 
 
+@strategy_for(catalog.LOCAL)
 class Local(PersonalizedStrategy):
     has_global_model = False
     uploads_model = False  # nothing is uploaded, so there is no model to check

@@ -10,9 +10,12 @@ steps of size alpha on its training data (Per-FedAvg-P) and the global model its
 
 from __future__ import annotations
 
+from flower_pfl.catalog import baselines as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
 
 
+@strategy_for(catalog.PERFEDAVG)
 class PerFedAvg(FedAvg):
     def fit_payload(self, pid, server_round):
         arrays, extra = super().fit_payload(pid, server_round)

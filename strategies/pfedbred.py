@@ -25,6 +25,8 @@ from logging import WARNING
 from flwr.common.logger import log
 
 from flower_pfl.algorithms import pfedbred_math as pm
+from flower_pfl.catalog import pfedbred as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.mechanism import Mechanism
 
@@ -32,6 +34,7 @@ CLIENT_KEYS = ("lambda", "alpha", "alpha-m", "local-iterations", "prox-steps", "
                "theta-init")
 
 
+@strategy_for(catalog.PFEDBRED)
 class PFedBreD(PersonalizedStrategy):
     mechanism = Mechanism("pFedBreD", "theta_i (theta-init: carry) and, for meg/mh, the "
                           "memorized w_i carried over from an earlier round",
@@ -66,22 +69,27 @@ class PFedBreD(PersonalizedStrategy):
             self.log_server(mean_w_theta_gap=sum(gaps) / len(gaps))
 
 
+@strategy_for(catalog.PFEDBRED_LG)
 class PFedBreDLG(PFedBreD):
     fixed_prior = "lg"
 
 
+@strategy_for(catalog.PFEDBRED_MEG)
 class PFedBreDMEG(PFedBreD):
     fixed_prior = "meg"
 
 
+@strategy_for(catalog.PFEDBRED_MH)
 class PFedBreDMH(PFedBreD):
     fixed_prior = "mh"
 
 
+@strategy_for(catalog.PFEDBRED_MH_LOOKAHEAD)
 class PFedBreDMHLookahead(PFedBreD):
     fixed_prior = "mh-lookahead"
 
 
+@strategy_for(catalog.PFEDME)
 class PFedMe(PFedBreD):
     """pFedMe = the same framework with mu = w (no meta-step)."""
 

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 from flower_pfl.algorithms import plgu_math as pm
+from flower_pfl.catalog import plgu as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 from flower_pfl.strategies.mechanism import Mechanism
 
@@ -27,6 +29,7 @@ EMBEDDING = ("its embedding v_i trained in an earlier round",
              "h(v_i) of the initial random embedding")
 
 
+@strategy_for(catalog.PFEDHN)
 class PFedHN(PersonalizedStrategy):
     has_global_model = False
     mechanism = Mechanism("pFedHN", *EMBEDDING)

@@ -23,7 +23,9 @@ from logging import WARNING
 
 from flwr.common.logger import log
 
+from flower_pfl.catalog import plgu as catalog
 from flower_pfl.learning.models import model_for
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate
 from flower_pfl.strategies.fedrep import HEAD, FedRep
 from flower_pfl.strategies.fedsam import FedSAM, apply_mean_delta, warn_rho_zero
@@ -31,6 +33,7 @@ from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.pfedhn import EMBEDDING, PFedHN
 
 
+@strategy_for(catalog.PLGU_LF)
 class PLGULF(FedSAM):
     mechanism = Mechanism("PLGU-LF", "layer scores xi (eq. 6) from its own personal model of "
                           "an earlier round", "Lambda = I: FedSAM's step, no personal layers")
@@ -73,11 +76,13 @@ class PerturbedVariant:
         return float(self.hyper["rho"])
 
 
+@strategy_for(catalog.PLGU_GREP)
 class PLGUGRep(PerturbedVariant, FedRep):
     base_name = "FedRep"
     mechanism = Mechanism("PLGU-GRep", *HEAD)
 
 
+@strategy_for(catalog.PLGU_GHN)
 class PLGUGHN(PerturbedVariant, PFedHN):
     base_name = "pFedHN"
     mechanism = Mechanism("PLGU-GHN", *EMBEDDING)

@@ -23,12 +23,15 @@ from __future__ import annotations
 import numpy as np
 
 from flower_pfl.algorithms.baselines_math import CONTROL, CONTROL_DELTA, scaffold_server
+from flower_pfl.catalog import baselines as catalog
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.mechanism import Mechanism
 
 #: the upload's extra part: dc_i = c_i+ - c_i (line 13); the download's: c
 
 
+@strategy_for(catalog.SCAFFOLD)
 class Scaffold(PersonalizedStrategy):
     mechanism = Mechanism("SCAFFOLD", "its control variate c_i from an earlier round",
                           "c_i = 0: the correction is c alone")

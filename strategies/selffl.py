@@ -51,7 +51,9 @@ import numpy as np
 from flwr.common.logger import log
 
 from flower_pfl.algorithms import selffl_math as sm
+from flower_pfl.catalog import selffl as catalog
 from flower_pfl.model_store import RowMatrix, plan_from_config
+from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 from flower_pfl.strategies.mechanism import Mechanism
 
@@ -83,6 +85,7 @@ def _median_known(values) -> float:
     return float(np.median(known)) if known else math.nan
 
 
+@strategy_for(catalog.SELFFL)
 class SelfFL(PersonalizedStrategy):
     #: uploads are decoded one at a time into the round's rows (strategies/base.py)
     lazy_uploads = True

@@ -256,11 +256,11 @@ def test_ft_evaluation_is_the_servers_step_count_of_sgd_by_hand(name, tmp_path):
     lr, steps = 0.2, 5
     cfg = small_config(strategy=name, **TINY, **{f"hyper.{name}.finetune-steps": steps,
                                                  "train.lr": lr, "train.batch-size": 16})
-    s = registry.get(name).strategy_cls()(cfg, results_dir=tmp_path)
+    s = registry.strategy_class(name)(cfg, results_dir=tmp_path)
     s.initialize_parameters(None)
     w, extra = s.eval_payload(3, 1)
     assert extra["finetune-steps"] == steps
-    client = make_client(registry.get(name).client_cls(), pid=3)
+    client = make_client(registry.client_class(name), pid=3)
     config = {"cfg": cfg.to_json(), "round": 1, **extra}
     client.setup(config)
     got = [p.detach().numpy() for p in client.personal_model(list(w), config).parameters()]

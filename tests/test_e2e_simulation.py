@@ -34,7 +34,7 @@ TINY = {"strategy": "local", "rounds": 3, "clients": 4, "fraction-fit": 1.0, "mo
 
 def family(name: str) -> type:
     """The class right below PersonalizedStrategy in the strategy's MRO."""
-    mro = registry.get(name).strategy_cls().__mro__
+    mro = registry.strategy_class(name).__mro__
     return mro[mro.index(PersonalizedStrategy) - 1]
 
 
@@ -42,7 +42,7 @@ def representatives() -> list[str]:
     by_family: dict[type, list[str]] = {}
     for name in sorted(registry.REGISTRY):
         by_family.setdefault(family(name), []).append(name)
-    return sorted(min(names, key=lambda n: (-len(registry.get(n).strategy_cls().__mro__), n))
+    return sorted(min(names, key=lambda n: (-len(registry.strategy_class(n).__mro__), n))
                   for names in by_family.values())
 
 
@@ -87,7 +87,7 @@ def test_flwr_run_simulation_end_to_end(strategy, tmp_path, superlink):
     assert summary["status"] == "completed" and len(summary["rounds"]) == 3
     assert json.loads((tmp_path / "res" / "config.json").read_text())["values"]["strategy"] \
         == strategy  # the override reached the ServerApp
-    strategy_cls = registry.get(strategy).strategy_cls()
+    strategy_cls = registry.strategy_class(strategy)
     if issubclass(strategy_cls, MessagePassingStrategy):  # last round's attention (FedAMP Fig. 3)
         assert (tmp_path / "res" / "attention.npy").exists()
         assert (tmp_path / "res" / "attention.png").exists()

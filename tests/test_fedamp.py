@@ -320,7 +320,7 @@ def test_strategy_attention_is_eq7_and_eq8_of_the_stored_models(strategy, tmp_pa
     from flower_pfl.strategies.base import ClientUpdate
 
     cfg = small_config(strategy=strategy, clients=4, model="mclr", **{"data.subsample": 2000})
-    s = registry.get(strategy).strategy_cls()(cfg, results_dir=tmp_path)
+    s = registry.strategy_class(strategy)(cfg, results_dir=tmp_path)
     s.initialize_parameters(None)
     rng = np.random.default_rng(0)
     w0 = s.spec.flatten(s.initial_model).astype(np.float64)
@@ -409,7 +409,7 @@ def test_prox_weight_is_lambda_over_alpha_k_and_the_client_steps_by_it_by_hand(
     cfg = small_config(strategy=strategy, clients=4, model="mclr", **{
         "data.subsample": 2000, "train.lr": 0.2, "train.steps": 3, "train.batch-size": 16,
         "hyper": {strategy: hyper}})
-    s = registry.get(strategy).strategy_cls()(cfg, results_dir=tmp_path)
+    s = registry.strategy_class(strategy)(cfg, results_dir=tmp_path)
     s.initialize_parameters(None)
     rng = np.random.default_rng(2)
     w0 = s.spec.flatten(s.initial_model).astype(np.float64)

@@ -94,10 +94,10 @@ def test_client_round_by_hand_with_the_servers_mu(name, tmp_path):
     mu, lr, steps = 0.7, 0.2, 4
     cfg = small_config(strategy=name, **TINY, **{
         f"hyper.{name}.mu": mu, "train.lr": lr, "train.steps": steps, "train.batch-size": 16})
-    s = registry.get(name).strategy_cls()(cfg, results_dir=tmp_path)
+    s = registry.strategy_class(name)(cfg, results_dir=tmp_path)
     s.initialize_parameters(None)
     w0, extra = s.fit_payload(1, 1)
-    client = make_client(registry.get(name).client_cls(), pid=1)
+    client = make_client(registry.client_class(name), pid=1)
     up, _, _ = client.fit([a.copy() for a in w0], {"cfg": cfg.to_json(), "round": 1, **extra})
     order = client_order(client, steps)
     want = prox_sgd_by_hand(client, w0, order, lr, w0, mu)

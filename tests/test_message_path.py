@@ -46,7 +46,7 @@ def test_every_strategy_runs_through_the_message_path(strategy, tmp_path):
     # context.state crossed the (serialised) boundary every round: each client counted its fits
     assert all(int(r["fit-rounds"]) == ROUNDS for r in last)
     assert all(0.0 <= float(r["accuracy"]) <= 1.0 for r in last)
-    strategy_cls = registry.get(strategy).strategy_cls()
+    strategy_cls = registry.strategy_class(strategy)
     if strategy_cls.has_global_model:  # both the personalized and the global model evaluated
         assert all(0.0 <= float(r["global_accuracy"]) <= 1.0 for r in last)
     if issubclass(strategy_cls, MessagePassingStrategy):  # last round's attention (Fig. 3)

@@ -1,8 +1,10 @@
 """strategies/ and clients/ are top-level folders but live in the flower_pfl namespace.
 
 An installed flower-pfl must not collide with another project's ``strategies`` or ``clients``
-module: from a source tree flower_pfl/__init__.py adds the folders to the package's path; a
-wheel installs them inside the package (pyproject's ``package-dir``).
+module: from a source tree (checkout, editable install, app bundle) flower_pfl/__init__.py maps
+exactly those two names to the folders; a wheel installs them inside the package (pyproject's
+``package-dir``).  Either way nothing else of the tree is part of the package, and each class
+exists once.
 """
 
 from __future__ import annotations
@@ -16,14 +18,63 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: run where flower_pfl is importable: the package path holds the two subpackages and nothing
+#: else of the tree, each class once, and the registry finds the classes there
+ONE_COPY = """
+import importlib, json, sys
+import flower_pfl
+lazy = "flower_pfl.strategies" not in sys.modules
+refused = []
+for name in ("flower_pfl.tests", "flower_pfl.benchmarks", "flower_pfl.flower_pfl",
+             "flower_pfl.flower_pfl.registry", "strategies", "clients.base"):
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        refused.append(name)
+from flower_pfl import registry
+from flower_pfl.strategies import base
+from flower_pfl.strategies.fedamp import FedAMP
+same = (importlib.import_module("flower_pfl.strategies.base").PersonalizedStrategy
+        is base.PersonalizedStrategy
+        is sys.modules["flower_pfl.strategies.message_passing"].PersonalizedStrategy
+        and registry.strategy_class("fedamp") is FedAMP
+        and issubclass(FedAMP, base.PersonalizedStrategy))
+print(json.dumps({"lazy": lazy, "refused": refused, "same": same,
+                  "file": base.__file__, "client": registry.client_class("fedamp").__module__}))
+"""
+
+REFUSED = ["flower_pfl.tests", "flower_pfl.benchmarks", "flower_pfl.flower_pfl",
+           "flower_pfl.flower_pfl.registry", "strategies", "clients.base"]
+
+
+def one_copy(cwd: Path, pythonpath: Path) -> dict:
+    import json
+
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    out = subprocess.run([sys.executable, "-c", ONE_COPY], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["lazy"] and seen["same"] and seen["refused"] == REFUSED, seen
+    assert seen["client"] == "flower_pfl.clients.fedamp"
+    return seen
+
+
+def test_from_the_source_tree_only_the_two_subpackages_join_the_package():
+    """From a checkout: ``flower_pfl.tests`` and a doubled ``flower_pfl.flower_pfl`` do not
+    import, nor ``strategies`` as a package of its own (a second copy of the classes)."""
+    seen = one_copy(ROOT, ROOT)
+    assert Path(seen["file"]) == ROOT / "strategies" / "base.py"
+
 
 def test_a_foreign_strategies_package_first_on_the_path_does_not_shadow_ours(tmp_path):
     for name in ("strategies", "clients"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(
             f"raise ImportError('the foreign {name} package was imported')\n")
-    code = ("from flower_pfl import registry; e = registry.get('fedamp'); "
-            "print(e.strategy_cls().__module__, e.client_cls().__module__)")
+    code = ("from flower_pfl import registry; "
+            "print(registry.strategy_class('fedamp').__module__, "
+            "registry.client_class('fedamp').__module__)")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
@@ -47,9 +98,13 @@ def test_the_wheel_installs_strategies_and_clients_inside_the_package(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"flower_pfl/strategies/fedamp.py", "flower_pfl/clients/fedamp.py",
             "flower_pfl/algorithms/attention.py"} <= names
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)  # what pip installs: the wheel's files as they are
+    seen = one_copy(tmp_path, site)
+    assert Path(seen["file"]) == site / "flower_pfl" / "strategies" / "base.py"
 
 
-def test_the_app_bundle_carries_the_code_and_stays_under_flowers_limit():
+def test_the_app_bundle_carries_the_code_and_stays_under_flowers_limit(tmp_path):
     """`flwr run` builds a FAB from the repository: it must hold the apps' code and configs
     and stay under Flower's size limit whatever docs/results/ grows to (its committed result
     cells alone are over it)."""
@@ -64,3 +119,7 @@ def test_the_app_bundle_carries_the_code_and_stays_under_flowers_limit():
     assert {"flower_pfl/server_app.py", "flower_pfl/client_app.py", "strategies/fedamp.py",
             "clients/fedamp.py", "simulation.yaml", "configs/pfedbred-fmnist-mclr.yaml"} <= names
     assert not any(n.startswith(("docs/", "tests/", "benchmarks/")) for n in names)
+    app = tmp_path / "app"  # as a SuperNode unpacks it
+    zipfile.ZipFile(io.BytesIO(fab)).extractall(app)
+    seen = one_copy(tmp_path, app)
+    assert Path(seen["file"]) == app / "strategies" / "base.py"

@@ -363,7 +363,7 @@ def test_server_mean_is_uniform_and_samples_weights_only_when_asked(strategy, tm
     def aggregate(**hyper):
         cfg = small_config(strategy=strategy, clients=4, model="mclr", **{
             "data.subsample": 2000, "hyper": {strategy: {"beta": 1.5, **hyper}}})
-        s = registry.get(strategy).strategy_cls()(cfg, results_dir=tmp_path / str(hyper))
+        s = registry.strategy_class(strategy)(cfg, results_dir=tmp_path / str(hyper))
         s.initialize_parameters(None)
         prev = [a.astype(np.float64) for a in s.global_arrays]
         ups = [[a + 1.0 for a in s.global_arrays], [a - 3.0 for a in s.global_arrays]]

@@ -516,7 +516,7 @@ def test_each_strategy_sends_its_rho_to_the_clients(name, sends, tmp_path):
 
     over = {f"hyper.{name}.rho": 0.07} if sends else {}
     cfg = _cfg(name, model="dnn", **over)
-    s = registry.get(name).strategy_cls()(cfg, results_dir=tmp_path)
+    s = registry.strategy_class(name)(cfg, results_dir=tmp_path)
     s.initialize_parameters(None)
     _, extra = s.fit_payload(0, 1)
     assert extra["rho"] == (0.07 if sends else 0.0)

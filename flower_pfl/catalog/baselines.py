@@ -25,91 +25,107 @@ def _plain_sgd(name: str):
     return check
 
 
-ENTRIES = [
-    Entry(
-        "fedavg", "strategies.fedavg:FedAvg", "clients.fedavg:FedAvgClient",
-        "FedAvg (McMahan et al. 2017): one global model, sample-weighted mean of client models.",
-    ),
-    Entry(
-        "local", "strategies.local:Local", "clients.local:LocalClient",
-        "Separate/Local training: every client trains only its own model; no weights exchanged.",
-    ),
-    Entry(
-        "fedavg-ft", "strategies.fedavg:FedAvgFT", "clients.fedavg:FedAvgFTClient",
-        "FedAvg + local fine-tuning: the global model fine-tuned for `finetune-steps` SGD steps "
-        "on the client's data before personalized evaluation.",
-        {"finetune-steps": FINETUNE},
-    ),
-    Entry(
-        "fedprox", "strategies.fedprox:FedProx", "clients.fedprox:FedProxClient",
-        "FedProx (Li et al., MLSys 2020): FedAvg whose clients minimise "
-        "F_i(w) + mu/2 ||w - w_global||^2.",
-        {"mu": Hyper(1.0, NUM, POS, "a number > 0 (mu = 0 is FedAvg)",
-                     "proximal weight; 1 is the value Li et al. 2020 report best for MNIST "
-                     "(their grid {0.001, 0.01, 0.1, 1})")},
-    ),
-    Entry(
-        "fedprox-ft", "strategies.fedprox:FedProxFT", "clients.fedprox:FedProxFTClient",
-        "FedProx + local fine-tuning (FedAMP's baseline): FedProx training, then the global model "
-        "fine-tuned for `finetune-steps` SGD steps before personalized evaluation.",
-        {"mu": Hyper(1.0, NUM, POS, "a number > 0 (mu = 0 is FedAvg-FT)",
-                     "proximal weight, as fedprox"),
-         "finetune-steps": FINETUNE},
-    ),
-    Entry(
-        "scaffold", "strategies.scaffold:Scaffold", "clients.scaffold:ScaffoldClient",
-        "SCAFFOLD (Karimireddy et al., ICML 2020): control variates c (server) and c_i (client) "
-        "correct each local step by c - c_i; option II update of c_i; global step eta_g.",
-        {"global-lr": Hyper(1.0, NUM, POS, "a number > 0",
-                            "global step size eta_g (1 in the paper's experiments: the server "
-                            "takes the mean client model)")},
-        cross_check=_plain_sgd("scaffold"),
-    ),
-    Entry(
-        "apfl", "strategies.apfl:APFL", "clients.apfl:APFLClient",
-        "APFL (Deng et al. 2020): each client keeps v_i and alpha_i; its personalized model "
-        "alpha_i v_i + (1 - alpha_i) w is trained as the mixture, alpha_i by its gradient.",
-        {"alpha-init": Hyper(0.5, NUM, lambda v: 0 < v < 1, "a number in (0, 1) (0 is FedAvg, "
-                             "1 is Local)",
-                             "initial mixing weight alpha_i (the middle of the paper's grid "
-                             "{0.25, 0.5, 0.75})"),
-         "adapt-alpha": Hyper(True, (bool,), None, "true or false",
-                              "update alpha_i by its gradient each local step (adaptive APFL)"),
-         "alpha-lr": Hyper(0.05, NUM, POS, "a number > 0",
-                           "step size of the alpha update; the paper uses the model step size "
-                           "eta (our train.lr default 0.05)")},
-        cross_check=_plain_sgd("apfl"),
-    ),
-    Entry(
-        "ditto", "strategies.ditto:Ditto", "clients.ditto:DittoClient",
-        "Ditto (Li et al., ICML 2021): the global model trained as FedAvg; each client's personal "
-        "v_i trained on f_i(v) + lambda/2 ||v - w_global||^2; P and G evaluated.",
-        {"lambda": Hyper(0.1, NUM, POS, "a number > 0 (lambda = 0 is Local training)",
-                         "personalization weight; the paper tunes it per data set from "
-                         "{0.05, 0.1, 0.2, 0.5, 1, 2}; 0.1 from that grid"),
-         "personal-steps": Hyper("auto", (str, int),
-                                 lambda v: v == "auto" or (not isinstance(v, str) and v >= 1),
-                                 "an integer >= 1 or 'auto'",
-                                 "SGD steps on v_i per round; 'auto' = the configured local "
-                                 "steps/epochs (as the paper, s = local epochs of w)")},
-    ),
-    Entry(
-        "perfedavg", "strategies.perfedavg:PerFedAvg", "clients.perfedavg:PerFedAvgClient",
-        "Per-FedAvg (Fallah et al., NeurIPS 2020): MAML meta-update with separate mini-batches; "
-        "FO or HF variant; personalized = global + `personal-steps` SGD steps of size alpha on "
-        "the client's training data.",
-        {"variant": Hyper("fo", (str,), lambda v: v in ("fo", "hf"), "one of ['fo', 'hf']",
-                          "first-order (FO) or Hessian-free (HF) meta-gradient; FO is the one "
-                          "Self-FL and the pFedMe comparisons run"),
-         "alpha": Hyper(0.05, NUM, POS, "a number > 0 (alpha = 0 is FedAvg)",
-                        "inner (personalization) step size alpha; beta is train.lr. Not a "
-                        "paper value (Fallah et al. tune alpha, beta per task): 0.05 = the "
-                        "default train.lr, so the personalization step is one ordinary SGD "
-                        "step"),
-         "delta": Hyper(0.001, NUM, POS, "a number > 0",
-                        "finite-difference step of the HF Hessian-vector product"),
-         "personal-steps": Hyper(1, (int,), POS, "an integer >= 1",
-                                 "SGD steps from the global model before personalized "
-                                 "evaluation (the paper: one step)")},
-    ),
-]
+FEDAVG = Entry(
+    "fedavg",
+    "FedAvg (McMahan et al. 2017): one global model, sample-weighted mean of client models.",
+)
+
+
+LOCAL = Entry(
+    "local",
+    "Separate/Local training: every client trains only its own model; no weights exchanged.",
+)
+
+
+FEDAVG_FT = Entry(
+    "fedavg-ft",
+    "FedAvg + local fine-tuning: the global model fine-tuned for `finetune-steps` SGD steps "
+    "on the client's data before personalized evaluation.",
+    {"finetune-steps": FINETUNE},
+)
+
+
+FEDPROX = Entry(
+    "fedprox",
+    "FedProx (Li et al., MLSys 2020): FedAvg whose clients minimise "
+    "F_i(w) + mu/2 ||w - w_global||^2.",
+    {"mu": Hyper(1.0, NUM, POS, "a number > 0 (mu = 0 is FedAvg)",
+                 "proximal weight; 1 is the value Li et al. 2020 report best for MNIST "
+                 "(their grid {0.001, 0.01, 0.1, 1})")},
+)
+
+
+FEDPROX_FT = Entry(
+    "fedprox-ft",
+    "FedProx + local fine-tuning (FedAMP's baseline): FedProx training, then the global model "
+    "fine-tuned for `finetune-steps` SGD steps before personalized evaluation.",
+    {"mu": Hyper(1.0, NUM, POS, "a number > 0 (mu = 0 is FedAvg-FT)",
+                 "proximal weight, as fedprox"),
+     "finetune-steps": FINETUNE},
+)
+
+
+SCAFFOLD = Entry(
+    "scaffold",
+    "SCAFFOLD (Karimireddy et al., ICML 2020): control variates c (server) and c_i (client) "
+    "correct each local step by c - c_i; option II update of c_i; global step eta_g.",
+    {"global-lr": Hyper(1.0, NUM, POS, "a number > 0",
+                        "global step size eta_g (1 in the paper's experiments: the server "
+                        "takes the mean client model)")},
+    cross_check=_plain_sgd("scaffold"),
+)
+
+
+APFL = Entry(
+    "apfl",
+    "APFL (Deng et al. 2020): each client keeps v_i and alpha_i; its personalized model "
+    "alpha_i v_i + (1 - alpha_i) w is trained as the mixture, alpha_i by its gradient.",
+    {"alpha-init": Hyper(0.5, NUM, lambda v: 0 < v < 1, "a number in (0, 1) (0 is FedAvg, "
+                         "1 is Local)",
+                         "initial mixing weight alpha_i (the middle of the paper's grid "
+                         "{0.25, 0.5, 0.75})"),
+     "adapt-alpha": Hyper(True, (bool,), None, "true or false",
+                          "update alpha_i by its gradient each local step (adaptive APFL)"),
+     "alpha-lr": Hyper(0.05, NUM, POS, "a number > 0",
+                       "step size of the alpha update; the paper uses the model step size "
+                       "eta (our train.lr default 0.05)")},
+    cross_check=_plain_sgd("apfl"),
+)
+
+
+DITTO = Entry(
+    "ditto",
+    "Ditto (Li et al., ICML 2021): the global model trained as FedAvg; each client's personal "
+    "v_i trained on f_i(v) + lambda/2 ||v - w_global||^2; P and G evaluated.",
+    {"lambda": Hyper(0.1, NUM, POS, "a number > 0 (lambda = 0 is Local training)",
+                     "personalization weight; the paper tunes it per data set from "
+                     "{0.05, 0.1, 0.2, 0.5, 1, 2}; 0.1 from that grid"),
+     "personal-steps": Hyper("auto", (str, int),
+                             lambda v: v == "auto" or (not isinstance(v, str) and v >= 1),
+                             "an integer >= 1 or 'auto'",
+                             "SGD steps on v_i per round; 'auto' = the configured local "
+                             "steps/epochs (as the paper, s = local epochs of w)")},
+)
+
+
+PERFEDAVG = Entry(
+    "perfedavg",
+    "Per-FedAvg (Fallah et al., NeurIPS 2020): MAML meta-update with separate mini-batches; "
+    "FO or HF variant; personalized = global + `personal-steps` SGD steps of size alpha on "
+    "the client's training data.",
+    {"variant": Hyper("fo", (str,), lambda v: v in ("fo", "hf"), "one of ['fo', 'hf']",
+                      "first-order (FO) or Hessian-free (HF) meta-gradient; FO is the one "
+                      "Self-FL and the pFedMe comparisons run"),
+     "alpha": Hyper(0.05, NUM, POS, "a number > 0 (alpha = 0 is FedAvg)",
+                    "inner (personalization) step size alpha; beta is train.lr. Not a "
+                    "paper value (Fallah et al. tune alpha, beta per task): 0.05 = the "
+                    "default train.lr, so the personalization step is one ordinary SGD "
+                    "step"),
+     "delta": Hyper(0.001, NUM, POS, "a number > 0",
+                    "finite-difference step of the HF Hessian-vector product"),
+     "personal-steps": Hyper(1, (int,), POS, "an integer >= 1",
+                             "SGD steps from the global model before personalized "
+                             "evaluation (the paper: one step)")},
+)
+
+ENTRIES = [FEDAVG, LOCAL, FEDAVG_FT, FEDPROX, FEDPROX_FT, SCAFFOLD, APFL, DITTO, PERFEDAVG]

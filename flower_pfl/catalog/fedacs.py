@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from flower_pfl.hyper import NUM, Entry, Hyper
 
-ENTRIES = [
-    Entry(
-        "fedacs", "strategies.fedacs:FedACS", "clients.fedacs:FedACSClient",
-        "FedACS (Chen, Li, Shen): cosine similarity of client models, delta = p-quantile of "
-        "all similarities, u_i = similarity-weighted mean of the peers above delta (eq. 4); "
-        "clients run local SGD from u_i (eq. 5).",
-        {"pick-ratio": Hyper(0.8, NUM, lambda v: 0 <= v <= 1, "a number in [0, 1]",
-                             "p of Algorithm 1: delta is the p-quantile of all entries of S; "
-                             "p = 1 selects only the client itself (Local). The paper does not "
-                             "state p; 0.8 "
-                             "keeps the most similar fifth of the pairs, which on the "
-                             "practical partition are the client's own group "
-                             "(docs/algorithms/fedacs.md, 'FedACS')")},
-    ),
-]
+FEDACS = Entry(
+    "fedacs",
+    "FedACS (Chen, Li, Shen): cosine similarity of client models, delta = p-quantile of "
+    "all similarities, u_i = similarity-weighted mean of the peers above delta (eq. 4); "
+    "clients run local SGD from u_i (eq. 5).",
+    {"pick-ratio": Hyper(0.8, NUM, lambda v: 0 <= v <= 1, "a number in [0, 1]",
+                         "p of Algorithm 1: delta is the p-quantile of all entries of S; "
+                         "p = 1 selects only the client itself (Local). The paper does not "
+                         "state p; 0.8 "
+                         "keeps the most similar fifth of the pairs, which on the "
+                         "practical partition are the client's own group "
+                         "(docs/algorithms/fedacs.md, 'FedACS')")},
+)
+
+ENTRIES = [FEDACS]

@@ -90,27 +90,34 @@ _PRIORS = {
 }
 
 
-ENTRIES = [
-    Entry("pfedbred", "strategies.pfedbred:PFedBreD", "clients.pfedbred:PFedBreDClient",
-          "prior chosen by hyper 'prior' (lg | meg | mh | mh-lookahead; default mh). "
-          + _SUMMARY,
-          {"prior": Hyper("mh", (str,), lambda v: v in ("lg", "meg", "mh", "mh-lookahead"),
-                          "one of ['lg', 'meg', 'mh', 'mh-lookahead']",
-                          "meta-step of eq. 14: loss gradient, memorized envelope gradient, or "
-                          "memorized hybrid (both); mh is the paper's main method (Table 1); "
-                          "mh-lookahead: the authors' code's mh (a look-ahead gradient on a "
-                          "second batch applied to w, then the meg term)"),
-           **META, **COMMON},
-          cross_check=_stability),
-    *[Entry(f"pfedbred-{p}", f"strategies.pfedbred:PFedBreD{p.upper()}",
-            "clients.pfedbred:PFedBreDClient", f"{_PRIORS[p]}. " + _SUMMARY,
-            {**META, **COMMON}, cross_check=_stability) for p in ("lg", "meg", "mh")],
-    Entry("pfedbred-mh-lookahead", "strategies.pfedbred:PFedBreDMHLookahead",
-          "clients.pfedbred:PFedBreDClient", f"{_PRIORS['mh-lookahead']}. " + _SUMMARY,
-          {**META, **COMMON}, cross_check=_stability),
-    Entry("pfedme", "strategies.pfedbred:PFedMe", "clients.pfedbred:PFedBreDClient",
-          "pFedMe (Dinh et al., NeurIPS 2020): no prior, mu = w (Moreau envelope, no "
-          "meta-step; pFedBreD's 'Non-PP' row), theta restarts at w each round.",
-          {**COMMON, "theta-init": _theta_init("restart")},
-          cross_check=_stability),
-]
+PFEDBRED = Entry(
+    "pfedbred",
+    "prior chosen by hyper 'prior' (lg | meg | mh | mh-lookahead; default mh). " + _SUMMARY,
+    {"prior": Hyper("mh", (str,), lambda v: v in ("lg", "meg", "mh", "mh-lookahead"),
+                    "one of ['lg', 'meg', 'mh', 'mh-lookahead']",
+                    "meta-step of eq. 14: loss gradient, memorized envelope gradient, or "
+                    "memorized hybrid (both); mh is the paper's main method (Table 1); "
+                    "mh-lookahead: the authors' code's mh (a look-ahead gradient on a "
+                    "second batch applied to w, then the meg term)"),
+     **META, **COMMON},
+    cross_check=_stability)
+
+
+def _fixed_prior(prior: str) -> Entry:
+    """``pfedbred-<prior>``: pFedBreD with its prior fixed (no 'prior' hyper-parameter)."""
+    return Entry(f"pfedbred-{prior}", f"{_PRIORS[prior]}. " + _SUMMARY, {**META, **COMMON},
+                 cross_check=_stability)
+
+
+PFEDBRED_LG = _fixed_prior("lg")
+PFEDBRED_MEG = _fixed_prior("meg")
+PFEDBRED_MH = _fixed_prior("mh")
+PFEDBRED_MH_LOOKAHEAD = _fixed_prior("mh-lookahead")
+PFEDME = Entry(
+    "pfedme",
+    "pFedMe (Dinh et al., NeurIPS 2020): no prior, mu = w (Moreau envelope, no "
+    "meta-step; pFedBreD's 'Non-PP' row), theta restarts at w each round.",
+    {**COMMON, "theta-init": _theta_init("restart")},
+    cross_check=_stability)
+
+ENTRIES = [PFEDBRED, PFEDBRED_LG, PFEDBRED_MEG, PFEDBRED_MH, PFEDBRED_MH_LOOKAHEAD, PFEDME]

@@ -36,45 +36,55 @@ HN = {
                       "SGD step on a client's embedding with its own gradient (our choice)"),
 }
 
-ENTRIES = [
-    Entry(
-        "fedsam", "strategies.fedsam:FedSAM", "clients.fedsam:FedSAMClient",
-        "FedSAM (Qu et al., ICML 2022): SAM as the local optimizer, w += mean Delta.",
-        {"rho": RHO},
-    ),
-    Entry(
-        "plgu-lf", "strategies.plgu:PLGULF", "clients.plgu:PLGULFClient",
-        "PLGU-LF (Qu et al., CVPR 2023, Alg. 2): eq. 6 layer scores, top-D layers kept "
-        "personal; Alg. 1's two models (theta~ by SGD, w~ by LWSAM at theta~ + eps), "
-        "w += mean Delta of w~.",
-        {"rho": RHO, "reading": READING,
-         "personal-layers": Hyper(1, (int,), lambda v: v >= 0, "an integer >= 0",
-                                  "D = |L^Per| of Alg. 2: layers kept personal. 1 of the CNN's 4 "
-                                  "(PLGU's Fig. 2 example keeps 1 of 3; its ResNet-18 uses 5 of "
-                                  "~23). 0 = FedSAM-like, >= L = Local (both warned)")},
-    ),
-    Entry(
-        "fedrep", "strategies.fedrep:FedRep", "clients.fedrep:FedRepClient",
-        "FedRep (Collins et al., ICML 2021): personal head (last layer) trained first, then the "
-        "shared body; server averages the bodies.",
-        {"head-epochs": HEAD, "body-epochs": BODY},
-    ),
-    Entry(
-        "plgu-grep", "strategies.plgu:PLGUGRep", "clients.plgu:PLGUGRepClient",
-        "PLGU-GRep (Qu et al., CVPR 2023, Alg. 3): FedRep whose body update is LWSAM with the "
-        "eq. 10 layer scores.",
-        {"head-epochs": HEAD, "body-epochs": BODY, "rho": RHO, "reading": READING},
-    ),
-    Entry(
-        "pfedhn", "strategies.pfedhn:PFedHN", "clients.pfedhn:PFedHNClient",
-        "pFedHN (Shamsian et al., ICML 2021): a server hypernetwork maps learned client "
-        "embeddings to client models; client deltas are back-propagated into it.",
-        dict(HN),
-    ),
-    Entry(
-        "plgu-ghn", "strategies.plgu:PLGUGHN", "clients.plgu:PLGUGHNClient",
-        "PLGU-GHN (Qu et al., CVPR 2023; our reading): pFedHN whose clients train the generated "
-        "model with LWSAM, layer scores between their last trained and the generated model.",
-        {**HN, "rho": RHO},
-    ),
-]
+FEDSAM = Entry(
+    "fedsam",
+    "FedSAM (Qu et al., ICML 2022): SAM as the local optimizer, w += mean Delta.",
+    {"rho": RHO},
+)
+
+
+PLGU_LF = Entry(
+    "plgu-lf",
+    "PLGU-LF (Qu et al., CVPR 2023, Alg. 2): eq. 6 layer scores, top-D layers kept "
+    "personal; Alg. 1's two models (theta~ by SGD, w~ by LWSAM at theta~ + eps), "
+    "w += mean Delta of w~.",
+    {"rho": RHO, "reading": READING,
+     "personal-layers": Hyper(1, (int,), lambda v: v >= 0, "an integer >= 0",
+                              "D = |L^Per| of Alg. 2: layers kept personal. 1 of the CNN's 4 "
+                              "(PLGU's Fig. 2 example keeps 1 of 3; its ResNet-18 uses 5 of "
+                              "~23). 0 = FedSAM-like, >= L = Local (both warned)")},
+)
+
+
+FEDREP = Entry(
+    "fedrep",
+    "FedRep (Collins et al., ICML 2021): personal head (last layer) trained first, then the "
+    "shared body; server averages the bodies.",
+    {"head-epochs": HEAD, "body-epochs": BODY},
+)
+
+
+PLGU_GREP = Entry(
+    "plgu-grep",
+    "PLGU-GRep (Qu et al., CVPR 2023, Alg. 3): FedRep whose body update is LWSAM with the "
+    "eq. 10 layer scores.",
+    {"head-epochs": HEAD, "body-epochs": BODY, "rho": RHO, "reading": READING},
+)
+
+
+PFEDHN = Entry(
+    "pfedhn",
+    "pFedHN (Shamsian et al., ICML 2021): a server hypernetwork maps learned client "
+    "embeddings to client models; client deltas are back-propagated into it.",
+    dict(HN),
+)
+
+
+PLGU_GHN = Entry(
+    "plgu-ghn",
+    "PLGU-GHN (Qu et al., CVPR 2023; our reading): pFedHN whose clients train the generated "
+    "model with LWSAM, layer scores between their last trained and the generated model.",
+    {**HN, "rho": RHO},
+)
+
+ENTRIES = [FEDSAM, PLGU_LF, FEDREP, PLGU_GREP, PFEDHN, PLGU_GHN]

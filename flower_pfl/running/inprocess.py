@@ -10,10 +10,17 @@ does, handed with a serialised ``Context`` to the ``ClientApp``, and the reply g
 same way back.  So record types, config value types and array shapes are checked as in
 a real run.  Used by the fast tests (every strategy end to end in seconds) and by
 benchmarks; ``flwr run`` (``flower-pfl run``) is the way to run experiments.
+
+:func:`try_strategy` is the short way to try a new strategy from a Python prompt::
+
+    from flower_pfl.running.inprocess import try_strategy
+    strategy = try_strategy("fedavg", rounds=2, overrides="clients=6")
+    print(strategy.results.dir)        # rounds.csv, clients.csv, server.csv, ...
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +37,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
+from flower_pfl import config as config_mod
 from flower_pfl import registry
 from flower_pfl.client_app import app as client_app
 from flower_pfl.config import RunConfig
@@ -133,7 +141,7 @@ def run(cfg: RunConfig, results_dir: str | Path, manager: SimpleClientManager | 
     server); ``on_round(strategy, server_round)`` is called after each round (tests)."""
     manager = manager or make_federation(
         cfg["clients"], run_config={"client-state-dir": str(client_state_dir or "")})
-    strategy = registry.get(cfg.strategy).strategy_cls()(cfg, results_dir=results_dir)
+    strategy = registry.strategy_class(cfg.strategy)(cfg, results_dir=results_dir)
     if client_state_dir is not None and int(cfg["checkpoint-every"]) > 0:
         strategy.client_state_dir = Path(client_state_dir)
     if resume:
@@ -154,3 +162,22 @@ def run(cfg: RunConfig, results_dir: str | Path, manager: SimpleClientManager | 
         if strategy.after_round(server_round, rounds or cfg["rounds"]):
             break  # as flower_pfl.server_app.ResumableServer: the last round, or a stop
     return strategy
+
+
+#: what :func:`try_strategy` runs on: a few clients of a small real FMNIST subset
+TRY = {"rounds": 2, "clients": 4, "fraction-fit": 1.0, "model": "dnn", "seed": 0,
+       "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 2000},
+       "train": {"epochs": 1, "batch-size": 32, "lr": 0.05}}
+
+
+def try_strategy(strategy: str, rounds: int = 2, results_dir: str | Path | None = None,
+                 overrides: str | dict[str, Any] | None = None) -> Any:
+    """Run the registered ``strategy`` in this process for ``rounds`` rounds on :data:`TRY`
+    (``overrides``: ``"key=value ..."`` or a mapping, as ``--set``) and return the strategy;
+    its CSV files are in ``strategy.results.dir`` (``results_dir``, default a new temporary
+    folder).  The configuration is validated as ``flower-pfl validate`` does."""
+    mapping = overrides if isinstance(overrides, dict) else config_mod.parse_overrides(overrides)
+    cfg = config_mod.validate(config_mod.merge(TRY, {"strategy": strategy, "rounds": rounds,
+                                                     **mapping}), source="try_strategy")
+    out = Path(results_dir) if results_dir else Path(tempfile.mkdtemp(prefix=f"{strategy}-"))
+    return run(cfg, out)
