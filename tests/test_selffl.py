@@ -125,12 +125,12 @@ def _closeness(m, tmp_path, *extra):
     return gap / np.mean(np.abs(truth.z_mean - target)), s
 
 
-@pytest.mark.slow  # 200 simulated clients: over a minute
+@pytest.mark.slow  # 80 simulated clients: ~40 s (200 gave 0.0057 in ~2 min; 80 keeps the test)
 def test_synthetic_oracle_reaches_the_closed_form_and_improves_with_m(tmp_path):
     ratio20, s = _closeness(20, tmp_path, "hyper.selffl.oracle=true")
     assert ratio20 < 0.1, ratio20  # within 10% of the local estimate's distance to theta^FL
-    ratio200, _ = _closeness(200, tmp_path, "hyper.selffl.oracle=true")
-    assert ratio200 < ratio20  # Proposition 3.1: the error shrinks as M grows
+    ratio80, _ = _closeness(80, tmp_path, "hyper.selffl.oracle=true")
+    assert ratio80 < ratio20  # Proposition 3.1: the error shrinks as M grows (0.016 vs 0.027)
     rows = s.results.server_rows
     assert all(r["local_steps_min"] >= 1 for r in rows)
 
