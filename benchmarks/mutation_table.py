@@ -1,15 +1,19 @@
 """The mutation suite's table: what each mutation patches and which tests must notice.
 
-The entries live as data in benchmarks/data/mutations.yaml (its header says what each
-field means); :func:`load_mutations` reads them into :class:`Mutation` records and refuses an
-entry with a missing or an unknown field.  ``kind`` (optional) says what the patch does:
-``switch-off`` (the default: a mechanism turned off while the code runs) or ``subtle`` (the
-mechanism still runs, one detail is wrong: a sign, a factor of 2, a norm for a squared norm,
-two similar variables swapped, an axis); ``--kind`` of benchmarks/mutations.py selects one.
+The entries live as data in benchmarks/data/mutations/: one ``<module>.yaml`` per catalog
+module (``flower_pfl/catalog/<module>.py``) and ``core.yaml`` for shared code (the folder's
+README.md says what each field means); :func:`load_mutations` reads them into
+:class:`Mutation` records and refuses an entry with a missing or an unknown field.
+``kind`` (optional) says what the patch does: ``switch-off`` (the default: a mechanism
+turned off while the code runs) or ``subtle`` (the mechanism still runs, one detail is
+wrong: a sign, a factor of 2, a norm for a squared norm, two similar variables swapped, an
+axis); ``--kind`` of benchmarks/mutations.py selects one.
 :func:`check_patches` checks that every patch still applies (its ``old`` text occurs
 exactly once in its file, the names are unique) and :func:`check_coverage` that every
 registered strategy is covered by at least one mutation and that no mutation names an
-unknown strategy; benchmarks/mutations.py runs both before anything else.
+unknown strategy, :func:`check_placement` that each entry is in its paper's file;
+benchmarks/mutations.py runs them before anything else, tests/test_registry.py in the fast
+tier.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLE = Path(__file__).resolve().parent / "data" / "mutations.yaml"
+#: one file per catalog module, plus core.yaml (README.md there: the fields)
+TABLE = Path(__file__).resolve().parent / "data" / "mutations"
+CORE = "core"
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,7 @@ class Mutation:
     new: str
     tests: tuple[str, ...]  # pytest targets, the cheapest killer first (-x stops there)
     kind: str = "switch-off"  # or "subtle" (KINDS)
+    table: str = ""  # the file it is read from, e.g. "fedamp.yaml" (not a YAML field)
 
 
 #: what a mutation does: turn a mechanism off, or get one detail of it subtly wrong
@@ -41,9 +48,13 @@ OPTIONAL = {"kind"}
 
 
 def load_mutations(path: Path = TABLE) -> tuple[Mutation, ...]:
-    """The entries of the table at ``path``, in its order."""
-    entries = yaml.safe_load(Path(path).read_text()) or []
-    allowed = [f.name for f in fields(Mutation)]
+    """The entries of the table at ``path`` (a folder: its ``*.yaml`` files by name), in
+    order."""
+    path = Path(path)
+    if path.is_dir():
+        return tuple(m for file in sorted(path.glob("*.yaml")) for m in load_mutations(file))
+    entries = yaml.safe_load(path.read_text()) or []
+    allowed = [f.name for f in fields(Mutation) if f.name != "table"]
     wanted = [name for name in allowed if name not in OPTIONAL]
     out = []
     for i, entry in enumerate(entries):
@@ -58,7 +69,7 @@ def load_mutations(path: Path = TABLE) -> tuple[Mutation, ...]:
             raise ValueError(f"{path}: entry {i + 1} ({entry['name']}): kind {kind!r} is not "
                              f"one of {KINDS}")
         out.append(Mutation(str(entry["name"]), tuple(entry["strategies"]), entry["file"],
-                            entry["old"], entry["new"], tuple(entry["tests"]), kind))
+                            entry["old"], entry["new"], tuple(entry["tests"]), kind, path.name))
     return tuple(out)
 
 
@@ -89,8 +100,33 @@ def check_coverage(mutations) -> list[str]:
 
     covered = {s for m in mutations for s in m.strategies}
     problems = [f"strategy {s!r} is registered but no mutation covers it (add one to "
-                f"benchmarks/data/mutations.yaml)"
+                f"benchmarks/data/mutations/<its catalog module>.yaml)"
                 for s in sorted(set(registry.REGISTRY) - covered)]
     problems += [f"mutation covers {s!r}, which is not a registered strategy"
                  for s in sorted(covered - set(registry.REGISTRY))]
     return problems
+
+
+def check_placement(mutations) -> list[str]:
+    """``<module>.yaml`` holds only entries of ``flower_pfl/catalog/<module>.py``'s strategies
+    that patch that paper's files; ``core.yaml`` the rest (shared code: ``flower_pfl/``
+    outside ``algorithms/``, strategy and client modules that bind no entry; mechanisms of
+    several catalog modules)."""
+    sys.path.insert(0, str(ROOT))
+    from flower_pfl import registry
+
+    paper = registry.CATALOG_MODULE
+    bound = {c.__module__.replace("flower_pfl.", "", 1).replace(".", "/") + ".py"
+             for pair in registry.bindings().values() for c in pair if c is not None}
+    problems = []
+    for m in mutations:
+        shared = (m.file.startswith("flower_pfl/") and not m.file.startswith(
+            "flower_pfl/algorithms/")) or (m.file.startswith(("strategies/", "clients/"))
+                                           and m.file not in bound)
+        modules = {paper.get(s) for s in m.strategies}
+        want = CORE if shared or len(modules) != 1 else modules.pop()
+        if m.table != f"{want}.yaml":
+            problems.append(f"{m.name}: belongs in benchmarks/data/mutations/{want}.yaml, not "
+                            f"{m.table} (strategies {list(m.strategies)}, file {m.file})")
+    return problems
+

@@ -2,7 +2,7 @@
 
 Every registered strategy's mechanisms (attention weights, thresholds, prox terms, meta
 steps, control variates, personal heads and layers, perturbations, hypernetwork updates,
-fine-tuning, aggregation rules, ...) appear in benchmarks/data/mutations.yaml as a
+fine-tuning, aggregation rules, ...) appear in benchmarks/data/mutations/ as a
 mutation (:class:`benchmarks.mutation_table.Mutation`): one small patch (``old`` text ->
 ``new`` text in one file) that turns the mechanism off while the code still runs, and the test
 targets (files or ``file::test`` node ids) that should notice.
@@ -24,7 +24,7 @@ every target once (the baseline); it must pass, or the suite stops.
 Output: a markdown table (mutation, strategies, killed by, seconds) on stdout and in
 ``--out``; exit status 1 if a mutation survived (or errored). Every registered strategy
 must be covered by at least one mutation (checked at start): a new strategy adds its
-mutations to benchmarks/data/mutations.yaml.
+mutations to benchmarks/data/mutations/<its catalog module>.yaml (README.md there).
 
     python benchmarks/mutations.py --jobs 1 [--only NAME ...] [--kind subtle]
                                    [--out docs/mutations.md]
@@ -52,6 +52,7 @@ from benchmarks.mutation_table import (  # noqa: E402
     Mutation,
     check_coverage,
     check_patches,
+    check_placement,
     load_mutations,
 )
 
@@ -196,15 +197,15 @@ def table(results, command: str, total_s: float, baseline_s: float) -> str:
 
 NOTE = """# Mutation suite
 
-Contributor note: a new strategy adds its mutations to `benchmarks/data/mutations.yaml`
--- one small patch per mechanism of the algorithm (the idea switched off while the code
-still runs) and the cheapest test that must fail under it; `python benchmarks/mutations.py
---only NAME` checks it, and the suite refuses to start while a registered strategy has no
-mutation. A mutation that survives means a missing test: add a test that fails under it,
-never weaken the mutation.
+Contributor note: a new strategy adds its mutations to `benchmarks/data/mutations/<its
+catalog module>.yaml` -- one small patch per mechanism of the algorithm (the idea switched
+off while the code still runs) and the cheapest test that must fail under it; `python
+benchmarks/mutations.py --only NAME` checks it, and the suite refuses to start while a
+registered strategy has no mutation. A mutation that survives means a missing test: add a
+test that fails under it, never weaken the mutation.
 
 Two kinds (the `kind` column): `switch-off` mutations turn a mechanism off; `subtle` ones
-(`kind: subtle`, the file's last section) leave it running with one detail wrong -- a sign,
+(`kind: subtle`, each file's last section) leave it running with one detail wrong -- a sign,
 a factor of 2, a norm for a squared norm, two similar variables swapped, an axis -- and are
 killed by tests whose inputs are asymmetric (unequal client sizes and step sizes, partial
 participation), where such an error cannot cancel. `--kind subtle` runs only those.
@@ -228,7 +229,7 @@ def main(argv=None) -> int:
                         help="do not run the unmutated targets first (debugging only)")
     args = parser.parse_args(argv)
 
-    problems = check_patches(MUTATIONS) + check_coverage(MUTATIONS)
+    problems = check_patches(MUTATIONS) + check_coverage(MUTATIONS) + check_placement(MUTATIONS)
     if problems:
         print("mutation suite: " + "\n".join(problems), file=sys.stderr)
         return 2

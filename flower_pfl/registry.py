@@ -43,19 +43,23 @@ RECIPE = "README.md, 'Adding an algorithm, in order'"
 T = TypeVar("T", bound=type)
 
 
-def _collect() -> dict[str, Entry]:
+def _collect() -> tuple[dict[str, Entry], dict[str, str]]:
     entries: dict[str, Entry] = {}
+    modules: dict[str, str] = {}
     for info in sorted(pkgutil.iter_modules(catalog.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{catalog.__name__}.{info.name}")
         for entry in module.ENTRIES:
             if entry.name in entries:
                 raise RuntimeError(f"strategy '{entry.name}' is registered twice "
                                    f"(second time in {module.__name__})")
-            entries[entry.name] = entry
-    return entries
+            entries[entry.name], modules[entry.name] = entry, info.name
+    return entries, modules
 
 
-REGISTRY: dict[str, Entry] = _collect()
+REGISTRY: dict[str, Entry]
+#: strategy name -> the catalog module that defines it (``fedamp`` for catalog/fedamp.py)
+CATALOG_MODULE: dict[str, str]
+REGISTRY, CATALOG_MODULE = _collect()
 
 _STRATEGY: dict[str, type] = {}  # entry name -> strategy class (filled by @strategy_for)
 _CLIENT: dict[type, type] = {}  # strategy class -> client class (filled by @client_for)

@@ -97,3 +97,81 @@ def test_a_strategy_lookup_imports_only_its_own_module():
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert "flower_pfl.strategies.fedamp" in loaded
     assert not {"flower_pfl.strategies.pfedhn", "flower_pfl.strategies.heurfedamp"} & set(loaded)
+
+
+def test_every_mutation_entry_applies_covers_and_sits_in_its_papers_file():
+    """The mutation suite's start-up checks, without running a target: each registered name
+    in an entry, names unique, each ``old`` text once in its file, each entry in
+    ``<catalog module>.yaml`` or ``core.yaml`` as the folder's README says."""
+    from benchmarks.mutation_table import (
+        TABLE,
+        check_coverage,
+        check_patches,
+        check_placement,
+        load_mutations,
+    )
+
+    mutations = load_mutations()
+    assert len(mutations) > len(registry.REGISTRY)
+    assert check_patches(mutations) == []
+    assert check_coverage(mutations) == []
+    assert check_placement(mutations) == []
+    files = {p.stem for p in TABLE.glob("*.yaml")}
+    assert files <= set(registry.CATALOG_MODULE.values()) | {"core"}
+    # the placement check does fail: a paper's entry moved to another paper's file
+    moved = [m if m.table != "fedamp.yaml" else type(m)(**{**m.__dict__, "table": "plgu.yaml"})
+             for m in mutations]
+    assert any("belongs in benchmarks/data/mutations/fedamp.yaml" in p
+               for p in check_placement(moved))
+
+
+def _recipe() -> str:
+    text = (ROOT / "README.md").read_text()
+    heading = registry.RECIPE.split("'")[1]
+    assert heading in text, f"README.md has no '{heading}' (registry.RECIPE names it)"
+    start = text.index(heading)
+    return text[start:text.index("\nPer-client identity", start)]
+
+
+def test_the_readme_recipe_names_what_the_checks_require():
+    """The recipe a new algorithm follows and what the registry and the mutation suite check
+    name the same files, decorators and commands."""
+    from benchmarks import mutations as suite
+    from benchmarks.mutation_table import TABLE
+    from flower_pfl.running import inprocess
+
+    recipe = _recipe()
+    folder = TABLE.relative_to(ROOT).as_posix()
+    for needed in (f"@{registry.strategy_for.__name__}(catalog.<NAME>)",
+                   f"@{registry.client_for.__name__}(<Strategy>)",
+                   f"from flower_pfl.registry import {registry.strategy_for.__name__}",
+                   f"from flower_pfl.registry import {registry.client_for.__name__}",
+                   "flower_pfl/catalog/<paper>.py", "ENTRIES",
+                   f"{registry.STRATEGIES.rpartition('.')[2]}/<name>.py",
+                   f"{registry.CLIENTS.rpartition('.')[2]}/<name>.py",
+                   f"{folder}/<paper>.yaml",
+                   "simulation.yaml", "tests/test_registry.py", "tests/test_message_path.py",
+                   "benchmarks/mutations.py --only", "aggregate_updates"):
+        assert needed in recipe, f"the recipe does not name {needed!r}"
+    assert (TABLE / "README.md").is_file()
+    assert "benchmarks/data/mutations/<its" in suite.NOTE
+    # its five lines of Python run as written (here the import; try_strategy's own test runs it)
+    block = recipe.split("```python\n")[1].split("```")[0]
+    assert len(block.strip().splitlines()) <= 5
+    namespace: dict = {}
+    exec(block.splitlines()[0], namespace)
+    assert namespace["try_strategy"] is inprocess.try_strategy
+    order = [recipe.index(s) for s in ("flower_pfl/catalog/<paper>.py", "strategies/<name>.py",
+                                       "clients/<name>.py", "mutations/<paper>.yaml",
+                                       "tests/test_<name>.py")]
+    assert order == sorted(order), "the recipe's steps are out of order (catalog first)"
+
+
+def test_try_strategy_runs_a_registered_strategy_for_the_rounds_asked(tmp_path):
+    from flower_pfl.running.inprocess import try_strategy
+
+    strategy = try_strategy("fedavg", rounds=2, results_dir=tmp_path,
+                            overrides={"clients": 3, "data.subsample": 600})
+    rows = (tmp_path / "rounds.csv").read_text().splitlines()
+    assert strategy.results.dir == tmp_path and strategy.num_clients == 3
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "2"]
