@@ -60,7 +60,7 @@ MUTATIONS = load_mutations()
 #: what a scratch copy holds (everything the tests import or read)
 COPY = ("flower_pfl", "strategies", "clients", "tests", "benchmarks", "configs",
         "pyproject.toml", "simulation.yaml")
-PACKAGES = ("flower_pfl", "strategies", "clients")
+PACKAGES = ("flower_pfl", "flower_pfl.strategies", "flower_pfl.clients")
 PYTEST = ("-x", "-q", "-p", "no:cacheprovider", "-m", "not slow")
 TIMEOUT_S = 600
 
