@@ -13,7 +13,7 @@ PLGU-LF, one round of sampled client i (Algorithm 2, lines 6-10):
      eps over ALL layers (flower_pfl/plgu_math.two_model_train); with BatchNorm w~ also
      runs forward on each batch, so its running statistics follow the data
   10 upload Delta = w~^K - w~^0 of every layer; keep theta~^K as theta_i^{t+1}.
-  ``reading: one-model`` (the earlier reading): Algorithm 1's two outputs are the L^Per and
+  ``reading: one-model`` (the other reading): Algorithm 1's two outputs are the L^Per and
   L^Uni parts of ONE model theta~: the personal layers take the plain step, the universal
   layers the LWSAM step (eps on the universal layers only); Delta of the universal layers
   only (a mask says which arrays are shared).  Limits (tested): |L^Per| = 0 is FedSAM

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from flower_pfl import catalog
-from flower_pfl.hyper import Entry, Hyper  # noqa: F401 - Hyper: importable here as before hyper.py
+from flower_pfl.hyper import Entry
 
 STRATEGIES = "flower_pfl.strategies"
 CLIENTS = "flower_pfl.clients"

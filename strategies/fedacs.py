@@ -15,10 +15,6 @@ initial model, which carries no information about their data, so their u_i is th
 similarity-weighted mean of ALL stored models (no threshold, own row excluded) -- a
 consensus start, like FedAvg's global model -- until their first upload.
 
-Saved per round: delta and the number of peers each sampled client aggregated
-(``server.csv``, ``peers.csv``); at the end the n x n weights (``attention``) and the
-selection mask (``selection.npy/.png``).
-
 Mechanism off: when every (non-newcomer) sampled client selects only itself, FedACS is
 Local training; when every one selects all its available peers, it is a
 similarity-weighted FedAvg.  ``selection_share`` (selected / available peers, averaged
@@ -63,6 +59,11 @@ def selection_share(xi: np.ndarray, rows: np.ndarray, peers: np.ndarray,
 
 @strategy_for(catalog.FEDACS)
 class FedACS(MessagePassingStrategy):
+    """Saved per round: delta and the number of peers each sampled client aggregated
+    (``server.csv``, ``peers.csv``); at the end the n x n weights (``attention``) and the
+    selection mask (``selection.npy/.png``).
+    """
+
     mechanism = Mechanism("FedACS", *CLOUD)
 
     def __init__(self, *args, **kwargs) -> None:

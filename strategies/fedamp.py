@@ -9,12 +9,10 @@ Client (eq. 6):    w_i = argmin_w F_i(w) + lambda / (2 alpha_k) ||w - u_i||^2
 
 Choices the paper leaves open (measured runs in docs/algorithms/fedamp.md):
 * ``sigma: auto`` -- sigma = sigma-scale * (median squared distance between the stored
-  peer models), recomputed each round.  sigma-scale 1 (the median itself) made the
-  attention nearly flat; the default is sharper.
+  peer models), recomputed each round.  sigma-scale 1 (the median itself) gives nearly
+  flat attention; the default is sharper.
 * ``alpha-k: auto`` -- the largest alpha_k that keeps every xi_ii >= min-self-weight for
   the distances of this round: alpha_k = (1 - min-self-weight) / max_i sum_j A'(d_ij).
-  (The worst-case bound sigma/n of the first version assumed all distances 0 and
-  left ~0.4 of the mass on peers at sigma = median, ~0 with a sharp sigma.)
   An explicit alpha_k that makes some xi_ii < 0 is an error.
 * ``alpha-schedule`` -- alpha_k = alpha_1 * {1, 1/sqrt(k), 1/k} (Theorems 1-2).
 * ``lambda: auto`` -- lambda = prox-weight * alpha_k, i.e. the client's prox weight

@@ -24,21 +24,6 @@ client's FIRST participation fits FIRST_FITS bootstrap resamples (section 3.2's 
 independent samples"), so sigma_m^2 is known at once and eqs. 8/10 run from then on
 instead of from its next turn, ~1/C rounds later.  ``oracle: true`` (synthetic task only)
 replaces the estimates by the true sigma_0^2 and sigma_m^2 = noise^2 / N_m.
-
-Visibility (nothing falls back silently): every round server.csv gets the count of each
-fallback (clients per eq. 8 rule, eq. 10 undefined, unknown sigma_m^2 in eq. 11, the
-unweighted mean, the FedAvg round) and ``selffl_clients.csv`` each client's rule,
-init_coef, l_m and eta_m; one INFO line per round sums them up.  Mechanism off: when
-sigma_0^2 falls SIGMA0_DROP_ORDERS orders of magnitude below its peak the personal
-models have collapsed onto the global model (Self-FL = FedAvg); the measure
-``sigma0_sq_drop_orders`` is in server.csv and a WARNING names the hyper-parameter.
-Guards and fallbacks for every division/log: flower_pfl/algorithms/selffl_math.py.
-
-Memory: the server keeps no model per client; a round's uploads arrive serialised, are
-decoded one at a time into a float32 :class:`~flower_pfl.model_store.RowMatrix` (in
-memory, or a scratch file when larger than the model store's budget allows) and eqs. 11
-and the warm-up mean read it in column blocks (each column's result is the same as over
-the whole matrix).
 """
 
 from __future__ import annotations
@@ -87,6 +72,22 @@ def _median_known(values) -> float:
 
 @strategy_for(catalog.SELFFL)
 class SelfFL(PersonalizedStrategy):
+    """Visibility (nothing falls back silently): every round server.csv gets the count of each
+    fallback (clients per eq. 8 rule, eq. 10 undefined, unknown sigma_m^2 in eq. 11, the
+    unweighted mean, the FedAvg round) and ``selffl_clients.csv`` each client's rule,
+    init_coef, l_m and eta_m; one INFO line per round sums them up.  Mechanism off: when
+    sigma_0^2 falls SIGMA0_DROP_ORDERS orders of magnitude below its peak the personal
+    models have collapsed onto the global model (Self-FL = FedAvg); the measure
+    ``sigma0_sq_drop_orders`` is in server.csv and a WARNING names the hyper-parameter.
+    Guards and fallbacks for every division/log: flower_pfl/algorithms/selffl_math.py.
+
+    Memory: the server keeps no model per client; a round's uploads arrive serialised, are
+    decoded one at a time into a float32 :class:`~flower_pfl.model_store.RowMatrix` (in
+    memory, or a scratch file when larger than the model store's budget allows) and eqs. 11
+    and the warm-up mean read it in column blocks (each column's result is the same as over
+    the whole matrix).
+    """
+
     #: uploads are decoded one at a time into the round's rows (strategies/base.py)
     lazy_uploads = True
     mechanism = Mechanism("Self-FL", "eq. 8/10", "configured steps at eta from the global "
