@@ -36,7 +36,7 @@ from flower_pfl.learning.models import (
     set_arrays,
 )
 from flower_pfl.learning.training import TrainSpec, evaluate, gaussian_nll, train
-from flower_pfl.reliability import EXTRA_ARRAYS, parse_parts, split_parts
+from flower_pfl.reliability.uploads import EXTRA_ARRAYS, parse_parts, split_parts
 from flower_pfl.reporting.results import metric_of
 
 
@@ -285,7 +285,7 @@ class PFLClient(NumPyClient):
     def split_download(parameters: NDArrays, config: Mapping[str, Scalar]
                        ) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
         """(model, {name: extra part}) of what the server sent (``fit_extra``: SCAFFOLD's c);
-        an upload's extra part is laid out with ``reliability.UploadTemplate(model, extra)``."""
+        an upload's extra part is laid out as ``reliability.uploads.UploadTemplate`` says."""
         return split_parts(parameters, parse_parts(str(config.get(EXTRA_ARRAYS, ""))))
 
     def new_model(self, arrays: Sequence[np.ndarray] | None = None) -> NamedLayers:

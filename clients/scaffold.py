@@ -30,7 +30,7 @@ from flower_pfl.algorithms.baselines_math import (
 )
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.learning.models import get_arrays
-from flower_pfl.reliability import UploadTemplate
+from flower_pfl.reliability.uploads import UploadTemplate
 
 
 class ScaffoldClient(PFLClient):

@@ -42,7 +42,7 @@ from flower_pfl.clients.base import PersonalStateClient
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.learning.training import train
-from flower_pfl.reliability import UploadTemplate
+from flower_pfl.reliability.uploads import UploadTemplate
 
 
 def first_participation_fits(first_fits: int, samples: int) -> int:

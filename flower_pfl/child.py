@@ -2,7 +2,7 @@
 
 Used where a long-lived process must not import torch (importing this CUDA build of torch
 costs a process ~280 MB of private memory even on a CPU run): the launcher's preflight check
-(reliability.preflight_apart) and the ServerApp's initial model (server_app). The child sees
+(reliability.preflight.preflight_apart) and the ServerApp's initial model (server_app). The child sees
 the same ``sys.path`` as this process.
 """
 

@@ -18,7 +18,7 @@ and, if needed, ``eval_payload``, ``prepare_round`` and the upload's parts
 subclass's ``setup`` fills in what needs the initial model).
 
 Reliability of the fit side (docs/reliability.md): every upload is checked
-(:func:`flower_pfl.reliability.check_update`: array count, shapes, dtypes, NaN/Inf,
+(:func:`flower_pfl.reliability.upload_checks.check_update`: array count, shapes, dtypes, NaN/Inf,
 num_examples > 0, optional ``max-update-norm``) BEFORE ``aggregate_updates`` sees it; a
 rejected upload and a client that raised, timed out or disconnected are logged by
 partition-id with the reason (log, ``server.csv``, ``failures.csv``), the round goes on
@@ -56,11 +56,12 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from flower_pfl import reliability
 from flower_pfl.config import RunConfig
 from flower_pfl.learning import devices
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.model_store import LazyArrays
+from flower_pfl.reliability.upload_checks import flat
+from flower_pfl.reliability.uploads import EXTRA_ARRAYS, UploadTemplate, describe_parts
 from flower_pfl.reporting.results import ResultsWriter, lower_is_better, metric_of
 from flower_pfl.strategies.checkpointing import Checkpointing
 from flower_pfl.strategies.evaluation import EvaluationReporting
@@ -167,9 +168,9 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         client splits them off with ``PFLClient.split_download``."""
         return {}
 
-    def template(self, server_round: int) -> reliability.UploadTemplate:
+    def template(self, server_round: int) -> UploadTemplate:
         """This round's upload: the model part and the extra part."""
-        return reliability.UploadTemplate(self.upload_template() or [],
+        return UploadTemplate(self.upload_template() or [],
                                           self.upload_extra(server_round), self.bounded_extra())
 
     def eval_payload(self, pid: int,
@@ -239,11 +240,11 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         for pid in sampled:
             arrays, extra = self.fit_payload(pid, server_round)
             if max_norm is not None:  # the update's starting point, for the norm check
-                self._sent[pid] = reliability.flat(arrays if arrays else self._initial)
+                self._sent[pid] = flat(arrays if arrays else self._initial)
             extra_arrays = self.fit_extra(pid, server_round)
             if extra_arrays:  # after the model, named in the config
                 arrays = [*arrays, *(a for part in extra_arrays.values() for a in part)]
-                extra = {**extra, reliability.EXTRA_ARRAYS: reliability.describe_parts(
+                extra = {**extra, EXTRA_ARRAYS: describe_parts(
                     extra_arrays)}
             config = self.base_config(server_round, extra, pid)
             instructions.append((TaggedProxy(self.proxies[pid], pid),

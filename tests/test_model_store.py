@@ -18,7 +18,7 @@ import pickle
 import numpy as np
 import pytest
 
-from flower_pfl import config, reliability
+from flower_pfl import config
 from flower_pfl.algorithms.attention import fedacs_weights, fedamp_auto_weights, heurfedamp_weights
 from flower_pfl.learning.params import ModelMatrix
 from flower_pfl.model_store import (
@@ -29,6 +29,7 @@ from flower_pfl.model_store import (
     StoreFileError,
     plan_store,
 )
+from flower_pfl.reliability import checkpoints
 from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
@@ -252,14 +253,14 @@ def test_resume_from_the_store_file_equals_uninterrupted(strategy, tmp_path):
 
     with pytest.raises(Killed):
         inprocess.run(cfg, part, client_state_dir=part / "cs", on_round=kill)
-    ckpt = reliability.latest_checkpoint(part)
+    ckpt = checkpoints.latest_checkpoint(part)
     assert ckpt.name == "round-000002"
     # the checkpoint holds no copy of the rows: its store is a slot map into the file
-    state = reliability.read_checkpoint(ckpt)["strategy"]["store"].matrix
+    state = checkpoints.read_checkpoint(ckpt)["strategy"]["store"].matrix
     assert isinstance(state.rows, DiskRows) and state.rows.path == part / "state" / \
         "model-store-float32.bin"
     row_bytes = state.dim * 4
-    assert (ckpt / reliability.STATE_FILE).stat().st_size < 6 * row_bytes
+    assert (ckpt / checkpoints.STATE_FILE).stat().st_size < 6 * row_bytes
     assert len(pickle.dumps(state)) < 2 * row_bytes  # the Gram, reference, CRCs: no rows
     # round 3 wrote the rows it changed to free slots (copy on write), not over round 2's
     assert seen_at_kill["slots"] > seen_at_kill["seen"]
@@ -281,7 +282,7 @@ def test_resume_refuses_a_store_file_changed_after_the_checkpoint(tmp_path):
 
     with pytest.raises(Killed):
         inprocess.run(cfg, tmp_path, on_round=kill)
-    state = reliability.read_checkpoint(reliability.latest_checkpoint(tmp_path))
+    state = checkpoints.read_checkpoint(checkpoints.latest_checkpoint(tmp_path))
     rows = state["strategy"]["store"].matrix.rows
     row = int(np.flatnonzero(state["strategy"]["store"].matrix.seen)[0])
     with open(rows.path, "r+b") as fh:  # one byte of a row the checkpoint points at
