@@ -23,7 +23,8 @@ import pytest
 import yaml
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from flower_pfl.clients.base import ClientState, PFLClient
+from flower_pfl.clients.base import PFLClient
+from flower_pfl.clients.state import ClientState
 from flower_pfl.reliability import checkpoints
 from flower_pfl.reliability.stop import clear_stop, request_stop
 from flower_pfl.reliability.upload_checks import check_update, flat
