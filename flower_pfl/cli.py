@@ -44,7 +44,7 @@ from flower_pfl.reliability import checkpoints, stop
 from flower_pfl.reliability.preflight import preflight_apart
 from flower_pfl.reporting import tracking
 from flower_pfl.reporting.console import BenchConsole, RunConsole
-from flower_pfl.reporting.results import read_summary
+from flower_pfl.reporting.results import default_results_dir, read_summary
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.bench import run_bench
 from flower_pfl.running.launch import AlreadyCompleted, resume_config, run_simulation
@@ -271,7 +271,6 @@ def compare_command(args) -> int:
 
 def deploy_command(args, cfg: config_mod.RunConfig) -> int:
     from flower_pfl.running.deploy import deploy
-    from flower_pfl.strategies.base import default_results_dir
 
     if not args.certs and not args.insecure:
         print("flower-pfl: deploy needs --certs DIR (TLS + node auth) or --insecure",
@@ -304,8 +303,6 @@ def actor_estimate(cfg: config_mod.RunConfig) -> int | None:
 def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequence[str],
                 resume_dir: Path | None) -> int:
     """``flower-pfl run``: preflight, the federation with its console, the summary."""
-    from flower_pfl.strategies.base import default_results_dir
-
     results_dir = resume_dir or default_results_dir(cfg)
     console = RunConsole(cfg["rounds"], clients=cfg["clients"], actors=actor_estimate(cfg),
                          verbose=args.verbose, quiet=args.quiet)

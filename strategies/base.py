@@ -57,12 +57,16 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from flower_pfl.config import RunConfig
-from flower_pfl.learning import devices
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.model_store import LazyArrays
 from flower_pfl.reliability.upload_checks import flat
 from flower_pfl.reliability.uploads import EXTRA_ARRAYS, UploadTemplate, describe_parts
-from flower_pfl.reporting.results import ResultsWriter, lower_is_better, metric_of
+from flower_pfl.reporting.results import (
+    ResultsWriter,
+    default_results_dir,
+    lower_is_better,
+    metric_of,
+)
 from flower_pfl.strategies.checkpointing import Checkpointing
 from flower_pfl.strategies.evaluation import EvaluationReporting
 from flower_pfl.strategies.federation import (  # noqa: F401 - re-exported (tests import them here)
@@ -267,43 +271,84 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         for pid, reason in out:
             log(WARNING, "[flower-pfl] round %d: %s of partition-id %d failed: %s", server_round,
                 phase, pid, reason)
-        if out:
-            self.results.log_table("failures", [{"round": server_round, "phase": phase,
-                                                 "partition-id": pid, "reason": reason}
-                                                for pid, reason in out])
+        self.results.log_failures(server_round, phase, out)
         return out
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """One round's uploads: checked, failures recorded, the accepted ones' round kept,
+        aggregated, the mechanism counted, the round's rows written."""
+        updates, rejected = self.check_uploads(server_round, results)
+        failed = self.record_failures(server_round, "fit", list(failures) + rejected)
+        carried = self.accept(server_round, updates)
+        self.require_min_fit_answers(server_round, updates, failed)
+        started = time.perf_counter()
+        if updates:
+            self.aggregate_updates(server_round, sorted(updates, key=lambda u: u.pid))
+        self.count_mechanism(server_round, updates, carried)
+        self.log_server(server_aggregate_s=round(time.perf_counter() - started, 4),
+                        fit_ok=len(updates), fit_failed=len(failed),
+                        fit_failed_ids=" ".join(str(p) for p, _ in sorted(failed)),
+                        server_peak_rss_mb=round(resource.getrusage(
+                            resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+        self.results.log_fit(server_round, [(u.pid, u.num_examples, u.metrics)
+                                            for u in sorted(updates, key=lambda u: u.pid)])
+        self.results.log_server(server_round, self._round_server_log)
+        params = ndarrays_to_parameters(self.global_arrays) if self.global_arrays else None
+        return params, fit_metrics(updates, failed)
+
+    # ------------------------------------------------------------ the steps of a round
+    def check_uploads(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
+                      ) -> tuple[list[ClientUpdate], list[ClientFailure]]:
+        """(the accepted uploads as ClientUpdates, a ClientFailure for each rejected one)."""
         updates, rejected = [], []
         max_norm = self.cfg.values.get("max-update-norm")
         template = self.template(server_round)
         for proxy, res in results:
             pid = self.proxy_pid(proxy)
             arrays = parameters_to_ndarrays(res.parameters)
-            claimed = res.metrics.get("partition-id", pid)
-            reason = None
-            if int(claimed) != pid:
-                reason = f"the upload claims partition-id {claimed}"
-            if reason is None and (self.uploads_model or arrays):
-                reason = template.check(arrays, res.num_examples, res.metrics,
-                                        self._sent.get(pid), max_norm)
+            reason = self.upload_problem(pid, arrays, res, template, max_norm)
             if reason is not None:
                 rejected.append(ClientFailure(pid, f"update rejected: {reason}"))
                 continue
-            if self.lazy_uploads:  # checked above; decoded again when the strategy reads it
-                arrays, extra = template.split(res.parameters.tensors)
-                arrays = LazyArrays(arrays, bytes_to_ndarray)
-                extra = {k: LazyArrays(v, bytes_to_ndarray) for k, v in extra.items()}
-            else:
-                arrays, extra = template.split(arrays)
-            update = ClientUpdate(pid, arrays, int(res.num_examples), dict(res.metrics))
-            update.extra = extra  # the named extra parts (upload_extra)
-            updates.append(update)
-        failed = self.record_failures(server_round, "fit", list(failures) + rejected)
+            updates.append(self.client_update(pid, arrays, res, template))
+        return updates, rejected
+
+    def upload_problem(self, pid: int, arrays: list[np.ndarray], res: FitRes,
+                       template: UploadTemplate, max_norm: float | None) -> str | None:
+        """Why partition ``pid``'s upload must be rejected, or None (upload_checks.py)."""
+        claimed = res.metrics.get("partition-id", pid)
+        if int(claimed) != pid:
+            return f"the upload claims partition-id {claimed}"
+        if self.uploads_model or arrays:
+            return template.check(arrays, res.num_examples, res.metrics, self._sent.get(pid),
+                                  max_norm)
+        return None
+
+    def client_update(self, pid: int, arrays: list[np.ndarray], res: FitRes,
+                      template: UploadTemplate) -> ClientUpdate:
+        """An accepted upload split into its model part and its named extra parts."""
+        if self.lazy_uploads:  # checked above; decoded again when the strategy reads it
+            model, extra = template.split(res.parameters.tensors)
+            model = LazyArrays(model, bytes_to_ndarray)
+            extra = {k: LazyArrays(v, bytes_to_ndarray) for k, v in extra.items()}
+        else:
+            model, extra = template.split(arrays)
+        update = ClientUpdate(pid, model, int(res.num_examples), dict(res.metrics))
+        update.extra = extra  # the named extra parts (upload_extra)
+        return update
+
+    def accept(self, server_round: int, updates: list[ClientUpdate]) -> dict[int, bool]:
+        """Record the round of each accepted upload (clients keep this round's state);
+        returns whether each client had an accepted upload before (``mechanism_used``)."""
         carried = {u.pid: self.store.last_round.get(u.pid, 0) > 0 for u in updates}
         for u in updates:
             self.store.last_round[u.pid] = server_round  # accepted: clients keep this round
+        return carried
+
+    def require_min_fit_answers(self, server_round: int, updates: list[ClientUpdate],
+                                failed: list[tuple[int, str]]) -> None:
+        """Raise RoundError when fewer than ``min-fit-answers`` uploads were accepted."""
         minimum = int(self.cfg.values.get("min-fit-answers", 1))
         if len(updates) < minimum:
             raise RoundError(
@@ -311,31 +356,13 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
                 f"{len(updates) + len(failed)} sampled client(s), fewer than min-fit-answers = "
                 f"{minimum}; failures: " + "; ".join(f"partition-id {p}: {r}"
                                                      for p, r in failed[:10]))
-        started = time.perf_counter()
-        if updates:
-            self.aggregate_updates(server_round, sorted(updates, key=lambda u: u.pid))
-        if self.mechanism is not None:  # strategies/mechanism.py: counted once, here
+
+    def count_mechanism(self, server_round: int, updates: list[ClientUpdate],
+                        carried: Mapping[int, bool]) -> None:
+        """Each accepted client-round used the strategy's mechanism or not (mechanism.py)."""
+        if self.mechanism is not None:
             for u in updates:
                 self.mechanism_count.add(server_round, self.mechanism_used(u, carried[u.pid]))
-        self.log_server(server_aggregate_s=round(time.perf_counter() - started, 4),
-                        fit_ok=len(updates), fit_failed=len(failed),
-                        fit_failed_ids=" ".join(str(p) for p, _ in sorted(failed)),
-                        server_peak_rss_mb=round(resource.getrusage(
-                            resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
-        self.results.log_table("fit", [  # numeric metrics, and the device it trained on
-            {"round": server_round, "partition-id": u.pid, "num-examples": u.num_examples,
-             **devices.select(u.metrics),
-             **{k: v for k, v in sorted(u.metrics.items())
-                if k != "partition-id" and k not in devices.KEYS
-                and isinstance(v, (int, float))}}
-            for u in sorted(updates, key=lambda u: u.pid)])
-        train_losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
-        metrics: dict[str, Scalar] = {"fit_clients": len(updates), "fit_failures": len(failed)}
-        if train_losses:
-            metrics["train_loss"] = float(np.mean(train_losses))
-        self.results.log_server(server_round, self._round_server_log)
-        params = ndarrays_to_parameters(self.global_arrays) if self.global_arrays else None
-        return params, metrics
 
     # ------------------------------------------------------------------------ helpers
     def base_config(self, server_round: int, extra: Mapping[str, Scalar],
@@ -349,8 +376,11 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         return {**config, **extra}
 
 
-def default_results_dir(cfg: RunConfig) -> Path:
-    """``<output-dir>/<run-name>``; relative output dirs resolve against the cwd."""
-    name = cfg["run-name"] or (f"{cfg.strategy}-{cfg['data.dataset']}-{cfg['data.partition']}-"
-                               f"{time.strftime('%Y%m%d-%H%M%S')}")
-    return (Path(cfg["output-dir"]).expanduser().resolve() / name)
+def fit_metrics(updates: Sequence[ClientUpdate], failed: Sequence[tuple[int, str]]
+                ) -> dict[str, Scalar]:
+    """What aggregate_fit reports to Flower: counts and the mean training loss."""
+    train_losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
+    metrics: dict[str, Scalar] = {"fit_clients": len(updates), "fit_failures": len(failed)}
+    if train_losses:
+        metrics["train_loss"] = float(np.mean(train_losses))
+    return metrics

@@ -42,16 +42,28 @@ import json
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from flower_pfl.atomic import atomic_write_text
+from flower_pfl.learning import devices
 from flower_pfl.learning.metrics import STAT_KEYS, best_mean
 from flower_pfl.reporting import tracking
 
+if TYPE_CHECKING:
+    from flower_pfl.config import RunConfig
+
 #: statistics of the trained clients only in rounds.csv (``personal_trained_<key>``)
 TRAINED_KEYS = ("mean", "weighted_mean", "worst10_mean")
+
+
+def default_results_dir(cfg: RunConfig) -> Path:
+    """``<output-dir>/<run-name>`` (a run without a name: strategy, dataset, partition and
+    the start time); a relative output dir resolves against the cwd."""
+    name = cfg["run-name"] or (f"{cfg.strategy}-{cfg['data.dataset']}-{cfg['data.partition']}-"
+                               f"{time.strftime('%Y%m%d-%H%M%S')}")
+    return (Path(cfg["output-dir"]).expanduser().resolve() / name)
 
 
 class ResultsWriter:
@@ -126,8 +138,27 @@ class ResultsWriter:
     def log_table(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Append rows to ``<name>.csv`` (e.g. FedACS' peers per client per round)."""
         append_csv(self.dir / f"{name}.csv", rows)
-        if name == "fit" and self.tracker is not None:
+
+    def log_fit(self, server_round: int,
+                uploads: Sequence[tuple[int, int, Mapping[str, Any]]]) -> None:
+        """``fit.csv``: a row per accepted upload (partition-id, num_examples, metrics): the
+        device it trained on, then the client's numeric fit metrics."""
+        rows = [{"round": server_round, "partition-id": pid, "num-examples": num_examples,
+                 **devices.select(metrics),
+                 **{k: v for k, v in sorted(metrics.items())
+                    if k != "partition-id" and k not in devices.KEYS
+                    and isinstance(v, (int, float))}}
+                for pid, num_examples, metrics in uploads]
+        append_csv(self.dir / "fit.csv", rows)
+        if self.tracker is not None:
             self.tracker.fit(rows)
+
+    def log_failures(self, server_round: int, phase: str,
+                     failures: Sequence[tuple[int, str]]) -> None:
+        """``failures.csv``: a row per (partition-id, reason) of a failed ``phase`` message."""
+        append_csv(self.dir / "failures.csv", [{"round": server_round, "phase": phase,
+                                                "partition-id": pid, "reason": reason}
+                                               for pid, reason in failures])
 
     def save_matrix(self, name: str, matrix: np.ndarray, labels: Sequence[int] | None = None
                     ) -> None:

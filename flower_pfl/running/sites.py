@@ -517,7 +517,7 @@ def supernode_main(argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------- submit
 def submit_main(argv: Sequence[str]) -> int:
     from flower_pfl import config as config_mod
-    from flower_pfl.strategies.base import default_results_dir
+    from flower_pfl.reporting.results import default_results_dir
 
     p = argparse.ArgumentParser(prog="flower-pfl submit", description="Run a YAML on a "
                                 "running SuperLink and check that it completed.")
