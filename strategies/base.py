@@ -1,35 +1,27 @@
 """The base Strategy of every personalized algorithm: the fit side, written once.
 
-:class:`PersonalizedStrategy` is a ``flwr.server.strategy.Strategy`` that
+:class:`PersonalizedStrategy` is a ``flwr.server.strategy.Strategy`` that knows the
+federation by partition-id and samples each round with its own seeded generator
+(:mod:`.nodes`), sends each sampled client ITS instructions (``fit_payload``,
+``fit_extra``), evaluates all clients every ``eval-every`` rounds (:mod:`.evaluation`) and
+checkpoints the attributes each class names in ``checkpointed`` (:mod:`.checkpointing`).
 
-* knows the federation by partition-id and samples each round with its own seeded
-  generator (:class:`~flower_pfl.strategies.nodes.NodeTracking`);
-* sends each sampled client ITS instructions (``fit_payload``, ``fit_extra``) and hands
-  the uploads to ``aggregate_updates`` as :class:`ClientUpdate` objects (this module);
-* every ``eval-every`` rounds asks all clients to evaluate and reports the statistics
-  (:class:`~flower_pfl.strategies.evaluation.EvaluationReporting`);
-* every ``checkpoint-every`` rounds writes an atomic checkpoint of the attributes each
-  class names in ``checkpointed``; ``resume()`` continues from it
-  (:class:`~flower_pfl.strategies.checkpointing.Checkpointing`).
+A round's fit side (:meth:`PersonalizedStrategy.aggregate_fit`), step by step: every upload
+is checked before any state sees it (``check_uploads``: the claimed partition-id, then
+:mod:`flower_pfl.reliability.upload_checks`); rejected uploads and failed clients are logged
+by partition-id with the reason (``record_failures``: log, ``failures.csv``); the accepted
+ones' round is kept (``accept``: clients commit personal state only for an accepted round,
+clients/state.py); fewer than ``min-fit-answers`` accepted ends the run
+(``require_min_fit_answers``); ``aggregate_updates`` gets the accepted uploads sorted by
+partition-id; the mechanism's use is counted (``count_mechanism``); the results writer
+writes ``fit.csv`` and ``server.csv``.
 
-Subclasses implement the paper's Algorithm box: ``fit_payload``, ``aggregate_updates``
-and, if needed, ``eval_payload``, ``prepare_round`` and the upload's parts
-(``upload_template``, ``upload_extra``).  Every attribute is set in ``__init__`` (a
-subclass's ``setup`` fills in what needs the initial model).
-
-Reliability of the fit side (docs/reliability.md): every upload is checked
-(:func:`flower_pfl.reliability.upload_checks.check_update`: array count, shapes, dtypes, NaN/Inf,
-num_examples > 0, optional ``max-update-norm``) BEFORE ``aggregate_updates`` sees it; a
-rejected upload and a client that raised, timed out or disconnected are logged by
-partition-id with the reason (log, ``server.csv``, ``failures.csv``), the round goes on
-with the others if at least ``min-fit-answers`` valid updates came back, and the
-client's server-side state is untouched.  Clients learn their last *accepted* round with
-every message (``accepted-round``) and drop personal state written in a round the server
-did not accept (clients/base.py).
-
-The federation's vocabulary -- ``ClientUpdate``, ``ClientStore``, the failure proxy and
-the errors -- lives in :mod:`flower_pfl.strategies.federation` (re-exported here, as is
-``WAIT_FOR_NODES_S`` of :mod:`flower_pfl.strategies.nodes`).
+Subclasses implement the paper's Algorithm box: ``fit_payload``, ``aggregate_updates`` and,
+if needed, ``eval_payload``, ``prepare_round`` and the upload's parts (``upload_template``,
+``upload_extra``).  Every attribute is set in ``__init__`` (``setup`` fills in what needs
+the initial model).  Open choice: a rejected client's server-side state is left untouched
+and the round goes on with the others.  ``ClientUpdate``, ``ClientStore`` and the errors
+live in :mod:`.federation` (re-exported here, as is ``WAIT_FOR_NODES_S`` of :mod:`.nodes`).
 """
 
 from __future__ import annotations

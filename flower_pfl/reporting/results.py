@@ -1,37 +1,26 @@
-"""Run results on disk: ``<output-dir>/<run-name>/``.
+"""A run's results folder, ``<output-dir>/<run-name>/`` (:func:`default_results_dir`).
 
 * ``config.json``   -- the validated configuration of the run
-* ``rounds.csv``    -- one row per evaluation round: statistics of the personalized (and,
-                       where the strategy has one, global) accuracies over ALL clients
-* ``clients.csv``   -- one row per client per evaluation round (with ``device``,
-                       ``gpu_name``, ``gpu_peak_mib`` of its last fit: flower_pfl.learning.devices;
+* ``rounds.csv``    -- a row per evaluation round: statistics of the personalized (and the
+                       global model's) metric over ALL clients
+* ``clients.csv``   -- a row per client per evaluation round (``device`` of its last fit;
                        ``trained`` 0 = never trained: its metric is the server's model)
-* ``fit.csv``       -- one row per accepted upload: round, partition-id, num-examples, the
-                       device it trained on (``device``; on CUDA ``gpu_name`` and
-                       ``gpu_peak_mib``) and the client's numeric fit metrics (train_loss,
-                       local_steps, APFL's alpha, SCAFFOLD's ci_norm, ...)
+* ``fit.csv``       -- a row per accepted upload (:meth:`ResultsWriter.log_fit`): round,
+                       partition-id, num-examples, the device it trained on, the client's
+                       numeric fit metrics; ``failures.csv`` a row per failed message
 * ``server.csv``    -- per-round server-side quantities a strategy logs (e.g. FedACS delta)
-* ``summary.json``  -- everything above plus BMTA, rewritten after every round so that a
-                       crash loses nothing already measured
-* ``<name>.npy/.png`` -- matrices a strategy saves (FedAMP attention, FedACS mask); the PNG
-                       orders clients by their true group where the partition has groups
-* ``curves.png``    -- accuracy vs round (personalized mean, worst-10%, top-10%; the global
-                       model's mean where there is one) beside the loss (train, test),
-                       written when the run ends
-* ``tensorboard/``  -- with ``tracking: tensorboard``: the same records as TensorBoard
-                       events (:mod:`flower_pfl.reporting.tracking`; the writer hands them over)
+* ``summary.json``  -- everything above plus BMTA, rewritten after every round
+* ``<name>.npy/.png``, ``curves.png``, ``tensorboard/`` -- a strategy's matrices, the
+                       run's curves, TensorBoard events (:mod:`flower_pfl.reporting.tracking`)
 
-Everything is appended/rewritten as it happens, not only at the end.
+Everything is appended/rewritten as it happens (a crash loses nothing already measured).
+Reading a run back: :func:`read_summary`, :func:`read_values`, :func:`read_rows`,
+:func:`run_metric`, :func:`client_failures`, beside the writer so both know one layout.
 
-Reading a run back (the bench, benchmark scripts, tests): :func:`read_summary`,
-:func:`read_values`, :func:`read_rows`, :func:`run_metric` and :func:`client_failures`,
-beside the writer so that both sides know one layout.
-
-What the per-client numbers are is decided in one place: :func:`metric_of` names the metric
-of a configuration (``accuracy``, or the synthetic task's ``mse``), :func:`lower_is_better`
-says which direction is better for a metric, :func:`run_metric` reads a finished run's metric
-back.  The strategy, the clients, this writer, the tracker, the consoles and the tables all
-ask these three and decide nothing themselves.
+The per-client metric is decided here only: :func:`metric_of` names it (``accuracy``, or
+the synthetic task's ``mse``), :func:`lower_is_better` its direction, :func:`run_metric`
+reads a finished run's.  BMTA = the best per-round mean so far (min for an error).
+Open choice: a CSV gains a column only by being rewritten with the union of the columns.
 """
 
 from __future__ import annotations
