@@ -166,8 +166,8 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
 
     def template(self, server_round: int) -> UploadTemplate:
         """This round's upload: the model part and the extra part."""
-        return UploadTemplate(self.upload_template() or [],
-                                          self.upload_extra(server_round), self.bounded_extra())
+        return UploadTemplate(self.upload_template() or [], self.upload_extra(server_round),
+                              self.bounded_extra())
 
     def eval_payload(self, pid: int,
                      server_round: int) -> tuple[list[np.ndarray], dict[str, Scalar]]:
@@ -240,8 +240,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
             extra_arrays = self.fit_extra(pid, server_round)
             if extra_arrays:  # after the model, named in the config
                 arrays = [*arrays, *(a for part in extra_arrays.values() for a in part)]
-                extra = {**extra, EXTRA_ARRAYS: describe_parts(
-                    extra_arrays)}
+                extra = {**extra, EXTRA_ARRAYS: describe_parts(extra_arrays)}
             config = self.base_config(server_round, extra, pid)
             instructions.append((TaggedProxy(self.proxies[pid], pid),
                                  FitIns(ndarrays_to_parameters(arrays), config)))
