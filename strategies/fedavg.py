@@ -7,7 +7,7 @@ same way; its clients fine-tune the global model before personalized evaluation.
 
 from __future__ import annotations
 
-from flower_pfl.algorithms.baselines_math import weighted_average
+from flower_pfl.algorithms.fedavg_math import weighted_average
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 

@@ -1,8 +1,5 @@
 """The update rules of the baselines, as pure functions (torch/numpy, no Flower).
 
-FedAvg (McMahan et al., AISTATS 2017), Algorithm 1
-    w <- sum_i (n_i / n) w_i                       -> ``weighted_average``
-
 FedProx (Li et al., MLSys 2020), local objective
     h_i(w) = F_i(w) + mu/2 ||w - w^t||^2          -> ``prox.Prox`` (not here).
 
@@ -43,18 +40,6 @@ from torch import nn
 from torch.func import functional_call
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-# ------------------------------------------------------------------------------- FedAvg
-def weighted_average(arrays: Sequence[Sequence[np.ndarray]], weights: Sequence[float]
-                     ) -> list[np.ndarray]:
-    """sum_i w_i * arrays_i / sum_i w_i, layer by layer (float64 accumulation)."""
-    w = np.asarray(weights, dtype=np.float64)
-    if w.sum() <= 0:
-        raise ValueError("weights must have a positive sum")
-    w = w / w.sum()
-    return [np.tensordot(w, np.stack([a[k] for a in arrays]).astype(np.float64), axes=1)
-            .astype(np.float32) for k in range(len(arrays[0]))]
 
 
 # ------------------------------------------------------------------------------ SCAFFOLD
