@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from flower_pfl.algorithms.attention import fedamp_alpha_bound, fedamp_weights
-from flower_pfl.learning.params import ModelMatrix
+from flower_pfl.model_store import ModelStore
 
 
 def timed(fn, repeat: int = 1) -> float:
@@ -35,7 +35,7 @@ def timed(fn, repeat: int = 1) -> float:
     return best
 
 
-def step(matrix: ModelMatrix, rows: np.ndarray) -> np.ndarray:
+def step(matrix: ModelStore, rows: np.ndarray) -> np.ndarray:
     """Weights for ``rows`` over all stored models, then their cloud models."""
     seen = np.flatnonzero(matrix.seen)
     d = matrix.sq_distances(rows)
@@ -54,7 +54,7 @@ def naive_pairs(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def time_steps(matrix: ModelMatrix, rows: np.ndarray, new: np.ndarray,
+def time_steps(matrix: ModelStore, rows: np.ndarray, new: np.ndarray,
                repeat: int) -> tuple[float, float]:
     """Best times of the full (from scratch) and the incremental server step for ``rows``."""
 
@@ -74,7 +74,7 @@ def time_clients(n: int, args: argparse.Namespace, rng: np.random.Generator) -> 
     ref = rng.standard_normal(args.dim, dtype=np.float32)
     x = ref + 0.01 * rng.standard_normal((n, args.dim), dtype=np.float32)
     gram = timed(lambda: x @ x.T, args.repeat)
-    matrix = ModelMatrix(n, ref)
+    matrix = ModelStore(n, ref)
     matrix.update(np.arange(n), x)
     naive = timed(lambda: naive_pairs(x)) if n <= 100 else float("nan")
     for frac in args.sample:

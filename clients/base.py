@@ -3,8 +3,8 @@
 :class:`PFLClient` is a ``NumPyClient`` that knows its ``partition-id`` (from the node
 config), reads the run configuration sent by the server with every message, loads its
 local train/test split, builds models on the configured device and keeps personal state
-in ``context.state`` through :class:`ClientState` (which survives rounds in simulation
-and deployment; module globals do not).
+in ``context.state`` through :class:`~flower_pfl.clients.state.ClientState` (a fit's
+writes are kept only once the server accepts its upload).
 
 Subclasses implement ``fit_round`` (what one round of local training is) and
 ``personal_model`` (what is evaluated as this client's personalized model).
@@ -12,18 +12,17 @@ Subclasses implement ``fit_round`` (what one round of local training is) and
 
 from __future__ import annotations
 
-import json
 import os
-from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 from flwr.client import NumPyClient
-from flwr.common import ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
+from flwr.common import Context, NDArrays, Scalar
 from torch.nn import functional as F
 
+from flower_pfl.clients.state import ClientState
 from flower_pfl.config import RunConfig
 from flower_pfl.learning import devices
 from flower_pfl.learning.client_data import load_client_data
@@ -36,148 +35,8 @@ from flower_pfl.learning.models import (
     set_arrays,
 )
 from flower_pfl.learning.training import TrainSpec, evaluate, gaussian_nll, train
-from flower_pfl.reliability import EXTRA_ARRAYS, parse_parts, split_parts
+from flower_pfl.reliability.uploads import EXTRA_ARRAYS, parse_parts, split_parts
 from flower_pfl.reporting.results import metric_of
-
-
-class ClientState:
-    """Typed access to ``context.state`` (a RecordDict): arrays and small value dicts.
-
-    With ``disk`` (the node's ``state-dir``, or in simulation the run's client-state
-    folder, per partition) every write also goes to disk and a key missing from
-    ``context.state`` is read back from there -- so a restarted SuperNode (or a resumed
-    run) gets its personal state back instead of a fresh model.
-
-    Transactions: ``begin(round)`` ... ``end()`` around a fit stage every write (the fit
-    reads its own writes); the stage becomes the state only once the server says it
-    ACCEPTED that round's upload (``resolve(accepted_round)`` at the start of the next
-    message).  An upload the server rejected, a fit that raised and a reply that never
-    arrived therefore leave the personal state exactly as it was.
-    """
-
-    PENDING = "pending-"
-    TXN = "txn"
-
-    def __init__(self, record_dict, disk_dir: str | Path | None = None) -> None:
-        self.records = record_dict
-        self.disk = Path(disk_dir) if disk_dir else None
-        self._txn: dict[str, Any] | None = None
-
-    # -- storage (memory first, then disk)
-    def _restore(self, key: str) -> bool:
-        if self.disk is None:
-            return False
-        arrays, values = self.disk / f"{key}.npz", self.disk / f"{key}.json"
-        if arrays.is_file():
-            with np.load(arrays) as z:
-                self.records[key] = ArrayRecord([z[f"a{i}"] for i in range(len(z.files))])
-            return True
-        if values.is_file():
-            self.records[key] = ConfigRecord(OrderedDict(json.loads(values.read_text())))
-            return True
-        return False
-
-    def _write(self, key: str, suffix: str, write) -> None:
-        if self.disk is None:
-            return
-        self.disk.mkdir(parents=True, exist_ok=True)
-        tmp = self.disk / f".{key}.tmp{suffix}"
-        write(tmp)
-        os.replace(tmp, self.disk / f"{key}{suffix}")  # atomic: a crash leaves the old copy
-
-    def _has(self, key: str) -> bool:
-        return key in self.records or self._restore(key)
-
-    def _drop(self, key: str) -> None:
-        if key in self.records:
-            del self.records[key]
-        if self.disk is not None:
-            for suffix in (".npz", ".json"):
-                (self.disk / f"{key}{suffix}").unlink(missing_ok=True)
-
-    def _rename(self, src: str, dst: str) -> None:
-        if not self._has(src):
-            return
-        self.records[dst] = self.records[src]
-        del self.records[src]
-        if self.disk is not None:
-            for suffix in (".npz", ".json"):
-                # (no file: already committed on disk by a message whose in-memory state
-                # Flower then discarded because the message failed)
-                if (self.disk / f"{src}{suffix}").is_file():
-                    os.replace(self.disk / f"{src}{suffix}", self.disk / f"{dst}{suffix}")
-
-    def _key(self, key: str, writing: bool) -> str:
-        """The record a read/write goes to: the staged copy inside a transaction."""
-        if self._txn is None:
-            return key
-        if writing:
-            if key not in self._txn["keys"]:
-                self._txn["keys"].append(key)
-            return self.PENDING + key
-        return self.PENDING + key if key in self._txn["keys"] else key
-
-    # -- transactions
-    def begin(self, server_round: int) -> None:
-        self._txn = {"round": int(server_round), "keys": []}
-
-    def end(self) -> None:
-        """Close the stage; it waits for the server's verdict (``resolve``)."""
-        txn, self._txn = self._txn, None
-        if txn is not None and txn["keys"]:
-            self.set_values(self.TXN, {"round": txn["round"], "keys": json.dumps(txn["keys"])})
-
-    def abort(self) -> None:
-        """Throw away what the current transaction wrote."""
-        txn, self._txn = self._txn, None
-        for key in (txn or {}).get("keys", []):
-            self._drop(self.PENDING + key)
-
-    def resolve(self, accepted_round: int) -> None:
-        """Commit a staged fit whose round the server accepted; discard it otherwise."""
-        meta = self.get_values(self.TXN)
-        if not meta:
-            return
-        keys = json.loads(str(meta["keys"]))
-        accepted = int(accepted_round) >= int(meta["round"])
-        for key in keys:
-            if accepted:
-                self._rename(self.PENDING + key, key)
-            else:
-                self._drop(self.PENDING + key)
-        self._drop(self.TXN)
-
-    # -- typed access
-    def get_arrays(self, key: str) -> list[np.ndarray] | None:
-        key = self._key(key, writing=False)
-        if not self._has(key):
-            return None
-        return [a.copy() for a in self.records[key].to_numpy_ndarrays()]
-
-    def set_arrays(self, key: str, arrays: Sequence[np.ndarray]) -> None:
-        key = self._key(key, writing=True)
-        arrays = [np.ascontiguousarray(a) for a in arrays]
-        self.records[key] = ArrayRecord(arrays)
-
-        def write(path: Path) -> None:
-            with open(path, "wb") as fh:
-                np.savez(fh, **{f"a{i}": a for i, a in enumerate(arrays)})
-        self._write(key, ".npz", write)
-
-    def get_values(self, key: str) -> dict[str, Any] | None:
-        key = self._key(key, writing=False)
-        if not self._has(key):
-            return None
-        return dict(self.records[key])
-
-    def set_values(self, key: str, values: Mapping[str, Any]) -> None:
-        key = self._key(key, writing=True)
-        self.records[key] = ConfigRecord(OrderedDict(values))
-        self._write(key, ".json", lambda path: path.write_text(json.dumps(dict(values))))
-
-    def __contains__(self, key: str) -> bool:
-        return self._has(self._key(key, writing=False))
-
 
 _CFG_CACHE: dict[str, RunConfig] = {}
 
@@ -285,7 +144,7 @@ class PFLClient(NumPyClient):
     def split_download(parameters: NDArrays, config: Mapping[str, Scalar]
                        ) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
         """(model, {name: extra part}) of what the server sent (``fit_extra``: SCAFFOLD's c);
-        an upload's extra part is laid out with ``reliability.UploadTemplate(model, extra)``."""
+        an upload's extra part is laid out as ``reliability.uploads.UploadTemplate`` says."""
         return split_parts(parameters, parse_parts(str(config.get(EXTRA_ARRAYS, ""))))
 
     def new_model(self, arrays: Sequence[np.ndarray] | None = None) -> NamedLayers:

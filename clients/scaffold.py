@@ -31,7 +31,7 @@ from flower_pfl.algorithms.baselines_math import (
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.registry import client_for
-from flower_pfl.reliability import UploadTemplate
+from flower_pfl.reliability.uploads import UploadTemplate
 from flower_pfl.strategies.scaffold import Scaffold
 
 

@@ -43,7 +43,7 @@ from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.learning.training import train
 from flower_pfl.registry import client_for
-from flower_pfl.reliability import UploadTemplate
+from flower_pfl.reliability.uploads import UploadTemplate
 from flower_pfl.strategies.selffl import SelfFL
 
 

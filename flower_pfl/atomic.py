@@ -1,4 +1,4 @@
-"""Writing a file whole or not at all.
+"""Writing a file whole or not at all (imports nothing of the project: every layer uses it).
 
 A results file is read while it is written (the bench reads ``summary.json`` of a running
 cell; a resumed run reads what the killed one left), and several processes (Ray actors)

@@ -1,9 +1,9 @@
 """Run a few lines of Python in a short-lived child process of the same interpreter.
 
 Used where a long-lived process must not import torch (importing this CUDA build of torch
-costs a process ~280 MB of private memory even on a CPU run): the launcher's preflight check
-(reliability.preflight_apart) and the ServerApp's initial model (server_app). The child sees
-the same ``sys.path`` as this process.
+costs a process ~280 MB of private memory even on a CPU run): the launcher's preflight
+check (reliability.preflight.preflight_apart) and the ServerApp's initial model
+(server_app). The child sees the same ``sys.path`` as this process.
 """
 
 from __future__ import annotations

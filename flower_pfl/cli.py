@@ -37,13 +37,14 @@ from pathlib import Path
 from typing import Sequence
 
 from flower_pfl import config as config_mod
-from flower_pfl import registry, reliability
+from flower_pfl import registry
 from flower_pfl.config import APP_DIR
 from flower_pfl.matrix import MatrixError, load_matrix
-from flower_pfl.reliability import preflight_apart
+from flower_pfl.reliability import checkpoints, stop
+from flower_pfl.reliability.preflight import preflight_apart
 from flower_pfl.reporting import tracking
 from flower_pfl.reporting.console import BenchConsole, RunConsole
-from flower_pfl.reporting.results import read_summary
+from flower_pfl.reporting.results import default_results_dir, read_summary
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.bench import run_bench
 from flower_pfl.running.launch import AlreadyCompleted, resume_config, run_simulation
@@ -273,7 +274,6 @@ def compare_command(args) -> int:
 
 def deploy_command(args, cfg: config_mod.RunConfig) -> int:
     from flower_pfl.running.deploy import deploy
-    from flower_pfl.strategies.base import default_results_dir
 
     if not args.certs and not args.insecure:
         print("flower-pfl: deploy needs --certs DIR (TLS + node auth) or --insecure",
@@ -306,8 +306,6 @@ def actor_estimate(cfg: config_mod.RunConfig) -> int | None:
 def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequence[str],
                 resume_dir: Path | None) -> int:
     """``flower-pfl run``: preflight, the federation with its console, the summary."""
-    from flower_pfl.strategies.base import default_results_dir
-
     results_dir = resume_dir or default_results_dir(cfg)
     console = RunConsole(cfg["rounds"], clients=cfg["clients"], actors=actor_estimate(cfg),
                          verbose=args.verbose, quiet=args.quiet)
@@ -322,7 +320,7 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
                   f", {cfg['clients']} clients, {cfg['rounds']} rounds -> {results_dir}"
                   f"{' (resumed)' if resume_dir else ''} (full log: flwr-run.log there)")
     def ask_to_stop(signum: int) -> None:
-        reliability.request_stop(results_dir)
+        stop.request_stop(results_dir)
         print(f"\nflower-pfl: {signal.Signals(signum).name}: stopping after the round in "
               f"progress (it is checkpointed); send it again to stop now", file=sys.stderr)
 
@@ -337,12 +335,12 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
         return 1
     except KeyboardInterrupt as exc:  # a second signal (procs.Terminated): stopped at once
         name = exc.args[0] if isinstance(exc, Terminated) else "interrupted"
-        reliability.mark_stopped(results_dir)
+        stop.mark_stopped(results_dir)
         print(f"flower-pfl: {name}; every process of the run stopped. "
               f"{resume_hint(results_dir)}", file=sys.stderr)
         return 128 + getattr(exc, "signum", signal.SIGINT)
     finally:
-        reliability.clear_stop(results_dir)
+        stop.clear_stop(results_dir)
     summary = read_summary(results_dir) or {}
     console.summary(results_dir, console.elapsed(),
                     tracking.logdir_hint(cfg.values, results_dir)
@@ -357,7 +355,7 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
 
 def resume_hint(results_dir: Path) -> str:
     """How to continue a stopped run -- only where a checkpoint exists to continue from."""
-    folder = reliability.latest_checkpoint(results_dir)
+    folder = checkpoints.latest_checkpoint(results_dir)
     if folder is None:
         return "It wrote no checkpoint, so it cannot be resumed (checkpoint-every 0?)."
     return (f"Its checkpoint is after round {int(folder.name.split('-')[-1])}; continue with "

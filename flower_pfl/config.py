@@ -219,7 +219,7 @@ class RunConfig:
 
 def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfig:
     """Validate a parsed YAML tree; raise ONE ConfigError listing every problem."""
-    from flower_pfl.registry import REGISTRY  # local import: registry imports strategies
+    from flower_pfl.registry import REGISTRY  # loads every catalog module: only here
 
     problems: list[str] = []
     if tree is not None and not isinstance(tree, Mapping):

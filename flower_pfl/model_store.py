@@ -1,60 +1,27 @@
 """One model per client on the server, in memory or on disk, with its Gram matrix.
 
 Pure numpy; no Flower.  FedAMP, HeurFedAMP and FedACS keep the latest model w_i of every
-client (n x d) and need the pairwise quantities of those models (squared distances
-``G_ii + G_jj - 2 G_ij``, cosines ``G_ij / sqrt(G_ii G_jj)``) and weighted sums
-``U = Xi W``.  At 10,000 clients x 1M parameters the rows alone are 40 GB in float32.
-:class:`ModelStore` keeps them
+client and need pairwise quantities (``||w_i - w_j||^2 = G_ii + G_jj - 2 G_ij``, cosines
+``G_ij / sqrt(G_ii G_jj)``) and weighted sums ``U = Xi W``.  :class:`ModelStore` keeps
 
-* in memory (:class:`MemoryRows`, one numpy array) or in a file (:class:`DiskRows`, a
-  raw C-order array of row slots: ``np.memmap(path, dtype, "r", shape=(slots, d))``
-  opens it), as float32 or float16.  The file is read and written with positional I/O
-  (``os.preadv``/``os.pwrite``), not through a mapping: pages of a mapping that were
-  touched count in the process's resident set (``ru_maxrss``) until unmapped, while
-  pages read with ``pread`` stay in the kernel's page cache, which the kernel reclaims;
-* centred at the reference r (the initial model, as
-  :class:`flower_pfl.learning.params.ModelMatrix` did):
-  a client that never uploaded is r itself, a zero row that is never stored nor read;
-* float16 rows carry a per-row scale (the row's largest |value| is stored as 2^15): no
-  overflow for any finite model, relative error <= 2^-11 per value in float16's normal
-  range (a choice of ours: the issue leaves the float16 encoding open).
+* the rows centred at the reference r (the initial model): ``Xc = X - r``, ``Gc = Xc Xc^T``.
+  Distances are shift-invariant and do not cancel catastrophically for close models far
+  from 0; raw Gram entries come back as ``G = Gc + b 1^T + 1 b^T + ||r||^2``, ``b = Xc r``;
+  ``Xi W = Xi Xc + (Xi 1) r^T``.  A client that never uploaded is r itself (a zero row);
+* only the Gram rows of the rows written since the last :meth:`ModelStore.refresh`
+  recomputed: O(s n d) for s uploads, not O(n^2 d); a query while rows are stale raises;
+* the rows in memory (:class:`MemoryRows`) or in a file (:class:`DiskRows`, positional
+  I/O), as float32 or float16 (a per-row scale: its largest |value| is stored as 2^15).
 
-Every computation over the rows reads them in COLUMN blocks (columns c0:c1 of the rows it
-needs, ``Plan.block_bytes`` at most), so its memory is bounded whatever n x d is:
-
-* Gram rows updated incrementally: :meth:`ModelStore.write` stores a row and marks it
-  dirty; :meth:`ModelStore.refresh` recomputes the Gram rows/columns of the dirty rows
-  only, G[R, S] = sum over blocks of Xc[R, c] Xc[S, c]^T (float32 products, float64 sum
-  over blocks), S = the stored rows: O(|R| |S| d), one pass over the stored rows.
-  A pairwise query while rows are dirty raises :class:`StaleGramError`;
-* ``U = Xi W`` = sum over the stored rows with a non-zero weight, one pass, written block
-  by block to memory or, when large and the store is on disk, to a scratch file.
-
-Except float32 rows in memory (the default below the budget): there the Gram rows and
-``U = Xi W`` are ONE product each over all n rows, exactly as
-:class:`~flower_pfl.learning.params.ModelMatrix` computed them (``ModelMatrix.update``,
-``ModelMatrix.combine``: the refreshed rows in the order they were written, all n rows as
-the other operand; the temporaries: a copy of the refreshed rows and the outputs),
-so results are bit for bit those of the code before the store
-(blocked float32 products summed in float64 round differently, and FedAMP's training
-carries such differences into the clients' losses).  ``ModelStore.one_product = False``
-gives the memory store the blocked passes too.
-
-Which rows live where is :func:`plan_store`'s choice: in memory when the rows, the Gram
-matrix and the buffers fit the budget, else on disk; the YAML keys ``server.model-store``
-(auto | memory | disk), ``server.store-dtype`` and ``server.memory-budget-mb`` override it.
-The disk store and the blocked memory store compute the same blocks in the same order:
-float32 results are identical bit for bit; the default memory store equals ModelMatrix bit
-for bit (tests/test_model_store.py).
-
-Checkpoints without a second copy of the rows: the file IS the checkpoint of the rows.
-:meth:`ModelStore.pin` (called before a checkpoint is pickled) fsyncs the file and pins
-the current slot of every row; a row written after that goes to a free slot (copy on
-write), so the pinned slots still hold the checkpoint's rows whatever happens later.
-The pickled store holds the slot map, each row's CRC-32 and round, the Gram matrix
-(n x n) and the reference -- never the rows.  On resume :meth:`ModelStore.attach` reopens
-the file and checks every stored row's CRC.  Cost: each upload is written once; the file
-holds at most n + (rows written since the last checkpoint) slots.
+Open choices: float32 rows in memory (the default below the budget) compute the Gram rows
+and ``U`` as ONE product each over all n rows (``one_product``), the rows in write order;
+every other store reads the rows in column blocks of at most ``Plan.block_bytes`` (float32
+products summed in float64, which rounds differently), so its memory is bounded whatever
+n x d is.  :func:`plan_store` chooses memory or disk from the budget (YAML
+``server.model-store``, ``server.store-dtype``, ``server.memory-budget-mb`` override it).
+Checkpoints: the file is the checkpoint of the rows; :meth:`ModelStore.pin` fsyncs it and
+pins every row's slot (a later write goes to a free slot), the pickle holds the slot map,
+each row's CRC-32, the Gram matrix and r; :meth:`ModelStore.attach` checks the CRCs.
 """
 
 from __future__ import annotations
@@ -126,7 +93,7 @@ def plan_store(num_rows: int, dim: int, dtype: str = "float32", budget_bytes: in
     budget = int(budget_bytes) if budget_bytes else default_budget_bytes()
     plan = Plan("memory", dtype, budget)
     rows = num_rows * dim * np.dtype(dtype).itemsize
-    # in memory, float32 rows are combined in one product (as ModelMatrix did): its copy of
+    # in memory, float32 rows are combined in one product (``one_product``): its copy of
     # the round's rows is at most the rows themselves
     copy = rows if dtype == "float32" else 0
     # the buffers are never larger than the rows they hold
@@ -157,12 +124,12 @@ def plan_from_config(values: Mapping[str, Any], num_rows: int, dim: int) -> Plan
 class ModelStore:
     """n client models (rows) centred at a reference, with an incrementally kept Gram matrix.
 
-    The interface of :class:`flower_pfl.learning.params.ModelMatrix` (``update``, ``sq_distances``,
-    ``cosine``, ``combine``, ``model``, ``seen``, ...) plus ``write``/``refresh`` (one row
-    at a time, then one pass), ``combine_rows`` (large outputs) and the checkpoint hooks."""
+    ``update`` (write rows, then refresh), ``sq_distances``, ``cosine``, ``raw_gram``,
+    ``drift``, ``combine``, ``model``, ``seen``; ``write``/``refresh`` (one row at a time,
+    then one pass), ``combine_rows`` (large outputs) and the checkpoint hooks."""
 
     #: float32 rows in memory: the Gram rows and Xi W as ONE product over all rows each, as
-    #: ModelMatrix computed them (bit for bit); False: column blocks, as on disk
+    #: the results were made with (bit for bit); False: column blocks, as on disk
     one_product = True
 
     def __init__(self, num_rows: int, reference: np.ndarray, plan: Plan | None = None,
@@ -246,7 +213,7 @@ class ModelStore:
             yield c0, c1, view
 
     def in_one_product(self) -> bool:
-        """Whether the Gram and Xi W are computed as ModelMatrix did (see ``one_product``)."""
+        """Whether the Gram and Xi W are computed in one product (see ``one_product``)."""
         return (self.one_product and isinstance(self.rows, MemoryRows)
                 and self.dtype == np.float32)
 
@@ -260,7 +227,7 @@ class ModelStore:
             return
         order, self.dirty_order = self.dirty_order, []
         if self.in_one_product():
-            # in write order, as ModelMatrix.update got them: BLAS rounds a row's products
+            # in write order: BLAS rounds a row's products
             # according to its position in the operand
             written = [i for i in order if self.dirty[i]]
             rest = sorted(set(rows.tolist()) - set(written))  # (recompute(): every stored row)
@@ -280,9 +247,9 @@ class ModelStore:
         self.dirty[rows] = False
 
     def refresh_in_one_product(self, rows: np.ndarray) -> None:
-        """``ModelMatrix.update``'s arithmetic on the in-memory rows (all n, unseen = 0)."""
+        """The refreshed rows' Gram rows in one product over all n in-memory rows (unseen = 0)."""
         x = self.rows.data
-        if 2 * len(rows) >= self.num_rows:  # one symmetric X X^T (syrk), as ModelMatrix
+        if 2 * len(rows) >= self.num_rows:  # one symmetric X X^T (syrk): half the flops
             self.gram_c = x @ x.T
             self.cross = (x @ self.reference).astype(np.float64)
         else:
@@ -351,7 +318,7 @@ class ModelStore:
         -- store on disk, rows larger than ``Plan.output_bytes`` -- in ``scratch``.
         One pass over the stored rows with a non-zero weight: ``Xi W = Xi Xc + (Xi 1) r^T``."""
         weights = np.asarray(weights, dtype=np.float32)
-        if self.in_one_product():  # ModelMatrix.combine: one (m x n) @ (n x d) product
+        if self.in_one_product():  # one (m x n) @ (n x d) product
             u = weights @ self.rows.data
             u += weights.sum(axis=1, dtype=np.float32)[:, None] * self.reference[None, :]
             return RowMatrix(u.shape[0], self.dim, self.plan, data=u)

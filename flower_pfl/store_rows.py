@@ -1,9 +1,15 @@
 """Rows of float values in memory or in a file, read whole or in column blocks.
 
-Pure numpy; no Flower.  The storage layer of :mod:`flower_pfl.model_store` (see its
-docstring for the layout, the copy-on-write slots and why the file is read with positional
-I/O rather than through a memory mapping), and the float32 row matrices a round computes
-(cloud models, a round's uploads: :class:`RowMatrix`, in memory or in a scratch file).
+Pure numpy; no Flower.  The storage layer of :mod:`flower_pfl.model_store` and the float32
+row matrices a round computes (cloud models, a round's uploads: :class:`RowMatrix`, in
+memory or in a scratch file).  A file is a raw C-order array of row slots
+(``np.memmap(path, dtype, "r", shape=(slots, d))`` opens it); a checkpoint pins the slots
+it holds and a row written later goes to a free slot (copy on write).
+
+Open choice: the file is read and written with positional I/O (``os.preadv``/``os.pwrite``),
+not through a mapping: the touched pages of a mapping count in the process's resident set
+until unmapped, while pages read with ``pread`` stay in the kernel's page cache, which the
+kernel reclaims.
 """
 
 from __future__ import annotations

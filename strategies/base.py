@@ -1,35 +1,27 @@
 """The base Strategy of every personalized algorithm: the fit side, written once.
 
-:class:`PersonalizedStrategy` is a ``flwr.server.strategy.Strategy`` that
+:class:`PersonalizedStrategy` is a ``flwr.server.strategy.Strategy`` that knows the
+federation by partition-id and samples each round with its own seeded generator
+(:mod:`.nodes`), sends each sampled client ITS instructions (``fit_payload``,
+``fit_extra``), evaluates all clients every ``eval-every`` rounds (:mod:`.evaluation`) and
+checkpoints the attributes each class names in ``checkpointed`` (:mod:`.checkpointing`).
 
-* knows the federation by partition-id and samples each round with its own seeded
-  generator (:class:`~flower_pfl.strategies.nodes.NodeTracking`);
-* sends each sampled client ITS instructions (``fit_payload``, ``fit_extra``) and hands
-  the uploads to ``aggregate_updates`` as :class:`ClientUpdate` objects (this module);
-* every ``eval-every`` rounds asks all clients to evaluate and reports the statistics
-  (:class:`~flower_pfl.strategies.evaluation.EvaluationReporting`);
-* every ``checkpoint-every`` rounds writes an atomic checkpoint of the attributes each
-  class names in ``checkpointed``; ``resume()`` continues from it
-  (:class:`~flower_pfl.strategies.checkpointing.Checkpointing`).
+A round's fit side (:meth:`PersonalizedStrategy.aggregate_fit`), step by step: every upload
+is checked before any state sees it (``check_uploads``: the claimed partition-id, then
+:mod:`flower_pfl.reliability.upload_checks`); rejected uploads and failed clients are logged
+by partition-id with the reason (``record_failures``: log, ``failures.csv``); the accepted
+ones' round is kept (``accept``: clients commit personal state only for an accepted round,
+clients/state.py); fewer than ``min-fit-answers`` accepted ends the run
+(``require_min_fit_answers``); ``aggregate_updates`` gets the accepted uploads sorted by
+partition-id; the mechanism's use is counted (``count_mechanism``); the results writer
+writes ``fit.csv`` and ``server.csv``.
 
-Subclasses implement the paper's Algorithm box: ``fit_payload``, ``aggregate_updates``
-and, if needed, ``eval_payload``, ``prepare_round`` and the upload's parts
-(``upload_template``, ``upload_extra``).  Every attribute is set in ``__init__`` (a
-subclass's ``setup`` fills in what needs the initial model).
-
-Reliability of the fit side (docs/reliability.md): every upload is checked
-(:func:`flower_pfl.reliability.check_update`: array count, shapes, dtypes, NaN/Inf,
-num_examples > 0, optional ``max-update-norm``) BEFORE ``aggregate_updates`` sees it; a
-rejected upload and a client that raised, timed out or disconnected are logged by
-partition-id with the reason (log, ``server.csv``, ``failures.csv``), the round goes on
-with the others if at least ``min-fit-answers`` valid updates came back, and the
-client's server-side state is untouched.  Clients learn their last *accepted* round with
-every message (``accepted-round``) and drop personal state written in a round the server
-did not accept (clients/base.py).
-
-The federation's vocabulary -- ``ClientUpdate``, ``ClientStore``, the failure proxy and
-the errors -- lives in :mod:`flower_pfl.strategies.federation` (re-exported here, as is
-``WAIT_FOR_NODES_S`` of :mod:`flower_pfl.strategies.nodes`).
+Subclasses implement the paper's Algorithm box: ``fit_payload``, ``aggregate_updates`` and,
+if needed, ``eval_payload``, ``prepare_round`` and the upload's parts (``upload_template``,
+``upload_extra``).  Every attribute is set in ``__init__`` (``setup`` fills in what needs
+the initial model).  Open choice: a rejected client's server-side state is left untouched
+and the round goes on with the others.  ``ClientUpdate``, ``ClientStore`` and the errors
+live in :mod:`.federation` (re-exported here, as is ``WAIT_FOR_NODES_S`` of :mod:`.nodes`).
 """
 
 from __future__ import annotations
@@ -56,12 +48,17 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from flower_pfl import reliability
 from flower_pfl.config import RunConfig
-from flower_pfl.learning import devices
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.model_store import LazyArrays
-from flower_pfl.reporting.results import ResultsWriter, lower_is_better, metric_of
+from flower_pfl.reliability.upload_checks import flat
+from flower_pfl.reliability.uploads import EXTRA_ARRAYS, UploadTemplate, describe_parts
+from flower_pfl.reporting.results import (
+    ResultsWriter,
+    default_results_dir,
+    lower_is_better,
+    metric_of,
+)
 from flower_pfl.strategies.checkpointing import Checkpointing
 from flower_pfl.strategies.evaluation import EvaluationReporting
 from flower_pfl.strategies.federation import (  # noqa: F401 - re-exported (tests import them here)
@@ -167,10 +164,10 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         client splits them off with ``PFLClient.split_download``."""
         return {}
 
-    def template(self, server_round: int) -> reliability.UploadTemplate:
+    def template(self, server_round: int) -> UploadTemplate:
         """This round's upload: the model part and the extra part."""
-        return reliability.UploadTemplate(self.upload_template() or [],
-                                          self.upload_extra(server_round), self.bounded_extra())
+        return UploadTemplate(self.upload_template() or [], self.upload_extra(server_round),
+                              self.bounded_extra())
 
     def eval_payload(self, pid: int,
                      server_round: int) -> tuple[list[np.ndarray], dict[str, Scalar]]:
@@ -239,12 +236,11 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         for pid in sampled:
             arrays, extra = self.fit_payload(pid, server_round)
             if max_norm is not None:  # the update's starting point, for the norm check
-                self._sent[pid] = reliability.flat(arrays if arrays else self._initial)
+                self._sent[pid] = flat(arrays if arrays else self._initial)
             extra_arrays = self.fit_extra(pid, server_round)
             if extra_arrays:  # after the model, named in the config
                 arrays = [*arrays, *(a for part in extra_arrays.values() for a in part)]
-                extra = {**extra, reliability.EXTRA_ARRAYS: reliability.describe_parts(
-                    extra_arrays)}
+                extra = {**extra, EXTRA_ARRAYS: describe_parts(extra_arrays)}
             config = self.base_config(server_round, extra, pid)
             instructions.append((TaggedProxy(self.proxies[pid], pid),
                                  FitIns(ndarrays_to_parameters(arrays), config)))
@@ -266,43 +262,84 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         for pid, reason in out:
             log(WARNING, "[flower-pfl] round %d: %s of partition-id %d failed: %s", server_round,
                 phase, pid, reason)
-        if out:
-            self.results.log_table("failures", [{"round": server_round, "phase": phase,
-                                                 "partition-id": pid, "reason": reason}
-                                                for pid, reason in out])
+        self.results.log_failures(server_round, phase, out)
         return out
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """One round's uploads: checked, failures recorded, the accepted ones' round kept,
+        aggregated, the mechanism counted, the round's rows written."""
+        updates, rejected = self.check_uploads(server_round, results)
+        failed = self.record_failures(server_round, "fit", list(failures) + rejected)
+        carried = self.accept(server_round, updates)
+        self.require_min_fit_answers(server_round, updates, failed)
+        started = time.perf_counter()
+        if updates:
+            self.aggregate_updates(server_round, sorted(updates, key=lambda u: u.pid))
+        self.count_mechanism(server_round, updates, carried)
+        self.log_server(server_aggregate_s=round(time.perf_counter() - started, 4),
+                        fit_ok=len(updates), fit_failed=len(failed),
+                        fit_failed_ids=" ".join(str(p) for p, _ in sorted(failed)),
+                        server_peak_rss_mb=round(resource.getrusage(
+                            resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+        self.results.log_fit(server_round, [(u.pid, u.num_examples, u.metrics)
+                                            for u in sorted(updates, key=lambda u: u.pid)])
+        self.results.log_server(server_round, self._round_server_log)
+        params = ndarrays_to_parameters(self.global_arrays) if self.global_arrays else None
+        return params, fit_metrics(updates, failed)
+
+    # ------------------------------------------------------------ the steps of a round
+    def check_uploads(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
+                      ) -> tuple[list[ClientUpdate], list[ClientFailure]]:
+        """(the accepted uploads as ClientUpdates, a ClientFailure for each rejected one)."""
         updates, rejected = [], []
         max_norm = self.cfg.values.get("max-update-norm")
         template = self.template(server_round)
         for proxy, res in results:
             pid = self.proxy_pid(proxy)
             arrays = parameters_to_ndarrays(res.parameters)
-            claimed = res.metrics.get("partition-id", pid)
-            reason = None
-            if int(claimed) != pid:
-                reason = f"the upload claims partition-id {claimed}"
-            if reason is None and (self.uploads_model or arrays):
-                reason = template.check(arrays, res.num_examples, res.metrics,
-                                        self._sent.get(pid), max_norm)
+            reason = self.upload_problem(pid, arrays, res, template, max_norm)
             if reason is not None:
                 rejected.append(ClientFailure(pid, f"update rejected: {reason}"))
                 continue
-            if self.lazy_uploads:  # checked above; decoded again when the strategy reads it
-                arrays, extra = template.split(res.parameters.tensors)
-                arrays = LazyArrays(arrays, bytes_to_ndarray)
-                extra = {k: LazyArrays(v, bytes_to_ndarray) for k, v in extra.items()}
-            else:
-                arrays, extra = template.split(arrays)
-            update = ClientUpdate(pid, arrays, int(res.num_examples), dict(res.metrics))
-            update.extra = extra  # the named extra parts (upload_extra)
-            updates.append(update)
-        failed = self.record_failures(server_round, "fit", list(failures) + rejected)
+            updates.append(self.client_update(pid, arrays, res, template))
+        return updates, rejected
+
+    def upload_problem(self, pid: int, arrays: list[np.ndarray], res: FitRes,
+                       template: UploadTemplate, max_norm: float | None) -> str | None:
+        """Why partition ``pid``'s upload must be rejected, or None (upload_checks.py)."""
+        claimed = res.metrics.get("partition-id", pid)
+        if int(claimed) != pid:
+            return f"the upload claims partition-id {claimed}"
+        if self.uploads_model or arrays:
+            return template.check(arrays, res.num_examples, res.metrics, self._sent.get(pid),
+                                  max_norm)
+        return None
+
+    def client_update(self, pid: int, arrays: list[np.ndarray], res: FitRes,
+                      template: UploadTemplate) -> ClientUpdate:
+        """An accepted upload split into its model part and its named extra parts."""
+        if self.lazy_uploads:  # checked above; decoded again when the strategy reads it
+            model, extra = template.split(res.parameters.tensors)
+            model = LazyArrays(model, bytes_to_ndarray)
+            extra = {k: LazyArrays(v, bytes_to_ndarray) for k, v in extra.items()}
+        else:
+            model, extra = template.split(arrays)
+        update = ClientUpdate(pid, model, int(res.num_examples), dict(res.metrics))
+        update.extra = extra  # the named extra parts (upload_extra)
+        return update
+
+    def accept(self, server_round: int, updates: list[ClientUpdate]) -> dict[int, bool]:
+        """Record the round of each accepted upload (clients keep this round's state);
+        returns whether each client had an accepted upload before (``mechanism_used``)."""
         carried = {u.pid: self.store.last_round.get(u.pid, 0) > 0 for u in updates}
         for u in updates:
             self.store.last_round[u.pid] = server_round  # accepted: clients keep this round
+        return carried
+
+    def require_min_fit_answers(self, server_round: int, updates: list[ClientUpdate],
+                                failed: list[tuple[int, str]]) -> None:
+        """Raise RoundError when fewer than ``min-fit-answers`` uploads were accepted."""
         minimum = int(self.cfg.values.get("min-fit-answers", 1))
         if len(updates) < minimum:
             raise RoundError(
@@ -310,31 +347,13 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
                 f"{len(updates) + len(failed)} sampled client(s), fewer than min-fit-answers = "
                 f"{minimum}; failures: " + "; ".join(f"partition-id {p}: {r}"
                                                      for p, r in failed[:10]))
-        started = time.perf_counter()
-        if updates:
-            self.aggregate_updates(server_round, sorted(updates, key=lambda u: u.pid))
-        if self.mechanism is not None:  # strategies/mechanism.py: counted once, here
+
+    def count_mechanism(self, server_round: int, updates: list[ClientUpdate],
+                        carried: Mapping[int, bool]) -> None:
+        """Each accepted client-round used the strategy's mechanism or not (mechanism.py)."""
+        if self.mechanism is not None:
             for u in updates:
                 self.mechanism_count.add(server_round, self.mechanism_used(u, carried[u.pid]))
-        self.log_server(server_aggregate_s=round(time.perf_counter() - started, 4),
-                        fit_ok=len(updates), fit_failed=len(failed),
-                        fit_failed_ids=" ".join(str(p) for p, _ in sorted(failed)),
-                        server_peak_rss_mb=round(resource.getrusage(
-                            resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
-        self.results.log_table("fit", [  # numeric metrics, and the device it trained on
-            {"round": server_round, "partition-id": u.pid, "num-examples": u.num_examples,
-             **devices.select(u.metrics),
-             **{k: v for k, v in sorted(u.metrics.items())
-                if k != "partition-id" and k not in devices.KEYS
-                and isinstance(v, (int, float))}}
-            for u in sorted(updates, key=lambda u: u.pid)])
-        train_losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
-        metrics: dict[str, Scalar] = {"fit_clients": len(updates), "fit_failures": len(failed)}
-        if train_losses:
-            metrics["train_loss"] = float(np.mean(train_losses))
-        self.results.log_server(server_round, self._round_server_log)
-        params = ndarrays_to_parameters(self.global_arrays) if self.global_arrays else None
-        return params, metrics
 
     # ------------------------------------------------------------------------ helpers
     def base_config(self, server_round: int, extra: Mapping[str, Scalar],
@@ -348,8 +367,11 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         return {**config, **extra}
 
 
-def default_results_dir(cfg: RunConfig) -> Path:
-    """``<output-dir>/<run-name>``; relative output dirs resolve against the cwd."""
-    name = cfg["run-name"] or (f"{cfg.strategy}-{cfg['data.dataset']}-{cfg['data.partition']}-"
-                               f"{time.strftime('%Y%m%d-%H%M%S')}")
-    return (Path(cfg["output-dir"]).expanduser().resolve() / name)
+def fit_metrics(updates: Sequence[ClientUpdate], failed: Sequence[tuple[int, str]]
+                ) -> dict[str, Scalar]:
+    """What aggregate_fit reports to Flower: counts and the mean training loss."""
+    train_losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
+    metrics: dict[str, Scalar] = {"fit_clients": len(updates), "fit_failures": len(failed)}
+    if train_losses:
+        metrics["train_loss"] = float(np.mean(train_losses))
+    return metrics

@@ -1,12 +1,12 @@
 """Checkpoint and resume of a strategy (docs/reliability.md), written once.
 
 Every ``checkpoint-every`` rounds :meth:`Checkpointing.save_checkpoint` writes, atomically
-(:mod:`flower_pfl.reliability`), the round, the configuration's identity, the strategy's
-state and the results state; :meth:`Checkpointing.after_round` also writes one after the
+(:mod:`flower_pfl.reliability.checkpoints`), the round, the configuration's identity, the
+strategy's state and the results state; :meth:`Checkpointing.after_round` also writes one after the
 run's last round and after a round at whose end ``flower-pfl run`` asked it to stop (status
 ``stopped``).  :meth:`Checkpointing.resume` continues from the newest one, rewinding the
 results files so that no round is written twice; only the configuration keys that cannot
-change the past (``reliability.RESUME_FREE_KEYS``: ``rounds`` extends a run) may differ.
+change the past (``checkpoints.RESUME_FREE_KEYS``: ``rounds`` extends a run) may differ.
 
 The strategy's state is an allow-list: each class names the attributes it saves in a
 class attribute ``checkpointed`` (a tuple of names), and a checkpoint holds the union of
@@ -29,7 +29,8 @@ from typing import Any
 
 from flwr.common.logger import log
 
-from flower_pfl import reliability
+from flower_pfl.reliability import checkpoints
+from flower_pfl.reliability.stop import stop_requested
 from flower_pfl.strategies.federation import ResumeError
 
 
@@ -58,7 +59,7 @@ class Checkpointing:
 
     # -------------------------------------------------------------- checkpoint/resume
     def save_checkpoint(self, server_round: int) -> Path:
-        """Atomic checkpoint of the state after ``server_round`` (see flower_pfl.reliability)."""
+        """Atomic checkpoint of the state after ``server_round`` (reliability.checkpoints)."""
         started = time.perf_counter()
         state = {"version": 1, "round": server_round, "config": self._config_identity(),
                  "strategy": self.checkpoint_state(),
@@ -66,7 +67,7 @@ class Checkpointing:
                              "elapsed_s": time.time() - self.results.started,
                              "lower_is_better": self.results.lower_is_better,
                              "resumed_after": self.results.extra.get("resumed_after", [])}}
-        folder = reliability.write_checkpoint(self.results.dir, server_round, state,
+        folder = checkpoints.write_checkpoint(self.results.dir, server_round, state,
                                               self.client_state_dir)
         log(INFO, "[flower-pfl] checkpoint after round %d written: %s (%.2f s)", server_round,
             folder, time.perf_counter() - started)
@@ -75,12 +76,12 @@ class Checkpointing:
     def after_round(self, server_round: int, last_round: int) -> bool:
         """Called by the round loop after each round; True: end the run now.  The last
         round ends it ``completed``; a stop asked for by ``flower-pfl run`` (its stop file
-        in the results folder, :func:`flower_pfl.reliability.request_stop`) ends it
+        in the results folder, :func:`flower_pfl.reliability.stop.request_stop`) ends it
         ``stopped`` after the round in progress.  Either way that round is checkpointed."""
         if server_round >= last_round:
             self.end_after(server_round, "completed")
             return True
-        if reliability.stop_requested(self.results.dir):
+        if stop_requested(self.results.dir):
             self.end_after(server_round, "stopped")
             return True
         return False
@@ -109,18 +110,18 @@ class Checkpointing:
         that round (no round is written twice) and, in simulation, the clients' state folder
         is replaced by the checkpoint's snapshot.
         """
-        folder = reliability.latest_checkpoint(results_dir or self.results.dir)
+        folder = checkpoints.latest_checkpoint(results_dir or self.results.dir)
         if folder is None:
             raise ResumeError(f"no checkpoint in {results_dir or self.results.dir} (a run writes "
                               f"one every 'checkpoint-every' rounds; 0 disables them)")
-        state = reliability.read_checkpoint(folder)
+        state = checkpoints.read_checkpoint(folder)
         mine, theirs = self._config_identity(), state["config"]
-        diff = reliability.config_differences(theirs["values"], theirs["hyper"],
+        diff = checkpoints.config_differences(theirs["values"], theirs["hyper"],
                                               mine["values"], mine["hyper"])
         if diff:
             raise ResumeError(f"{folder.parent.parent} was written by a different configuration "
                               f"(differs in: {', '.join(diff)}); resume it with its own "
-                              f"configuration (only {', '.join(reliability.RESUME_FREE_KEYS)} "
+                              f"configuration (only {', '.join(checkpoints.RESUME_FREE_KEYS)} "
                               f"may change) or start a new run")
         r = int(state["round"])
         if r >= int(self.cfg["rounds"]):
@@ -135,11 +136,11 @@ class Checkpointing:
         # a resumed process's first round also holds its start-up: s/round leaves it out
         self.results.extra["resumed_after"] = [*res.get("resumed_after", []), r]
         for csv_path in sorted(self.results.dir.glob("*.csv")):
-            reliability.rewind_csv(csv_path, r)
+            checkpoints.rewind_csv(csv_path, r)
         self.results.status = "running"
         self.results.write_summary()
         if self.client_state_dir is not None:
-            reliability.restore_client_state(folder, self.client_state_dir)
+            checkpoints.restore_client_state(folder, self.client_state_dir)
         self.start_round = r + 1
         self._restored = True
         log(INFO, "[flower-pfl] resuming %s from the checkpoint after round %d (%s)",

@@ -7,24 +7,10 @@ same way; its clients fine-tune the global model before personalized evaluation.
 
 from __future__ import annotations
 
-from typing import Sequence
-
-import numpy as np
-
+from flower_pfl.algorithms.fedavg_math import weighted_average
 from flower_pfl.catalog import baselines as catalog
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
-
-
-def weighted_average(arrays: Sequence[Sequence[np.ndarray]], weights: Sequence[float]
-                     ) -> list[np.ndarray]:
-    """sum_i w_i * arrays_i / sum_i w_i, layer by layer (float64 accumulation)."""
-    w = np.asarray(weights, dtype=np.float64)
-    if w.sum() <= 0:
-        raise ValueError("weights must have a positive sum")
-    w = w / w.sum()
-    return [np.tensordot(w, np.stack([a[k] for a in arrays]).astype(np.float64), axes=1)
-            .astype(np.float32) for k in range(len(arrays[0]))]
 
 
 @strategy_for(catalog.FEDAVG)

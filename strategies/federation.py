@@ -128,7 +128,7 @@ class ClientStore:
     """All server-side per-client state, keyed by partition-id, in one checkpointable place.
 
     ``values[name][pid]`` holds scalars/arrays a strategy keeps per client (e.g. Self-FL's
-    sigma_m^2); strategies with a model per client keep a ``ModelMatrix`` in ``matrix``.
+    sigma_m^2); strategies with a model per client keep a ``ModelStore`` in ``matrix``.
     """
 
     def __init__(self, num_clients: int) -> None:

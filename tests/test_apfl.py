@@ -115,7 +115,7 @@ def test_round_two_trains_the_stored_v_not_a_copy_of_w(tmp_path):
 
     from flwr.common import parameters_to_ndarrays
 
-    from flower_pfl.clients.base import ClientState
+    from flower_pfl.clients.state import ClientState
 
     cfg = small_config(strategy="apfl", rounds=2, **TINY)
     s, proxies, before, ins, res = two_rounds(cfg, tmp_path)

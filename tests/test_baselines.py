@@ -145,7 +145,7 @@ def state_arrays(state, key, accepted_round: int = 10**9):
     are staged until the next message confirms the round: clients/base.py)."""
     import copy
 
-    from flower_pfl.clients.base import ClientState
+    from flower_pfl.clients.state import ClientState
 
     view = ClientState(copy.deepcopy(state))
     view.resolve(accepted_round)
@@ -155,7 +155,7 @@ def state_arrays(state, key, accepted_round: int = 10**9):
 def state_values(state, key, accepted_round: int = 10**9):
     import copy
 
-    from flower_pfl.clients.base import ClientState
+    from flower_pfl.clients.state import ClientState
 
     view = ClientState(copy.deepcopy(state))
     view.resolve(accepted_round)

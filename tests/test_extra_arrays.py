@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from flower_pfl import reliability
+from flower_pfl.reliability import uploads
 from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
@@ -101,7 +101,7 @@ def test_max_update_norm_bounds_self_fl_d_m_as_it_bounds_the_model(tmp_path):
 
 def test_layout_of_model_and_extra_parts():
     model = [np.zeros((2, 3), np.float32), np.zeros(3, np.float32)]
-    template = reliability.UploadTemplate(model, {"a": [np.zeros(4, np.float32)],
+    template = uploads.UploadTemplate(model, {"a": [np.zeros(4, np.float32)],
                                                   "b": model})
     upload = template.arrays
     assert len(upload) == 5
@@ -110,7 +110,7 @@ def test_layout_of_model_and_extra_parts():
     assert template.check(upload, 3) is None
     assert "wrong number of arrays: 4 (the model has 2 + 'a' 1 + 'b' 2)" in \
         template.check(upload[:4], 3)
-    text = reliability.describe_parts({"c": model})
-    assert text == "c:2" and reliability.parse_parts(text) == [("c", 2)]
-    got_model, extra = reliability.split_parts([*model, *model], reliability.parse_parts(text))
+    text = uploads.describe_parts({"c": model})
+    assert text == "c:2" and uploads.parse_parts(text) == [("c", 2)]
+    got_model, extra = uploads.split_parts([*model, *model], uploads.parse_parts(text))
     assert len(got_model) == 2 and len(extra["c"]) == 2

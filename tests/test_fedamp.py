@@ -17,7 +17,7 @@ from flower_pfl.algorithms.attention import (
     heurfedamp_weights,
 )
 from flower_pfl.algorithms.prox import prox_penalty
-from flower_pfl.learning.params import ModelMatrix
+from flower_pfl.model_store import ModelStore
 from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
@@ -88,7 +88,7 @@ def test_cloud_models_are_the_weighted_sums():
     rng = np.random.default_rng(5)
     ref = rng.standard_normal(50).astype(np.float32)
     w = ref + 0.1 * rng.standard_normal((3, 50)).astype(np.float32)
-    m = ModelMatrix(3, ref)
+    m = ModelStore(3, ref)
     m.update(range(3), w)
     xi = fedamp_weights(m.sq_distances([0, 2]), np.array([0, 2]), m.seen, 0.05, 0.1)
     u = m.combine(xi)

@@ -209,7 +209,7 @@ def _tiny_run(tmp_path, strategy, rounds=2, **hyper):
 
 
 def _personal(state):
-    from flower_pfl.clients.base import ClientState
+    from flower_pfl.clients.state import ClientState
 
     return ClientState(state).get_arrays("personal")
 
@@ -249,7 +249,7 @@ def test_each_prior_runs_and_differs_from_pfedme(prior, tmp_path):
     me, _ = _tiny_run(tmp_path / "me", "pfedme", rounds=1)
     # at the first round meg's memory term is w^(t-1) - theta = 0 at r = 1, but not after
     assert any(not np.array_equal(a, b) for a, b in zip(me.global_arrays, s.global_arrays))
-    from flower_pfl.clients.base import ClientState
+    from flower_pfl.clients.state import ClientState
 
     assert all(("pfedbred-w" in ClientState(st)) == (prior != "lg") for st in states.values())
 
@@ -257,8 +257,8 @@ def test_each_prior_runs_and_differs_from_pfedme(prior, tmp_path):
 def test_client_state_carries_theta_and_memory_across_rounds():
     from flwr.common import Context, RecordDict
 
-    from flower_pfl.clients.base import ClientState
     from flower_pfl.clients.pfedbred import PFedBreDClient
+    from flower_pfl.clients.state import ClientState
     from flower_pfl.learning.models import initial_arrays
 
     cfg = small_config(strategy="pfedbred", model="mclr", clients=4, **{

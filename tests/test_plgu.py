@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from flower_pfl.algorithms import plgu_math as pm
-from flower_pfl.clients.base import ClientState
+from flower_pfl.clients.state import ClientState
 from flower_pfl.learning import client_data
 from flower_pfl.learning.models import build_model, get_arrays, initial_arrays
 from flower_pfl.learning.training import TrainSpec, train, train_lwsam

@@ -23,9 +23,11 @@ import pytest
 import yaml
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from flower_pfl import reliability
-from flower_pfl.clients.base import ClientState, PFLClient
-from flower_pfl.reliability import check_update
+from flower_pfl.clients.base import PFLClient
+from flower_pfl.clients.state import ClientState
+from flower_pfl.reliability import checkpoints
+from flower_pfl.reliability.stop import clear_stop, request_stop
+from flower_pfl.reliability.upload_checks import check_update, flat
 from flower_pfl.running import inprocess
 from flower_pfl.strategies.base import RoundError
 from tests.conftest import small_config
@@ -58,7 +60,7 @@ def test_bad_upload_is_named(mutate, needle):
 
 
 def test_norm_bound_is_on_the_update_and_nan_metric_rejected():
-    sent = reliability.flat(_good())
+    sent = flat(_good())
     moved = [a + 1.0 for a in _good()]  # ||update|| = sqrt(8) = 2.83
     assert check_update(moved, 5, SHAPES, DTYPES, sent=sent, max_norm=3.0) is None
     assert "exceeds max-update-norm = 2" in check_update(moved, 5, SHAPES, DTYPES, sent=sent,
@@ -232,7 +234,7 @@ def test_inprocess_resume_equals_uninterrupted(strategy, model, tmp_path):
             raise Killed  # dies after round 3; the newest checkpoint holds round 2
     with pytest.raises(Killed):
         inprocess.run(cfg, part, client_state_dir=part / "client-state", on_round=kill)
-    assert reliability.latest_checkpoint(part).name == "round-000002"
+    assert checkpoints.latest_checkpoint(part).name == "round-000002"
     # fresh nodes: the personal state must come back from the checkpoint
     inprocess.run(cfg, part, client_state_dir=part / "client-state", resume=True)
     rounds = [int(r["round"]) for r in _read(part / "rounds.csv")]
@@ -253,7 +255,7 @@ def test_a_checkpoint_holds_the_named_state_only(tmp_path):
     def add_cache(s, r):  # an attribute no class names: a cache, say
         s.scratch_cache = np.ones(3)
     s = inprocess.run(cfg, tmp_path, on_round=add_cache)
-    state = reliability.read_checkpoint(reliability.latest_checkpoint(tmp_path))["strategy"]
+    state = checkpoints.read_checkpoint(checkpoints.latest_checkpoint(tmp_path))["strategy"]
     assert hasattr(s, "scratch_cache") and "scratch_cache" not in state
     assert set(state) == set(checkpointed_names(Scaffold))
     # the base's state and SCAFFOLD's own c; never the configuration or the connections
@@ -333,12 +335,12 @@ def test_stop_file_ends_the_run_after_its_round_and_resume_equals_uninterrupted(
 
     def stop(strategy_obj, r):
         if r == 2:  # `flower-pfl run` got SIGINT during round 2
-            reliability.request_stop(part)
+            request_stop(part)
     inprocess.run(cfg, part, client_state_dir=part / "client-state", on_round=stop)
     summary = json.loads((part / "summary.json").read_text())
     assert summary["status"] == "stopped" and [r["round"] for r in summary["rounds"]] == [1, 2]
-    assert reliability.latest_checkpoint(part).name == "round-000002"
-    reliability.clear_stop(part)  # as the launcher does before it starts a run
+    assert checkpoints.latest_checkpoint(part).name == "round-000002"
+    clear_stop(part)  # as the launcher does before it starts a run
     inprocess.run(cfg, part, client_state_dir=part / "client-state", resume=True)
     assert [int(r["round"]) for r in _read(part / "rounds.csv")] == [1, 2, 3]
     assert _read(part / "clients.csv") == _read(full / "clients.csv") or \
@@ -350,7 +352,7 @@ def test_a_finished_run_is_extended_and_its_first_rows_stay(tmp_path):
     short, longer = tmp_path / "short", tmp_path / "longer"
     inprocess.run(_lifecycle_cfg(rounds=2), short, client_state_dir=short / "client-state")
     first = _read(short / "clients.csv")
-    assert reliability.latest_checkpoint(short).name == "round-000002"  # the run's end
+    assert checkpoints.latest_checkpoint(short).name == "round-000002"  # the run's end
     inprocess.run(_lifecycle_cfg(rounds=4), short, client_state_dir=short / "client-state",
                   resume=True)
     rows = _read(short / "clients.csv")
@@ -368,7 +370,7 @@ def _checkpointed(tmp_path, cfg, done: int) -> Path:
     run = tmp_path / "run"
     state = {"version": 1, "round": done,
              "config": {"values": dict(cfg.values), "hyper": dict(cfg.hyper)}}
-    reliability.write_checkpoint(run, done, state)
+    checkpoints.write_checkpoint(run, done, state)
     return run
 
 
@@ -397,9 +399,9 @@ def test_resume_compares_with_the_runs_own_configuration(tmp_path):
 def test_config_differences_name_each_key_and_leave_the_free_ones_out():
     saved = {"rounds": 3, "seed": 0, "train.lr": 0.1, "output-dir": "a"}
     given = {"rounds": 9, "seed": 1, "train.lr": 0.1, "output-dir": "b", "extra": 1}
-    assert reliability.config_differences(saved, {"mu": 1.0, "k": 2}, given,
+    assert checkpoints.config_differences(saved, {"mu": 1.0, "k": 2}, given,
                                           {"mu": 1.0, "k": 3}) == ["extra", "seed", "hyper.k"]
-    assert reliability.config_differences(saved, {}, saved, {}) == []
+    assert checkpoints.config_differences(saved, {}, saved, {}) == []
 
 
 _SIGNALS_CHILD = """
@@ -577,11 +579,11 @@ def test_real_stop_in_round_2_resumes_to_the_uninterrupted_rows_and_extends(tmp_
 
     def stop_in_round_2(line: str) -> None:  # what the launcher does on SIGINT
         if "[ROUND 2]" in line:
-            reliability.request_stop(part)
+            request_stop(part)
     _real_run(path, part, shared_superlink, on_line=stop_in_round_2)
     summary = json.loads((part / "summary.json").read_text())
     assert summary["status"] == "stopped" and len(summary["rounds"]) == 2
-    assert reliability.latest_checkpoint(part).name == "round-000002"
+    assert checkpoints.latest_checkpoint(part).name == "round-000002"
     _real_run(path, part, shared_superlink, resume=True)
     assert _same_metrics(_read(part / "clients.csv"), _read(full / "clients.csv"))
     assert json.loads((part / "summary.json").read_text())["status"] == "completed"
@@ -596,7 +598,7 @@ def test_real_stop_in_round_2_resumes_to_the_uninterrupted_rows_and_extends(tmp_
 
 # ------------------------------------------------------------ bad input before training
 def test_unwritable_output_dir_is_named(tmp_path):
-    from flower_pfl.reliability import PreflightError, check_output_dir
+    from flower_pfl.reliability.preflight import PreflightError, check_output_dir
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -606,7 +608,7 @@ def test_unwritable_output_dir_is_named(tmp_path):
 
 def test_model_not_fitting_the_data_is_named(tmp_path, monkeypatch):
     from flower_pfl.learning import data
-    from flower_pfl.reliability import PreflightError, preflight
+    from flower_pfl.reliability.preflight import PreflightError, preflight
 
     cfg = small_config(model="mclr", **{"data.subsample": 2000})
     preflight(cfg, tmp_path / "ok")  # the real pairing passes

@@ -116,7 +116,7 @@ def test_client_steps_are_corrected_by_plus_c_minus_ci_by_hand():
     from flower_pfl.clients.scaffold import ScaffoldClient
     from flower_pfl.learning.models import initial_arrays
     from flower_pfl.learning.training import batches
-    from flower_pfl.reliability import EXTRA_ARRAYS, describe_parts
+    from flower_pfl.reliability.uploads import EXTRA_ARRAYS, describe_parts
     from tests.test_baselines import make_client
 
     lr, steps, size = 0.1, 3, 16

@@ -5,7 +5,7 @@ against all n stored clients) and a boolean ``peers`` mask over the n clients (t
 clients whose model the server holds).  They return a weight matrix ``Xi`` of shape
 (len(rows), n) whose rows sum to 1 and are zero outside ``peers`` and the client itself;
 the personalized cloud/intermediate models are then ``U = Xi @ W`` (one matmul, see
-:meth:`flower_pfl.learning.params.ModelMatrix.combine`).
+:meth:`flower_pfl.model_store.ModelStore.combine`).
 """
 
 from __future__ import annotations

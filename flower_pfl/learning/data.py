@@ -32,13 +32,15 @@ import hashlib
 import math
 import os
 import shutil
-import tempfile
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+
+from flower_pfl.atomic import atomic_write
 
 DEBIAN_FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -110,16 +112,12 @@ def _missing_raw(directory: Path, cache: Path) -> tuple[Path, Path, list[str]]:
 def _gunzip_raw(directory: Path, cache: Path) -> Path:
     root, target, missing = _missing_raw(directory, cache)
     for name in missing:
-        fd, tmp = tempfile.mkstemp(dir=target)
-        try:
-            with gzip.open(directory / f"{name}.gz", "rb") as src, \
-                    os.fdopen(fd, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+        try:  # atomic: concurrent Ray actors may race here
+            with gzip.open(directory / f"{name}.gz", "rb") as src:
+                atomic_write(target / name, partial(shutil.copyfileobj, src), mode="wb")
         except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
-            os.unlink(tmp)
             raise DataError(f"dataset file {directory / (name + '.gz')} is corrupt or "
                             f"truncated ({exc}); reinstall or re-download it") from exc
-        os.replace(tmp, target / name)  # atomic: concurrent Ray actors may race here
     return root
 
 
@@ -193,11 +191,8 @@ def load_pooled(dataset: str, root: str | None = None, cache_dir: str | None = N
         ys.append(np.asarray(part.targets, dtype=np.int64))
     pooled = (np.ascontiguousarray(np.concatenate(xs)), np.concatenate(ys))
     files["x"].parent.mkdir(parents=True, exist_ok=True)
-    for part, array in zip("xy", pooled):
-        fd, tmp = tempfile.mkstemp(dir=files[part].parent, suffix=".npy")
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, array)
-        os.replace(tmp, files[part])  # atomic: concurrent processes may race here
+    for part, array in zip("xy", pooled):  # atomic: concurrent processes may race here
+        atomic_write(files[part], partial(np.save, arr=array), mode="wb")
     del pooled, xs, parts
     _POOLED[key] = tuple(np.load(files[p], mmap_mode="r") for p in "xy")
     return _POOLED[key]

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from flower_pfl.atomic import atomic_write
 from flower_pfl.learning.data import DataError, default_cache_dir
 
 
@@ -197,11 +197,10 @@ def get_partition(cfg: Mapping[str, Any], labels: np.ndarray) -> Partition:
     else:
         part = make_partition(labels, cfg)
         cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".npz")
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, train=np.concatenate(part.train), test=np.concatenate(part.test),
-                     train_ends=np.cumsum([len(p) for p in part.train]),
-                     test_ends=np.cumsum([len(p) for p in part.test]))
-        os.replace(tmp, path)  # atomic: several Ray actors may build it at once
+        # atomic: several Ray actors may build it at once
+        atomic_write(path, partial(np.savez, train=np.concatenate(part.train),
+                                   test=np.concatenate(part.test),
+                                   train_ends=np.cumsum([len(p) for p in part.train]),
+                                   test_ends=np.cumsum([len(p) for p in part.test])), mode="wb")
     _PARTITIONS[key] = part
     return part

@@ -16,7 +16,7 @@ writes one folder per client, ``DIR/<partition-id>/``, holding
   for a human to read), ``shard-sha256`` (a checksum of ``shard.npz``) and ``command``
   (how the shard was made).
 
-Both files are written atomically (a temporary file, then ``os.replace``); the manifest
+Both files are written atomically (:func:`flower_pfl.atomic.atomic_write`); the manifest
 last, so a folder with a manifest always has a complete shard.
 
 A SuperNode started with ``--node-config 'data-root="<DIR>/<i>" ...'`` loads that shard
@@ -35,7 +35,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import zipfile
 from functools import partial
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from flower_pfl.atomic import atomic_write, atomic_write_text
 from flower_pfl.learning import data, partitions
 
 MANIFEST = "manifest.json"
@@ -67,24 +67,6 @@ def is_shard_folder(path: str | os.PathLike | None) -> bool:
 
 
 # ------------------------------------------------------------------------- writing
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode) as fh:
-            write(fh)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; shards are copied to other users
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _write_text(fh, text: str) -> None:
-    fh.write(text)
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -113,7 +95,7 @@ def write_shards(cfg: Mapping[str, Any], out_dir: str | os.PathLike, command: st
         folder = out / str(pid)
         folder.mkdir(parents=True, exist_ok=True)
         arrays = {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te]}
-        _atomic_write(folder / SHARD_FILE, partial(np.savez_compressed, **arrays))
+        atomic_write(folder / SHARD_FILE, partial(np.savez_compressed, **arrays), mode="wb")
         manifest = {
             "format": FORMAT,
             "partition-id": pid,
@@ -132,7 +114,7 @@ def write_shards(cfg: Mapping[str, Any], out_dir: str | os.PathLike, command: st
         }
         text = _HIST.sub(lambda m: "[" + " ".join(m.group(1).split()) + "]",
                          json.dumps(manifest, indent=2)) + "\n"  # a histogram on one line
-        _atomic_write(folder / MANIFEST, partial(_write_text, text=text), mode="w")
+        atomic_write_text(folder / MANIFEST, text)
         manifests.append(manifest)
         if on_shard is not None:
             on_shard(folder, manifest)

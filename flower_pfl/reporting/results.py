@@ -1,37 +1,26 @@
-"""Run results on disk: ``<output-dir>/<run-name>/``.
+"""A run's results folder, ``<output-dir>/<run-name>/`` (:func:`default_results_dir`).
 
 * ``config.json``   -- the validated configuration of the run
-* ``rounds.csv``    -- one row per evaluation round: statistics of the personalized (and,
-                       where the strategy has one, global) accuracies over ALL clients
-* ``clients.csv``   -- one row per client per evaluation round (with ``device``,
-                       ``gpu_name``, ``gpu_peak_mib`` of its last fit: flower_pfl.learning.devices;
+* ``rounds.csv``    -- a row per evaluation round: statistics of the personalized (and the
+                       global model's) metric over ALL clients
+* ``clients.csv``   -- a row per client per evaluation round (``device`` of its last fit;
                        ``trained`` 0 = never trained: its metric is the server's model)
-* ``fit.csv``       -- one row per accepted upload: round, partition-id, num-examples, the
-                       device it trained on (``device``; on CUDA ``gpu_name`` and
-                       ``gpu_peak_mib``) and the client's numeric fit metrics (train_loss,
-                       local_steps, APFL's alpha, SCAFFOLD's ci_norm, ...)
+* ``fit.csv``       -- a row per accepted upload (:meth:`ResultsWriter.log_fit`): round,
+                       partition-id, num-examples, the device it trained on, the client's
+                       numeric fit metrics; ``failures.csv`` a row per failed message
 * ``server.csv``    -- per-round server-side quantities a strategy logs (e.g. FedACS delta)
-* ``summary.json``  -- everything above plus BMTA, rewritten after every round so that a
-                       crash loses nothing already measured
-* ``<name>.npy/.png`` -- matrices a strategy saves (FedAMP attention, FedACS mask); the PNG
-                       orders clients by their true group where the partition has groups
-* ``curves.png``    -- accuracy vs round (personalized mean, worst-10%, top-10%; the global
-                       model's mean where there is one) beside the loss (train, test),
-                       written when the run ends
-* ``tensorboard/``  -- with ``tracking: tensorboard``: the same records as TensorBoard
-                       events (:mod:`flower_pfl.reporting.tracking`; the writer hands them over)
+* ``summary.json``  -- everything above plus BMTA, rewritten after every round
+* ``<name>.npy/.png``, ``curves.png``, ``tensorboard/`` -- a strategy's matrices, the
+                       run's curves, TensorBoard events (:mod:`flower_pfl.reporting.tracking`)
 
-Everything is appended/rewritten as it happens, not only at the end.
+Everything is appended/rewritten as it happens (a crash loses nothing already measured).
+Reading a run back: :func:`read_summary`, :func:`read_values`, :func:`read_rows`,
+:func:`run_metric`, :func:`client_failures`, beside the writer so both know one layout.
 
-Reading a run back (the bench, benchmark scripts, tests): :func:`read_summary`,
-:func:`read_values`, :func:`read_rows`, :func:`run_metric` and :func:`client_failures`,
-beside the writer so that both sides know one layout.
-
-What the per-client numbers are is decided in one place: :func:`metric_of` names the metric
-of a configuration (``accuracy``, or the synthetic task's ``mse``), :func:`lower_is_better`
-says which direction is better for a metric, :func:`run_metric` reads a finished run's metric
-back.  The strategy, the clients, this writer, the tracker, the consoles and the tables all
-ask these three and decide nothing themselves.
+The per-client metric is decided here only: :func:`metric_of` names it (``accuracy``, or
+the synthetic task's ``mse``), :func:`lower_is_better` its direction, :func:`run_metric`
+reads a finished run's.  BMTA = the best per-round mean so far (min for an error).
+Open choice: a CSV gains a column only by being rewritten with the union of the columns.
 """
 
 from __future__ import annotations
@@ -42,16 +31,28 @@ import json
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from flower_pfl.atomic import atomic_write_text
+from flower_pfl.learning import devices
 from flower_pfl.learning.metrics import STAT_KEYS, best_mean
 from flower_pfl.reporting import tracking
 
+if TYPE_CHECKING:
+    from flower_pfl.config import RunConfig
+
 #: statistics of the trained clients only in rounds.csv (``personal_trained_<key>``)
 TRAINED_KEYS = ("mean", "weighted_mean", "worst10_mean")
+
+
+def default_results_dir(cfg: RunConfig) -> Path:
+    """``<output-dir>/<run-name>`` (a run without a name: strategy, dataset, partition and
+    the start time); a relative output dir resolves against the cwd."""
+    name = cfg["run-name"] or (f"{cfg.strategy}-{cfg['data.dataset']}-{cfg['data.partition']}-"
+                               f"{time.strftime('%Y%m%d-%H%M%S')}")
+    return (Path(cfg["output-dir"]).expanduser().resolve() / name)
 
 
 class ResultsWriter:
@@ -126,8 +127,27 @@ class ResultsWriter:
     def log_table(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Append rows to ``<name>.csv`` (e.g. FedACS' peers per client per round)."""
         append_csv(self.dir / f"{name}.csv", rows)
-        if name == "fit" and self.tracker is not None:
+
+    def log_fit(self, server_round: int,
+                uploads: Sequence[tuple[int, int, Mapping[str, Any]]]) -> None:
+        """``fit.csv``: a row per accepted upload (partition-id, num_examples, metrics): the
+        device it trained on, then the client's numeric fit metrics."""
+        rows = [{"round": server_round, "partition-id": pid, "num-examples": num_examples,
+                 **devices.select(metrics),
+                 **{k: v for k, v in sorted(metrics.items())
+                    if k != "partition-id" and k not in devices.KEYS
+                    and isinstance(v, (int, float))}}
+                for pid, num_examples, metrics in uploads]
+        append_csv(self.dir / "fit.csv", rows)
+        if self.tracker is not None:
             self.tracker.fit(rows)
+
+    def log_failures(self, server_round: int, phase: str,
+                     failures: Sequence[tuple[int, str]]) -> None:
+        """``failures.csv``: a row per (partition-id, reason) of a failed ``phase`` message."""
+        append_csv(self.dir / "failures.csv", [{"round": server_round, "phase": phase,
+                                                "partition-id": pid, "reason": reason}
+                                               for pid, reason in failures])
 
     def save_matrix(self, name: str, matrix: np.ndarray, labels: Sequence[int] | None = None
                     ) -> None:

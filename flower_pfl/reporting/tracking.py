@@ -1,8 +1,8 @@
 """Experiment tracking: a run's per-round numbers as TensorBoard event files.
 
 ``tracking: tensorboard`` in the run YAML (or ``flower-pfl run --tensorboard DIR``) makes
-the run's :class:`~flower_pfl.reporting.results.ResultsWriter` -- in the ServerApp process, where
-rounds are recorded -- hand every record to a :class:`TensorBoardTracker` as well:
+the run's :class:`~flower_pfl.reporting.results.ResultsWriter` -- in the ServerApp process,
+where rounds are recorded -- hand every record to a :class:`TensorBoardTracker` as well:
 
 * per evaluated round (step = the round): ``personalized/mean``, ``/weighted_mean``,
   ``/worst10``, ``/top10``, ``/worst5``, ``/std``, ``/best_mean`` (BMTA so far) and the
@@ -11,23 +11,16 @@ rounds are recorded -- hand every record to a :class:`TensorBoardTracker` as wel
   ``clients/personalized_<metric>`` (and ``clients/global_<metric>``) of the per-client
   numbers;
 * per trained round: ``loss/train`` (mean of the clients' ``train_loss``) and every numeric
-  measure the strategy wrote to ``server.csv`` under ``server/`` (FedACS' delta, FedAMP's
-  attention statistics, seconds, peak memory, ...).
+  measure the strategy wrote to ``server.csv`` under ``server/``.
 
 One run per folder: ``<results>/tensorboard`` by default, ``<tracking-dir>/<run name>``
-with ``tracking-dir`` (a bench cell: ``<tracking-dir>/<setting>/<strategy>/seed-<s>``), so
-``tensorboard --logdir <tracking-dir>`` (or ``--logdir outputs``) shows runs side by
-side.  A resumed run purges the rounds it repeats (the writer's ``purge_step`` is the
-first round it records).
+with ``tracking-dir`` (a bench cell: ``<tracking-dir>/<setting>/<strategy>/seed-<s>``).  A
+resumed run purges the rounds it repeats (the writer's ``purge_step``).  TensorBoard is an
+optional dependency (``flower-pfl[tensorboard]``; :func:`require` names the extra before
+anything starts); ``wandb sync <event folder>`` uploads the events to W&B.
 
-TensorBoard is an optional dependency (``pip install 'flower-pfl[tensorboard]'``);
-:func:`require` names that extra before anything starts.  W&B: not a dependency --
-``wandb sync <event folder>`` uploads these event files (README, "Console and
-TensorBoard").
-
-Choices left open: accuracies are logged as fractions, as rounds.csv holds them (the
-event values equal rounds.csv's to float32 precision); NaN measures (e.g. FedACS'
-selection share in round 1) are skipped, not logged.
+Choices left open: accuracies are logged as fractions, as rounds.csv holds them (equal to
+float32 precision); NaN measures (e.g. FedACS' selection share in round 1) are skipped.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ FINAL status (:func:`flower_pfl.running.procs.flwr_run`: ``flwr run --stream`` e
 the run failed) and stops every process it started -- SuperLink, SuperExec, ServerApp,
 Ray -- by PID, also on failure or Ctrl-C.  :func:`resume_config` rebuilds the configuration
 of a run to resume from its checkpoint (only the keys that cannot change its past,
-:data:`flower_pfl.reliability.RESUME_FREE_KEYS`, may differ: ``rounds`` extends it).
+:data:`flower_pfl.reliability.checkpoints.RESUME_FREE_KEYS`, may differ: ``rounds`` extends it).
 The command line: :mod:`flower_pfl.cli`; what it prints while a run goes (it passes
 ``echo=False`` and its console's ``on_line``): :mod:`flower_pfl.reporting.console`.
 """
@@ -82,10 +82,10 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
     included, a shared one not).
     Raises LaunchError if the run did not reach ``finished:completed``.
     """
-    from flower_pfl import reliability
+    from flower_pfl.reliability import stop
 
     results_dir.mkdir(parents=True, exist_ok=True)
-    reliability.clear_stop(results_dir)  # a stop asked of an earlier run of this folder
+    stop.clear_stop(results_dir)  # a stop asked of an earlier run of this folder
     workdir = Path(tempfile.mkdtemp(prefix="flower-pfl-"))
     run_config = {
         "config-file": str(config_path.resolve()), "overrides": " ".join(overrides),
@@ -110,7 +110,7 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
                 append=resume)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        reliability.clear_stop(results_dir)  # asked of this run: answered or moot now
+        stop.clear_stop(results_dir)  # asked of this run: answered or moot now
     return RunOutcome(outcome.status, outcome.run_id, set(procs.known) - before)
 
 
@@ -132,32 +132,32 @@ def resume_config(results_dir: Path, config_path: Path | None = None,
     """The configuration to continue a results folder with, as a YAML file the ServerApp
     reads (``<results>/resume.yaml``): the run's OWN configuration (saved in its newest
     checkpoint) with ``overrides`` applied -- or ``config_path`` with ``overrides`` where
-    a file is named.  Only :data:`flower_pfl.reliability.RESUME_FREE_KEYS` may differ
+    a file is named.  Only :data:`flower_pfl.reliability.checkpoints.RESUME_FREE_KEYS` may differ
     from the saved configuration (``--set rounds=N`` extends a run); a ConfigError names
     every other key that does.  AlreadyCompleted where the checkpoint is the run's last
     round and ``rounds`` is not raised."""
     import yaml
 
-    from flower_pfl import reliability
+    from flower_pfl.reliability import checkpoints
 
-    folder = reliability.latest_checkpoint(results_dir)
+    folder = checkpoints.latest_checkpoint(results_dir)
     if folder is None:
         raise config_mod.ConfigError(
             f"--resume {results_dir}: no checkpoint there (a run writes one every "
             f"'checkpoint-every' rounds, when it is stopped and when it ends; none with "
             f"checkpoint-every 0)")
-    state = reliability.read_checkpoint(folder)
+    state = checkpoints.read_checkpoint(folder)
     saved, done = state["config"], int(state["round"])
     own = results_dir / "resume.yaml"
     own.write_text(yaml.safe_dump(config_tree(saved["values"], saved["hyper"]), sort_keys=True))
     cfg = config_mod.load(config_path or own, list(overrides) or None)
-    diff = reliability.config_differences(saved["values"], saved["hyper"], cfg.values,
+    diff = checkpoints.config_differences(saved["values"], saved["hyper"], cfg.values,
                                           cfg.hyper)
     if diff:
         raise config_mod.ConfigError(
             f"--resume {results_dir}: {', '.join(diff)} differ(s) from the run's own "
             f"configuration; a resumed run may change only "
-            f"{', '.join(reliability.RESUME_FREE_KEYS)} (start a new run to change the rest)")
+            f"{', '.join(checkpoints.RESUME_FREE_KEYS)} (start a new run to change the rest)")
     if done >= int(cfg["rounds"]):
         if done == int(saved["values"]["rounds"]) == int(cfg["rounds"]):
             raise AlreadyCompleted(f"{results_dir} has completed all its {done} round(s); "

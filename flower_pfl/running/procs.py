@@ -166,7 +166,7 @@ def flwr_env(flwr_home: Path, port: int) -> dict:
     env.setdefault("RAY_DEDUP_LOGS", "0")
     # The simulation process runs the ServerApp (numpy math on the model matrix) while Ray
     # starts in the same process; OpenBLAS's own thread pool there was seen spinning forever
-    # in exec_blas (issue 15: ModelMatrix.__init__'s np.dot). One BLAS thread per process
+    # in exec_blas (under the model store's np.dot). One BLAS thread per process
     # removes that pool (exec_blas is not used single-threaded); torch keeps its own threads
     # (client-resources.num-cpus). Set OPENBLAS_NUM_THREADS yourself to override.
     env.setdefault("OPENBLAS_NUM_THREADS", "1")

@@ -8,38 +8,20 @@
     flower-pfl submit    --superlink HOST:PORT --ca ca.crt [--config FILE] [--set k=v ...]
                          [--results DIR]
 
-``superlink`` (server machine) starts Flower's SuperLink with TLS (``DIR/ca.crt``,
-``server.pem``, ``server.key``) and SuperNode authentication, registers the given
-SuperNodes' public keys (a key's name is its file name without ``.pub``), keeps its
-state in ``--workdir`` (``superlink.db``: registered keys and runs survive a restart;
-``superlink.log``; ``flwr-home/config.toml``, a ``flwr`` connection named ``site``) and
-runs until Ctrl-C/SIGTERM, then stops everything it started by PID.
+``superlink`` (server machine): Flower's SuperLink with TLS and SuperNode authentication,
+the given public keys registered (a key's name is its file name), its state in
+``--workdir`` (registered keys and runs survive a restart); stops what it started by PID.
+``supernode`` (each client machine): Flower's SuperNode for one client, its
+``--node-config`` built here with resolved paths; a shard folder's partition-id and
+``num-partitions`` checked against its manifest before anything starts; ``--gpu`` sets
+``CUDA_VISIBLE_DEVICES``.  A refused activation is an unregistered key (said, exit 1) or
+the SuperLink still counting this node online after a crash (retried quietly for up to
+``--rejoin-wait`` s): :func:`deploy.key_registered` tells them apart.  ``submit`` (server
+machine, where the results are written): ``flwr run`` with the YAML, its log streamed,
+exit 1 unless the run ends ``completed``; Ctrl-C stops the run on the SuperLink too.
 
-``supernode`` (each client machine) starts Flower's SuperNode for one client: the
-``--node-config`` (``partition-id``, ``num-partitions``, ``data-root``, ``state-dir``) is
-built here, paths resolved (Flower keeps them as typed and the ClientApp runs in another
-directory). With ``--data`` a shard folder (``flower-pfl partition``), the partition-id
-is checked against the shard's manifest and ``num-partitions`` read from it before
-anything starts; the run's data settings are checked when the first message arrives
-(a mismatch fails that client's messages with the reason, in this log and the server's
-``failures.csv``). ``--gpu`` sets ``CUDA_VISIBLE_DEVICES`` (refused without CUDA). It
-prints what it starts and, once the SuperLink has accepted it, the node id it got; a
-failed message is one line (:class:`NodeConsole`; Flower's traceback goes to the log,
-``--log``, default ``<state-dir>/supernode.log``). A refused activation has two causes
-Flower's SuperNode cannot tell apart: an unregistered key, or the SuperLink still counting
-this node online (after a crash, until the old one has missed two heartbeats: up to a
-minute). ``supernode`` asks the SuperLink which (:func:`deploy.key_registered`): an
-unregistered key is said so with how to register it (exit 1); otherwise it says so once
-and tries again quietly every few seconds, for up to ``--rejoin-wait`` seconds.
-
-``submit`` (server machine: the ServerApp writes the results there) writes a ``flwr``
-connection, runs ``flwr run`` with the YAML, streams the log and checks that the run
-finished ``completed`` (exit 1 otherwise); Ctrl-C stops the run on the SuperLink too.
-
-Logs never hold Flower's colour codes; our stdout keeps them only on a terminal.
-
-Exit status: 0 done; 1 failed (the reason printed); 2 bad arguments, nothing started;
-128+N stopped by signal N.
+Logs hold no colour codes.  Exit status: 0 done; 1 failed (the reason printed); 2 bad
+arguments, nothing started; 128+N stopped by signal N.
 """
 
 from __future__ import annotations
@@ -517,7 +499,7 @@ def supernode_main(argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------- submit
 def submit_main(argv: Sequence[str]) -> int:
     from flower_pfl import config as config_mod
-    from flower_pfl.strategies.base import default_results_dir
+    from flower_pfl.reporting.results import default_results_dir
 
     p = argparse.ArgumentParser(prog="flower-pfl submit", description="Run a YAML on a "
                                 "running SuperLink and check that it completed.")
