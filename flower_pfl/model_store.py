@@ -50,6 +50,10 @@ MIN_BLOCK_BYTES = 64 * 1024
 MAX_BLOCK_BYTES = 512 * 2**20
 ROW_BLOCK = 1024  # rows per block of the (rows x cols) pairwise quantities
 F16_TOP = 32768.0  # a float16 row's largest |value| is stored as this
+#: row numbers (the clients'), as a list or an integer array
+Rows = Sequence[int] | np.ndarray
+#: (row numbers r, column numbers c, their block g of the centred Gram) -> the pairwise values
+Fill = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 class StaleGramError(RuntimeError):
@@ -172,14 +176,14 @@ class ModelStore:
             self.scale[i] = top / F16_TOP if top > 0 else 1.0
             centred = (centred / self.scale[i]).astype(np.float16)
         if isinstance(self.rows, DiskRows):
-            self.crc[i] = zlib.crc32(np.ascontiguousarray(centred))
+            self.crc[i] = zlib.crc32(np.ascontiguousarray(centred).data)
         self.rows.write(i, centred)
         if not self.dirty[i]:
             self.dirty_order.append(int(i))
         self.seen[i] = self.dirty[i] = True
         self.row_round[i] = server_round
 
-    def update(self, rows: Sequence[int], vectors: np.ndarray, server_round: int = 0) -> None:
+    def update(self, rows: Rows, vectors: np.ndarray, server_round: int = 0) -> None:
         """Replace the models of ``rows``; refresh only their Gram rows/columns."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(np.unique(rows)) != len(rows):
@@ -270,7 +274,7 @@ class ModelStore:
             raise StaleGramError(f"model store: row(s) {np.flatnonzero(self.dirty)[:10].tolist()}"
                                  f" were written but their Gram rows were not refreshed")
 
-    def _pairwise(self, rows, cols, fill: Callable) -> np.ndarray:
+    def _pairwise(self, rows: Rows | None, cols: Rows | None, fill: Fill) -> np.ndarray:
         """(rows x cols) float64 filled ROW_BLOCK rows at a time by ``fill(r, c, g)``."""
         self._fresh()
         rows = np.arange(self.num_rows) if rows is None else np.asarray(rows, dtype=np.int64)
@@ -282,11 +286,11 @@ class ModelStore:
             out[k:k + ROW_BLOCK] = fill(r, cols, g)
         return out
 
-    def sq_distances(self, rows=None, cols=None) -> np.ndarray:
+    def sq_distances(self, rows: Rows | None = None, cols: Rows | None = None) -> np.ndarray:
         """``||w_i - w_j||^2`` for i in ``rows``, j in ``cols`` (all if None); >= 0."""
         diag = np.diagonal(self.gram_c).astype(np.float64)
 
-        def fill(r, c, g):
+        def fill(r: np.ndarray, c: np.ndarray, g: np.ndarray) -> np.ndarray:
             d = diag[r, None] + diag[None, c] - 2.0 * g
             d[r[:, None] == c[None, :]] = 0.0
             return np.maximum(d, 0.0)
@@ -297,17 +301,17 @@ class ModelStore:
         self._fresh()
         return np.sqrt(np.maximum(np.diagonal(self.gram_c).astype(np.float64), 0.0))
 
-    def raw_gram(self, rows=None, cols=None) -> np.ndarray:
+    def raw_gram(self, rows: Rows | None = None, cols: Rows | None = None) -> np.ndarray:
         """``<w_i, w_j>`` of the uncentred models, float64."""
         return self._pairwise(rows, cols, lambda r, c, g: g + self.cross[r, None]
                               + self.cross[None, c] + self.ref_sq)
 
-    def cosine(self, rows=None, cols=None) -> np.ndarray:
+    def cosine(self, rows: Rows | None = None, cols: Rows | None = None) -> np.ndarray:
         """Cosine similarity of the uncentred models, rows x cols."""
         norms_sq = np.diagonal(self.gram_c).astype(np.float64) + 2 * self.cross + self.ref_sq
         norms = np.sqrt(np.maximum(norms_sq, 1e-30))
 
-        def fill(r, c, g):
+        def fill(r: np.ndarray, c: np.ndarray, g: np.ndarray) -> np.ndarray:
             raw = g + self.cross[r, None] + self.cross[None, c] + self.ref_sq
             return np.clip(raw / (norms[r, None] * norms[None, c]), -1.0, 1.0)
         return self._pairwise(rows, cols, fill)
@@ -334,7 +338,9 @@ class ModelStore:
 
     def combine(self, weights: np.ndarray) -> np.ndarray:
         """``weights @ W`` for a (m, n) weight matrix over all rows -> (m, d) float32."""
-        return self.combine_rows(weights).rows.data
+        rows = self.combine_rows(weights).rows
+        assert isinstance(rows, MemoryRows)  # no scratch folder: the rows are in memory
+        return rows.data
 
     def rows_per_output(self) -> int:
         """How many float32 model rows fit the plan's output share (blocks of clients)."""
@@ -358,7 +364,7 @@ class ModelStore:
         if folder is not None and (Path(folder) / self.rows.path.name).is_file():
             self.folder, self.rows.path = Path(folder), Path(folder) / self.rows.path.name
         bad = [int(i) for i in np.flatnonzero(self.seen) if verify
-               and zlib.crc32(self.rows.read(int(i))) != int(self.crc[i])]
+               and zlib.crc32(self.rows.read(int(i)).data) != int(self.crc[i])]
         if bad:
             raise StoreFileError(f"model store file {self.rows.path}: row(s) {bad[:10]} do not "
                                  f"hold what the checkpoint recorded (CRC-32); the file was "

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, overload
 
 import numpy as np
 
@@ -25,9 +25,14 @@ import numpy as np
 class Plan(Protocol):
     """What a :class:`RowMatrix` reads of :class:`flower_pfl.model_store.Plan`."""
 
-    backend: str
-    block_bytes: int
-    output_bytes: int
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def block_bytes(self) -> int: ...
+
+    @property
+    def output_bytes(self) -> int: ...
 
 
 class StoreFileError(RuntimeError):
@@ -83,8 +88,9 @@ class DiskRows:
         return {k: v for k, v in vars(self).items() if k not in ("_fd", "_free", "pins")}
 
     def __del__(self) -> None:
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _fd=None, _free=None, pins=[state["slot"].copy()])
@@ -112,13 +118,13 @@ class DiskRows:
         if s < 0 or any(int(p[i]) == s for p in self.pins):
             s = self._take_slot()  # copy on write: a checkpoint's slot keeps its row
             self.slot[i] = s
-        buf = memoryview(np.ascontiguousarray(values, dtype=self.dtype)).cast("B")
+        buf = np.ascontiguousarray(values, dtype=self.dtype).data.cast("B")
         done = 0
         while done < len(buf):
             done += os.pwrite(fd, buf[done:], s * self.row_bytes + done)
 
     def _read_into(self, out: np.ndarray, offset: int) -> None:
-        got = os.preadv(self.fd(), [memoryview(out).cast("B")], offset)
+        got = os.preadv(self.fd(), [out.data.cast("B")], offset)
         if got != out.nbytes:
             raise StoreFileError(f"model store file {self.path} is truncated (read {got} of "
                                  f"{out.nbytes} bytes at offset {offset})")
@@ -136,7 +142,7 @@ class DiskRows:
     def write_block(self, c0: int, c1: int, block: np.ndarray) -> None:
         fd, offset = self.fd(), c0 * self.dtype.itemsize
         for k in range(block.shape[0]):
-            buf = memoryview(np.ascontiguousarray(block[k], dtype=self.dtype)).cast("B")
+            buf = np.ascontiguousarray(block[k], dtype=self.dtype).data.cast("B")
             done = 0
             while done < len(buf):
                 done += os.pwrite(fd, buf[done:], int(self.slot[k]) * self.row_bytes + offset
@@ -173,6 +179,7 @@ class RowMatrix:
             if big and scratch is not None and data is None
             else MemoryRows(num_rows, dim, np.float32))
         if data is not None:
+            assert isinstance(self.rows, MemoryRows)  # data given: the rows are in memory
             self.rows.data = np.asarray(data, dtype=np.float32).reshape(self.shape)
 
     def write(self, k: int, vector: np.ndarray) -> None:
@@ -209,7 +216,7 @@ def column_blocks(source: MemoryRows | DiskRows, rows: np.ndarray, dim: int, wid
         yield c0, c1, view
 
 
-class LazyArrays(Sequence):
+class LazyArrays(Sequence[np.ndarray]):
     """A client's upload kept serialised, each array decoded when it is read: a round's
     uploads are then held once (as the transport's bytes), not a second time decoded."""
 
@@ -219,7 +226,13 @@ class LazyArrays(Sequence):
     def __len__(self) -> int:
         return len(self.blobs)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
         if isinstance(i, slice):
             return [self.decode(b) for b in self.blobs[i]]
         return self.decode(self.blobs[i])

@@ -51,7 +51,8 @@ def fedamp_weights(sq_dist: np.ndarray, self_idx: np.ndarray, peers: np.ndarray,
     return _fedamp_finish(xi, others, self_idx, sq_dist, alpha_k, sigma)
 
 
-def _fedamp_finish(xi, others, self_idx, sq_dist, alpha_k, sigma) -> np.ndarray:
+def _fedamp_finish(xi: np.ndarray, others: np.ndarray, self_idx: np.ndarray,
+                   sq_dist: np.ndarray, alpha_k: float, sigma: float) -> np.ndarray:
     off = xi.sum(axis=1)
     if others.any() and not (xi[others] > 0).any():
         raise DegenerateAttention(

@@ -119,11 +119,11 @@ def apfl_step(model_w: nn.Module, model_v: nn.Module, alpha: float, xb: torch.Te
     loss_mix = loss_fn(mixture_forward(model_v, v_params, w_now, a, xb), yb)
     wrt = v_params + ([a] if adapt_alpha else [])
     grads = torch.autograd.grad(loss_mix, wrt)
-    with torch.no_grad():
+    with torch.no_grad():  # (sub_: what -= calls; mypy types a Parameter's -= as a Tensor)
         for p, g in zip(model_w.parameters(), grads_w):
-            p -= lr * g
+            p.sub_(lr * g)
         for p, g in zip(v_params, grads[:len(v_params)]):
-            p -= lr * g
+            p.sub_(lr * g)
     if adapt_alpha:
         alpha = float(min(1.0, max(0.0, alpha - alpha_lr * float(grads[-1]))))
     return alpha, float(loss_w.detach()), float(loss_mix.detach())
@@ -165,13 +165,14 @@ def perfedavg_direction(model: nn.Module, batches: Sequence[tuple[torch.Tensor, 
     return [g - alpha * h for g, h in zip(g_out, hv)], loss_in
 
 
-def perfedavg_step(model: nn.Module, batches, alpha: float, beta: float, variant: str,
-                   loss_fn: LossFn, delta: float = 1e-3) -> float:
+def perfedavg_step(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                   alpha: float, beta: float, variant: str, loss_fn: LossFn,
+                   delta: float = 1e-3) -> float:
     """w <- w - beta * meta-gradient, in place; returns the inner-batch loss."""
     direction, loss = perfedavg_direction(model, batches, alpha, variant, loss_fn, delta)
     with torch.no_grad():
         for p, d in zip(model.parameters(), direction):
-            p -= beta * d
+            p.sub_(beta * d)
     return loss
 
 

@@ -69,11 +69,12 @@ from torch.nn import functional as F
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _flat(arrays) -> np.ndarray:
+def _flat(arrays: Iterable[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
 
 
-def layer_distances(personal: Sequence[Sequence], reference: Sequence[Sequence]) -> np.ndarray:
+def layer_distances(personal: Sequence[Sequence[np.ndarray]],
+                    reference: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
     """Eq. 6 before normalization: ||theta_l - w_l|| / dim(w_l) for each layer l.
 
     ``personal[l]`` and ``reference[l]`` are the arrays of layer l (weight, bias, ...)."""
@@ -86,7 +87,8 @@ def layer_distances(personal: Sequence[Sequence], reference: Sequence[Sequence])
     return out
 
 
-def layer_scores(personal: Sequence[Sequence], reference: Sequence[Sequence]) -> np.ndarray:
+def layer_scores(personal: Sequence[Sequence[np.ndarray]],
+                 reference: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
     """Eq. 6 / eq. 10: xi_l normalized to sum 1 (uniform when every distance is 0)."""
     d = layer_distances(personal, reference)
     total = d.sum()
@@ -124,7 +126,8 @@ def lwsam_perturbation(grads: Sequence[torch.Tensor], scales: Sequence[float], r
         raise ValueError(f"{len(grads)} gradients vs {len(scales)} scales")
     if not grads:
         return []
-    norm = torch.sqrt(sum(((g.detach().double() * float(s)) ** 2).sum()
+    # (arg-type: grads is not empty, so the sum is a Tensor, never sum()'s start 0)
+    norm = torch.sqrt(sum(((g.detach().double() * float(s)) ** 2).sum()  # type: ignore[arg-type]
                           for g, s in zip(grads, scales)))
     if rho == 0 or float(norm) == 0.0:
         return [torch.zeros_like(g) for g in grads]

@@ -62,7 +62,8 @@ def add_prox_grad_(params: Sequence[torch.Tensor], center: Sequence[torch.Tensor
             kept = [i for i, g in enumerate(grads) if g is not None]
             grads, diff = [grads[i] for i in kept], [diff[i] for i in kept]
     if grads:
-        torch._foreach_add_(list(grads), diff)  # data + prox: one addition, as the engine's
+        # (arg-type: the None gradients were dropped above; mypy still sees Tensor | None)
+        torch._foreach_add_(list(grads), diff)  # type: ignore[arg-type]  # data + prox
     return out
 
 

@@ -317,4 +317,5 @@ class Welford:
         """Trace of the sample covariance (ddof = 1); NaN before two observations."""
         if self.count < 2:
             return float("nan")
+        assert self.m2 is not None  # count >= 2: add() has set it
         return float(self.m2.sum() / (self.count - 1))

@@ -36,7 +36,7 @@ import zlib
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -66,7 +66,7 @@ def default_cache_dir() -> Path:
 
 
 # --------------------------------------------------------------------------- loading
-_POOLED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_POOLED: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
 
 
 def clear_cache() -> None:
@@ -75,7 +75,7 @@ def clear_cache() -> None:
     _POOLED.clear()
 
 
-def _prepare_fmnist_raw(root: Path, cache: Path) -> Path:
+def _prepare_fmnist_raw(root: Path | None, cache: Path) -> Path:
     """Return a torchvision root whose FashionMNIST/raw holds the four un-gzipped IDX files.
 
     Looks in ``root`` if given (never elsewhere: a ``data.root`` or node ``data-root``
@@ -198,7 +198,7 @@ def load_pooled(dataset: str, root: str | None = None, cache_dir: str | None = N
     return _POOLED[key]
 
 
-def _download(cls, root: Path, dataset: str) -> list:
+def _download(cls: Callable[..., Any], root: Path, dataset: str) -> list[Any]:
     try:
         return [cls(str(root), train=t, download=True) for t in (True, False)]
     except Exception as exc:  # URLError, RuntimeError, ... all mean the same to a user
@@ -240,7 +240,11 @@ class ClientData:
         return int(self.y_test.shape[0])
 
 
-def to_tensor(x: np.ndarray, dataset: str):
+if TYPE_CHECKING:  # (imported where data is needed: torch is a heavy import)
+    import torch
+
+
+def to_tensor(x: np.ndarray, dataset: str) -> torch.Tensor:
     """uint8 images ``(N, C, H, W)`` as float tensors normalised with ``dataset``'s mean/std."""
     import torch
 
@@ -289,7 +293,7 @@ class NormalizedImages:
     def shape(self) -> tuple[int, ...]:
         return (len(self.rows), *self.pooled.shape[1:])
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: torch.Tensor | np.ndarray | slice | int) -> torch.Tensor:
         import torch
 
         if isinstance(key, torch.Tensor):
@@ -299,7 +303,7 @@ class NormalizedImages:
             return torch.from_numpy(self.table[0].take(images))
         return torch.from_numpy(self.table[self.channel, images])
 
-    def tensor(self):
+    def tensor(self) -> torch.Tensor:
         """All of them as one float32 tensor (a copy)."""
         return self[:]
 

@@ -20,7 +20,10 @@ No Flower import; torch only inside the client-side functions.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:  # torch only inside the client-side functions (above)
+    import torch
 
 DEVICE = "device"
 GPU_NAME = "gpu_name"
@@ -49,7 +52,7 @@ def device_metrics(device: Any, gpu_name: str | None = None,
     return out
 
 
-def _cuda(device) -> Any:
+def _cuda(device: str | torch.device) -> torch.device | None:
     """``device`` as a ``torch.device`` with an index when it is a usable CUDA device
     (a bare ``cuda`` gets the current device's index), else None."""
     import torch
@@ -62,7 +65,7 @@ def _cuda(device) -> Any:
     return device
 
 
-def start_fit(device) -> None:
+def start_fit(device: str | torch.device) -> None:
     """Reset the peak-memory counter of ``device`` (CUDA only) before a fit."""
     cuda = _cuda(device)
     if cuda is not None:
@@ -71,7 +74,7 @@ def start_fit(device) -> None:
         torch.cuda.reset_peak_memory_stats(cuda)
 
 
-def fit_report(device, peak: bool = True) -> dict[str, str | float]:
+def fit_report(device: str | torch.device, peak: bool = True) -> dict[str, str | float]:
     """:func:`device_metrics` of ``device`` now: on CUDA its name and (``peak``) the peak
     memory allocated since :func:`start_fit`."""
     import torch

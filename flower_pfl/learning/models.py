@@ -23,7 +23,7 @@ resnet18   41   net.conv1, net.bn1, then per block conv1, bn1, conv2, bn2
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -150,7 +150,7 @@ def set_arrays(model: nn.Module, arrays: Sequence[np.ndarray]) -> None:
             tensor.copy_(torch.as_tensor(np.asarray(array), dtype=tensor.dtype))
 
 
-def layer_groups(model: nn.Module) -> list[tuple[str, list[int]]]:
+def layer_groups(model: NamedLayers) -> list[tuple[str, list[int]]]:
     """``[(layer name, [indices into get_arrays(model)])]`` in ``layer_names()`` order.
 
     A layer's arrays are the float state_dict entries directly owned by that module
@@ -158,7 +158,7 @@ def layer_groups(model: nn.Module) -> list[tuple[str, list[int]]]:
     """
     keys = [k for k, _ in _float_items(model)]
     groups = []
-    for name in model.layer_names():  # type: ignore[attr-defined]
+    for name in model.layer_names():
         prefix = f"{name}." if name else ""
         idx = [i for i, k in enumerate(keys) if k.startswith(prefix) and "." not in k[len(prefix):]]
         if not idx and name in keys:  # a parameter registered on the root (ScalarModel)
@@ -175,7 +175,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def model_for(cfg) -> NamedLayers:
+def model_for(cfg: Mapping[str, Any]) -> NamedLayers:
     """The configured model with the run's seeded initial weights."""
     from flower_pfl.learning.data import NUM_CLASSES, input_shape
 
@@ -185,6 +185,6 @@ def model_for(cfg) -> NamedLayers:
     return build_model(cfg["model"], input_shape(dataset), NUM_CLASSES[dataset], cfg["seed"])
 
 
-def initial_arrays(cfg) -> list[np.ndarray]:
+def initial_arrays(cfg: Mapping[str, Any]) -> list[np.ndarray]:
     """The initial global model every client starts from (same on server and clients)."""
     return get_arrays(model_for(cfg))

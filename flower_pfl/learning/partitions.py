@@ -78,7 +78,8 @@ def group_of_clients(num_clients: int, num_groups: int) -> np.ndarray:
                            enumerate(np.array_split(np.arange(num_clients), num_groups))])
 
 
-def _draw(pools: dict, classes: np.ndarray, count: int, rng: np.random.Generator) -> list[int]:
+def _draw(pools: dict[int, list[int]], classes: np.ndarray, count: int,
+          rng: np.random.Generator) -> list[int]:
     """Draw ``count`` samples uniformly over ``classes`` (round-robin on a random class order)."""
     if count <= 0 or len(classes) == 0:
         return []

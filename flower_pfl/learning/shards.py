@@ -61,9 +61,11 @@ def settings_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {k: cfg[k] for k in partitions.PARTITION_KEYS}
 
 
-def is_shard_folder(path: str | os.PathLike | None) -> bool:
+def is_shard_folder(path: str | os.PathLike[str] | None) -> bool:
     """Whether ``path`` is a folder holding a shard's ``manifest.json``."""
-    return bool(path) and (Path(path).expanduser() / MANIFEST).is_file()
+    if not path:
+        return False
+    return (Path(path).expanduser() / MANIFEST).is_file()
 
 
 # ------------------------------------------------------------------------- writing
@@ -75,8 +77,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_shards(cfg: Mapping[str, Any], out_dir: str | os.PathLike, command: str = "",
-                 on_shard: Callable[[Path, dict], None] | None = None) -> list[dict]:
+def write_shards(cfg: Mapping[str, Any], out_dir: str | os.PathLike[str], command: str = "",
+                 on_shard: Callable[[Path, dict[str, Any]], None] | None = None
+                 ) -> list[dict[str, Any]]:
     """Write every client's shard of ``cfg`` to ``out_dir/<partition-id>/``; return the
     manifests.  ``command`` is recorded in each manifest (how to remake it);
     ``on_shard(folder, manifest)`` is called after each shard is written."""
@@ -121,7 +124,7 @@ def write_shards(cfg: Mapping[str, Any], out_dir: str | os.PathLike, command: st
     return manifests
 
 
-def stale_folders(out_dir: str | os.PathLike, num_partitions: int) -> list[str]:
+def stale_folders(out_dir: str | os.PathLike[str], num_partitions: int) -> list[str]:
     """Shard folders in ``out_dir`` that a partition into ``num_partitions`` does not write
     (left from a run with more clients)."""
     out = Path(out_dir).expanduser()
@@ -132,7 +135,7 @@ def stale_folders(out_dir: str | os.PathLike, num_partitions: int) -> list[str]:
                   key=int)
 
 
-def partition_command(cfg: Mapping[str, Any], out_dir: str | os.PathLike,
+def partition_command(cfg: Mapping[str, Any], out_dir: str | os.PathLike[str],
                       config_path: str = "", overrides: Sequence[str] = (),
                       echo: Callable[[str], None] = print) -> int:
     """``flower-pfl partition``: write the shards, print one line each and the total.
@@ -146,7 +149,7 @@ def partition_command(cfg: Mapping[str, Any], out_dir: str | os.PathLike,
               "without a shard)", file=sys.stderr)
         return 2
 
-    def line(folder: Path, m: dict) -> None:
+    def line(folder: Path, m: dict[str, Any]) -> None:
         echo(f"shard {m['partition-id']}: {m['counts']['train']} train, "
              f"{m['counts']['test']} test -> {folder}")
 
@@ -174,7 +177,7 @@ def partition_command(cfg: Mapping[str, Any], out_dir: str | os.PathLike,
 
 
 # ------------------------------------------------------------------------- loading
-def read_manifest(folder: str | os.PathLike) -> dict:
+def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(folder).expanduser() / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -195,7 +198,7 @@ def _show(value: Any) -> str:
 
 
 def check_shard(manifest: Mapping[str, Any], cfg: Mapping[str, Any], partition_id: int,
-                folder: str | os.PathLike) -> None:
+                folder: str | os.PathLike[str]) -> None:
     """Raise :class:`ShardError` unless the shard in ``folder`` (its ``manifest``) is this
     run's (same settings hash) and this node's (same partition-id)."""
     problems = []
@@ -222,7 +225,7 @@ def check_shard(manifest: Mapping[str, Any], cfg: Mapping[str, Any], partition_i
         raise ShardError(f"data-root {folder} is refused: " + "; and ".join(problems))
 
 
-def load_shard(folder: str | os.PathLike, cfg: Mapping[str, Any], partition_id: int
+def load_shard(folder: str | os.PathLike[str], cfg: Mapping[str, Any], partition_id: int
                ) -> data.ClientData:
     """The client data of the shard in ``folder`` (checked with :func:`check_shard` and
     against its manifest), as :func:`flower_pfl.learning.client_data.load_client_data` gives it from

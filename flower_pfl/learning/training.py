@@ -24,7 +24,7 @@ pass).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -47,7 +47,7 @@ class TrainSpec:
     drop_last: bool = False  # True: every step a full batch (the pass's remainder is skipped)
 
     @classmethod
-    def from_config(cls, cfg) -> "TrainSpec":
+    def from_config(cls, cfg: Mapping[str, Any]) -> "TrainSpec":
         return cls(lr=cfg["train.lr"], batch_size=cfg["train.batch-size"],
                    epochs=cfg["train.epochs"], steps=cfg["train.steps"],
                    momentum=cfg["train.momentum"], weight_decay=cfg["train.weight-decay"],
@@ -133,6 +133,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
             value = done % PROX_VALUE_EVERY == 0
             out = add_prox_grad_(prox_params, prox_center, prox.coef, value=value)
             if value:
+                assert out is not None  # value=True: the penalty's value came back
                 total_reg, valued = total_reg + out, valued + 1
         halt = stop is not None and stop(model)
         opt.step()

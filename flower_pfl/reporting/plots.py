@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -42,21 +42,24 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
-from matplotlib.patches import Patch
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 Rows = Sequence[Mapping[str, object]]
 
 
-def _num(value: object) -> float:
+def _num(value: Any) -> float:
     try:
         return float(value)  # csv rows hold strings; empty -> nan
     except (TypeError, ValueError):
         return float("nan")
 
 
-def save_figure(fig, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path) -> Path:
     """Write ``fig`` as a PNG at ``path`` (atomically; parents made) and close it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +98,7 @@ def cycle_colors() -> list[str]:
     return list(plt.rcParams["axes.prop_cycle"].by_key()["color"])
 
 
-def _rounds_axis(ax) -> None:
+def _rounds_axis(ax: Axes) -> None:
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     ax.grid(alpha=0.3)
@@ -181,7 +184,7 @@ def curves(runs: Mapping[str, Sequence[Rows]], path: Path, title: str = "",
     numbers_of = {"personal_mean": paper, "global_mean": paper_global}
     fig, axes = plt.subplots(1, len(views), figsize=(4.6 * len(views), 4.2), squeeze=False)
     colors = cycle_colors()
-    handles = {}
+    handles: dict[str, Line2D] = {}
     for col, key in enumerate(views):
         name, numbers = VIEW_NAMES.get(key, key), numbers_of.get(key, {})
         ax = axes[0][col]
@@ -203,7 +206,7 @@ def curves(runs: Mapping[str, Sequence[Rows]], path: Path, title: str = "",
     labels = list(handles)
     lines = [handles[k] for k in labels]
     if paper or paper_global:
-        lines.append(plt.Line2D([], [], color="grey", ls=":"))
+        lines.append(Line2D([], [], color="grey", ls=":"))
         labels.append("paper's number" + (f" ({paper_label})" if paper_label else ""))
     rows = -(-len(labels) // 6)  # legend rows, six entries each
     if lines:
@@ -314,8 +317,8 @@ def heatmap(matrix: np.ndarray, path: Path, title: str = "",
             if k is None:
                 continue
             for x, y, w, h in ((-0.5, k - 0.5, m.shape[0], 1), (k - 0.5, -0.5, 1, m.shape[0])):
-                ax.add_patch(plt.Rectangle((x, y), w, h, fill=False, hatch="///",
-                                           edgecolor="orange", lw=0))
+                ax.add_patch(Rectangle((x, y), w, h, fill=False, hatch="///",
+                                       edgecolor="orange", lw=0))
         names = ", ".join(map(str, untrained[:15])) + (" ..." if len(untrained) > 15 else "")
         notes.append(f"hatched: {len(untrained)} of {m.shape[0]} clients not trained yet (no "
                      f"upload, their stored model is the initial one):\n{names}")

@@ -267,7 +267,7 @@ def metric_words(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def pairs_md(matrix: Matrix, rows: Sequence[Mapping[str, Any]],
-             marked: Sequence[str] = ()) -> list[str]:
+             marked: Sequence[tuple[str, str]] = ()) -> list[str]:
     """table.md's "Paired comparisons"; ``marked``: (setting, strategy) keys of one-model
     strategies, marked as in the table."""
     def name(setting: str, strategy: str) -> str:
@@ -423,7 +423,8 @@ def write_table(matrix: Matrix, records: Sequence[Mapping[str, Any]], out: Path)
     (out / "table.md").write_text("\n".join(lines))
 
 
-def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> list[Path]:
+def write_plots(matrix: Matrix, cells: Sequence[Cell], records: Sequence[Mapping[str, Any]],
+                out: Path) -> list[Path]:
     """Per setting: curves over rounds (with the paper's numbers), per-client distribution
     of the final round, and the heatmaps of the matrices a strategy saved (first finished
     seed; its last evaluated round, clients not trained by then marked)."""
@@ -432,7 +433,7 @@ def write_plots(matrix: Matrix, cells: Sequence[Cell], records, out: Path) -> li
     written = []
     compared = {"bmta": "BMTA", "final": "final mean", "weighted": "weighted mean"}
     for setting, spec in matrix.settings.items():
-        curves: dict[str, list] = {}
+        curves: dict[str, list[list[dict[str, Any]]]] = {}
         dist: dict[str, list[float]] = {}
         metric = "accuracy"
         for strategy in matrix.strategies:
