@@ -252,6 +252,7 @@ class ModelStore:
 
     def refresh_in_one_product(self, rows: np.ndarray) -> None:
         """The refreshed rows' Gram rows in one product over all n in-memory rows (unseen = 0)."""
+        assert isinstance(self.rows, MemoryRows)  # in_one_product(): the rows are in memory
         x = self.rows.data
         if 2 * len(rows) >= self.num_rows:  # one symmetric X X^T (syrk): half the flops
             self.gram_c = x @ x.T
@@ -323,6 +324,7 @@ class ModelStore:
         One pass over the stored rows with a non-zero weight: ``Xi W = Xi Xc + (Xi 1) r^T``."""
         weights = np.asarray(weights, dtype=np.float32)
         if self.in_one_product():  # one (m x n) @ (n x d) product
+            assert isinstance(self.rows, MemoryRows)
             u = weights @ self.rows.data
             u += weights.sum(axis=1, dtype=np.float32)[:, None] * self.reference[None, :]
             return RowMatrix(u.shape[0], self.dim, self.plan, data=u)

@@ -10,7 +10,7 @@ loop over pairs its Gram route is tested against (tests and benchmarks only).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -51,7 +51,8 @@ class ParamSpec:
         return out
 
 
-def _pairwise_naive(vectors: np.ndarray, pair, diagonal: float) -> np.ndarray:
+def _pairwise_naive(vectors: np.ndarray, pair: Callable[[np.ndarray, np.ndarray], float],
+                    diagonal: float) -> np.ndarray:
     """Reference route: a Python loop over pairs in float64 (tests and benchmarks only)."""
     v = np.asarray(vectors, dtype=np.float64)
     out = np.full((len(v), len(v)), diagonal)
