@@ -56,7 +56,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from flower_pfl import reliability
+from flower_pfl import raynode, reliability
 from flower_pfl.config import RunConfig
 from flower_pfl.learning import devices
 from flower_pfl.learning.params import ParamSpec
@@ -130,6 +130,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         self._sent: dict[int, np.ndarray] = {}
         self.upload_spec: ParamSpec | None = None  # the model part of an upload
         self.mechanism_count = MechanismCount()  # client-rounds that used ``mechanism``
+        self.ray_cluster_said = False  # flower_pfl.raynode.cluster_line, logged once
 
     # ------------------------------------------------------------------ subclass hooks
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
@@ -274,6 +275,11 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
+        if results and not self.ray_cluster_said:  # fits came back: Ray is connected here
+            self.ray_cluster_said = True
+            line = raynode.cluster_line()  # None unless attached to an existing cluster
+            if line:
+                log(INFO, line)
         updates, rejected = [], []
         max_norm = self.cfg.values.get("max-update-norm")
         template = self.template(server_round)
@@ -323,7 +329,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
                             resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
         self.results.log_table("fit", [  # numeric metrics, and the device it trained on
             {"round": server_round, "partition-id": u.pid, "num-examples": u.num_examples,
-             **devices.select(u.metrics),
+             **devices.select(u.metrics), **raynode.select(u.metrics),  # and its Ray node
              **{k: v for k, v in sorted(u.metrics.items())
                 if k != "partition-id" and k not in devices.KEYS
                 and isinstance(v, (int, float))}}
