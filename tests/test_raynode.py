@@ -90,6 +90,22 @@ def test_ray_address_is_checked_before_anything_starts():
     assert check_ray_address("auto") == "auto"
 
 
+def test_run_with_a_ray_address_where_nothing_answers_stops_before_starting(tmp_path, capsys):
+    import socket
+
+    from flower_pfl.cli import main
+
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    out = tmp_path / "out"
+    assert main(["run", "--ray-address", address, "--set", f"output-dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"flower-pfl: cannot start: --ray-address {address}: nothing "
+                          f"answers there"), err
+    assert not out.exists()  # nothing started, no results folder
+
+
 # --------------------------------------------------------- through the message path
 def test_each_fit_records_its_ray_node_in_fit_csv_and_no_metric_changes(tmp_path,
                                                                        monkeypatch, caplog):
