@@ -59,11 +59,23 @@ def _only_run(output_dir: Path) -> Path:
     return runs[0]
 
 
-def _run(argv: list[str], cwd: Path, env: dict) -> str:
-    out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
-                         stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    return out.stdout + out.stderr
+def _run(argv: list[str], cwd: Path, env: dict, timeout_s: float = 900) -> str:
+    """Run a command to its end; past ``timeout_s`` it gets SIGTERM first (flower-pfl run
+    then stops everything it started, by PID), SIGKILL only if it does not end."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        raise AssertionError(f"{argv[:6]} ran past {timeout_s:.0f}s:\n{out[-4000:]}") from None
+    assert proc.returncode == 0, out[-8000:]
+    return out
 
 
 def _ray_start(net: Net, role: str, args: list[str], tmp: str, env: dict) -> None:

@@ -6,9 +6,12 @@ port, runtime dependency installation off) -- or runs on a shared one
 and client resources taken from the YAML (:func:`federation_config`), checks the run's
 FINAL status (:func:`flower_pfl.running.procs.flwr_run`: ``flwr run --stream`` exits 0 even when
 the run failed) and stops every process it started -- SuperLink, SuperExec, ServerApp,
-Ray -- by PID, also on failure or Ctrl-C.  :func:`resume_config` rebuilds the configuration
-of a run to resume from its checkpoint (only the keys that cannot change its past,
-:data:`flower_pfl.reliability.RESUME_FREE_KEYS`, may differ: ``rounds`` extends it).
+Ray -- by PID, also on failure or Ctrl-C; with ``ray_address`` (``flower-pfl run
+--ray-address``, :func:`check_ray_address`) the clients run on an existing Ray cluster,
+joined through ``RAY_ADDRESS`` (:mod:`flower_pfl.raynode`).  :func:`resume_config`
+rebuilds the configuration of a run to resume from its checkpoint (only the keys that
+cannot change its past, :data:`flower_pfl.reliability.RESUME_FREE_KEYS`, may differ:
+``rounds`` extends it).
 The command line: :mod:`flower_pfl.cli`; what it prints while a run goes (it passes
 ``echo=False`` and its console's ``on_line``): :mod:`flower_pfl.reporting.console`.
 """
