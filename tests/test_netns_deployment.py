@@ -104,7 +104,7 @@ def _setup(net: Net, root: Path, run: dict, shard_sets: dict[str, str | None]):
     (server / "run.yaml").write_text(yaml.safe_dump(run))
     _fpl("certs", "certs", "--host", net.addr["link"], cwd=server)
     made: dict[str | None, Path] = {}
-    for extra in set(shard_sets.values()):
+    for extra in dict.fromkeys(shard_sets.values()):  # in host order: shards-0 is n0's
         out = f"shards-{len(made)}"
         _fpl("partition", "--config", "run.yaml", "--out", out,
              *(["--set", extra] if extra else []), cwd=server)
