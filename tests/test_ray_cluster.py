@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flower_pfl.running.procs import pids_naming
+from flower_pfl.running.procs import pids_naming, stop_tree
 from tests.netns import Net, empty_ns, namespaces, ns_pids, root_links, sweep_stale
 
 pytestmark = pytest.mark.slow
@@ -111,9 +111,12 @@ def cluster(tmp_path):
             _ray_start(net, role, [f"--address={head}", "--num-cpus=1"], tmps[role], env)
         yield net, head, tmps, env
     finally:
-        for ns in net.names():  # the hosts go down: every process, by PID
-            if ns in namespaces():
-                empty_ns(ns)
+        # the hosts go down: every process of every namespace, by PID, all at once (one
+        # grace period, not one per host), then each host checked empty
+        hosts = [ns for ns in net.names() if ns in namespaces()]
+        stop_tree(set().union(*(ns_pids(ns) for ns in hosts)), grace_s=5)
+        for ns in hosts:
+            empty_ns(ns)
         net.destroy()
         left = [n for n in namespaces() if n in net.names()] + root_links()
         procs = {p for tmp in tmps.values() for p in pids_naming(tmp)}
@@ -153,6 +156,7 @@ def test_flower_pfl_run_on_a_three_host_ray_cluster_equals_one_machine(cluster, 
     (work / "run.yaml").write_text(yaml.safe_dump({**RUN, "output-dir": str(work / "out")}))
     said = _run(["ip", "netns", "exec", net.ns["head"], str(BIN / "flower-pfl"), "run",
                  "--config", "run.yaml", "--ray-address", head, "--timeout", "600"], work, env)
+    print(said)  # the console of the cluster run (shown with -s, and on failure)
     assert f"the clients run on the Ray cluster at {head} (--ray-address)" in said, said
     # Flower's simulation process, the one connected to Ray, saw the three nodes
     joined = re.search(r"\[flower-pfl\] Ray cluster at (\S+) \(RAY_ADDRESS=(\S+)\): (\d+) "
