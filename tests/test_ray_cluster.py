@@ -41,6 +41,7 @@ from tests.netns import Net, empty_ns, namespaces, ns_pids, root_links, sweep_st
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
 PORT = 6379
 RUN = {"strategy": "fedamp", "rounds": 2, "clients": 4, "fraction-fit": 1.0, "model": "mclr",
        "seed": 0, "round-timeout": 120,
@@ -98,7 +99,9 @@ def cluster(tmp_path):
     tmps = {role: tempfile.mkdtemp(prefix=f"fplray-{role}-", dir="/tmp") for role in net.ns}
     env = {k: v for k, v in os.environ.items()
            if "proxy" not in k.lower() and k != "RAY_ADDRESS"}
-    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_prestart_worker_first_driver="0")
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_prestart_worker_first_driver="0",
+               # this checkout's code, not the one the console script was installed from
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
     try:
         try:
             net.create()
