@@ -22,6 +22,7 @@ from flwr.client import NumPyClient
 from flwr.common import Context, NDArrays, Scalar
 from torch.nn import functional as F
 
+from flower_pfl import raynode
 from flower_pfl.clients.state import ClientState
 from flower_pfl.config import RunConfig
 from flower_pfl.learning import devices
@@ -97,7 +98,8 @@ class PFLClient(NumPyClient):
             self.state.abort()
             raise
         self.state.end()
-        metrics = {"partition-id": self.pid, **metrics, **device}
+        # and, in a simulation on Ray, the node it ran on (flower_pfl.raynode)
+        metrics = {"partition-id": self.pid, **metrics, **device, **raynode.node_metrics()}
         return arrays, self.data.num_train, metrics
 
     def evaluate(self, parameters: NDArrays, config: Mapping[str, Scalar]):

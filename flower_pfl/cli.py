@@ -1,7 +1,7 @@
 """``flower-pfl``: run, check and benchmark personalized FL on Flower (the command line).
 
     flower-pfl run [--config simulation.yaml] [--set key=value ...] [--resume RESULTS_DIR]
-                   [--tensorboard DIR] [--verbose | --quiet]
+                   [--tensorboard DIR] [--verbose | --quiet] [--ray-address HOST:PORT]
     flower-pfl validate [--config FILE] [--set key=value ...]
     flower-pfl strategies [NAME]
     flower-pfl compare RUN_DIR ... [--metric KEY ...] [--out DIR]  (reporting/compare.py)
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Sequence
 
 from flower_pfl import config as config_mod
-from flower_pfl import registry
+from flower_pfl import raynode, registry
 from flower_pfl.config import APP_DIR
 from flower_pfl.matrix import MatrixError, load_matrix
 from flower_pfl.reliability import checkpoints, stop
@@ -47,7 +47,12 @@ from flower_pfl.reporting.console import BenchConsole, RunConsole
 from flower_pfl.reporting.results import default_results_dir, read_summary
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.bench import run_bench
-from flower_pfl.running.launch import AlreadyCompleted, resume_config, run_simulation
+from flower_pfl.running.launch import (
+    AlreadyCompleted,
+    check_ray_address,
+    resume_config,
+    run_simulation,
+)
 from flower_pfl.running.procs import LaunchError, StopAfterRound, Terminated, stop_on_signals
 
 WIDTH = 100  # the strategies list fits a terminal this wide
@@ -80,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                            help="write TensorBoard events to DIR/<run name> (the YAML's "
                            "'tracking: tensorboard' writes them to <results>/tensorboard); "
                            "needs pip install 'flower-pfl[tensorboard]'")
+            p.add_argument("--ray-address", metavar="HOST:PORT", default=None,
+                           help="run the clients on an existing Ray cluster: the address of "
+                           "its head (`ray start --head --port=PORT` there; what every node "
+                           "needs: docs/deployment.md). Default: RAY_ADDRESS from the "
+                           "environment, else a private Ray instance on this machine")
             p.add_argument("--resume", metavar="RESULTS_DIR", default=None,
                            help="continue a stopped run from its newest checkpoint with its "
                            "own configuration; --set rounds=N extends a finished one (only "
@@ -307,9 +317,14 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
                 resume_dir: Path | None) -> int:
     """``flower-pfl run``: preflight, the federation with its console, the summary."""
     results_dir = resume_dir or default_results_dir(cfg)
-    console = RunConsole(cfg["rounds"], clients=cfg["clients"], actors=actor_estimate(cfg),
+    # an existing Ray cluster: --ray-address, else RAY_ADDRESS (flower_pfl.raynode)
+    ray_address = getattr(args, "ray_address", None) or raynode.joined_cluster()
+    console = RunConsole(cfg["rounds"], clients=cfg["clients"],
+                         actors=None if ray_address else actor_estimate(cfg),
                          verbose=args.verbose, quiet=args.quiet)
     try:
+        if ray_address:
+            check_ray_address(ray_address)
         tracking.require(cfg.values)
         with console.own_warnings():
             preflight_apart(cfg, results_dir)  # a child: this process never imports torch
@@ -319,6 +334,11 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
     console.print(f"flower-pfl: {cfg.strategy} on {cfg['data.dataset']}/{cfg['data.partition']}"
                   f", {cfg['clients']} clients, {cfg['rounds']} rounds -> {results_dir}"
                   f"{' (resumed)' if resume_dir else ''} (full log: flwr-run.log there)")
+    if ray_address:
+        source = "--ray-address" if getattr(args, "ray_address", None) else "RAY_ADDRESS"
+        console.print(f"flower-pfl: the clients run on the Ray cluster at {ray_address} "
+                      f"({source}); the nodes, CPUs and GPUs the simulation sees there "
+                      f"follow its first round; each fit's node is in fit.csv (ray_node)")
     def ask_to_stop(signum: int) -> None:
         stop.request_stop(results_dir)
         print(f"\nflower-pfl: {signal.Signals(signum).name}: stopping after the round in "
@@ -329,7 +349,8 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
     try:
         with console:
             run_simulation(cfg, config_path, list(sets), results_dir, timeout_s=args.timeout,
-                           echo=False, resume=resume_dir is not None, on_line=console.feed)
+                           echo=False, resume=resume_dir is not None, on_line=console.feed,
+                           ray_address=ray_address)
     except LaunchError as exc:
         print(f"flower-pfl: FAILED: {exc}", file=sys.stderr)
         return 1

@@ -48,6 +48,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from flower_pfl import raynode
 from flower_pfl.config import RunConfig
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.model_store import LazyArrays
@@ -127,6 +128,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         self._sent: dict[int, np.ndarray] = {}
         self.upload_spec: ParamSpec | None = None  # the model part of an upload
         self.mechanism_count = MechanismCount()  # client-rounds that used ``mechanism``
+        self.ray_cluster_said = False  # flower_pfl.raynode.cluster_line, logged once
 
     # ------------------------------------------------------------------ subclass hooks
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
@@ -269,6 +271,11 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         """One round's uploads: checked, failures recorded, the accepted ones' round kept,
         aggregated, the mechanism counted, the round's rows written."""
+        if results and not self.ray_cluster_said:  # fits came back: Ray is connected here
+            self.ray_cluster_said = True
+            line = raynode.cluster_line()  # None unless attached to an existing cluster
+            if line:
+                log(INFO, line)
         updates, rejected = self.check_uploads(server_round, results)
         failed = self.record_failures(server_round, "fit", list(failures) + rejected)
         carried = self.accept(server_round, updates)

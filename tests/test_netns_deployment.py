@@ -27,7 +27,6 @@ from __future__ import annotations
 import csv
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -39,7 +38,7 @@ import pytest
 import yaml
 
 from flower_pfl.learning import data
-from flower_pfl.running.procs import is_alive, stop_tree
+from tests.netns import HIDE, Net, crash, empty_ns, namespaces, root_links, sweep_stale
 
 pytestmark = pytest.mark.slow
 
@@ -48,106 +47,6 @@ PORT = 9092
 RUN = {"strategy": "fedamp", "rounds": 3, "clients": 3, "fraction-fit": 1.0, "model": "mclr",
        "round-timeout": 60, "seed": 0,
        "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 3000}}
-# mount an empty tmpfs over every folder in $FPL_HIDE, then become the host's command
-HIDE = 'for d in $FPL_HIDE; do mount -t tmpfs -o size=1m fpl-hidden "$d" || exit 97; done; ' \
-       'exec "$@"'
-NAME = re.compile(r"^fpl-[a-z0-9]+-[0-9a-f]{4}p(\d+)$")
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if check and out.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
-    return out
-
-
-def _namespaces() -> list[str]:
-    return [line.split()[0] for line in _ip("netns", "list").stdout.splitlines() if line.strip()]
-
-
-def _root_links() -> list[str]:
-    return re.findall(r"^\d+: (fpl-[^:@]+)", _ip("-o", "link", "show").stdout, re.M)
-
-
-def _ns_pids(ns: str) -> set[int]:
-    return {int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split()}
-
-
-def _empty_ns(ns: str) -> None:
-    """Stop every process in ``ns`` (a host going down), until none is left."""
-    for _ in range(5):
-        pids = _ns_pids(ns)
-        if not pids:
-            return
-        stop_tree(pids, grace_s=5)
-    assert not _ns_pids(ns), f"processes left in {ns}: {_ns_pids(ns)}"
-
-
-def _crash(ns: str) -> None:
-    """The host goes down: SIGKILL to every process in ``ns``, nothing shuts down cleanly."""
-    deadline = time.time() + 30
-    while _ns_pids(ns) and time.time() < deadline:
-        for pid in _ns_pids(ns):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.2)
-    assert not _ns_pids(ns), f"processes left in {ns}: {_ns_pids(ns)}"
-
-
-def _sweep_stale() -> None:
-    """Namespaces and root links of earlier runs whose pytest is gone."""
-    for ns in _namespaces():
-        match = NAME.match(ns)
-        if ns.startswith("fpl-") and not (match and is_alive(int(match.group(1)))):
-            _empty_ns(ns)
-            _ip("netns", "del", ns, check=False)
-    for link in _root_links():
-        _ip("link", "del", link, check=False)
-
-
-class Net:
-    """A hub namespace with a bridge and one namespace per host, each on the /24."""
-
-    def __init__(self, roles: list[str]) -> None:
-        self.tag = f"{secrets.token_hex(2)}p{os.getpid()}"
-        self.subnet = f"10.213.{secrets.randbelow(200) + 20}"
-        self.hub = f"fpl-hub-{self.tag}"
-        self.ns = {role: f"fpl-{role}-{self.tag}" for role in roles}
-        self.addr = {role: f"{self.subnet}.{i + 1}" for i, role in enumerate(roles)}
-
-    def names(self) -> list[str]:
-        return [self.hub, *self.ns.values()]
-
-    def create(self) -> None:
-        _ip("netns", "add", self.hub)
-        _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.hub, "link", "set", "br0", "up")
-        for role, ns in self.ns.items():
-            _ip("netns", "add", ns)
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", self.hub, "link", "add", f"v-{role}", "type", "veth",
-                "peer", "name", "eth0", "netns", ns)
-            _ip("-n", self.hub, "link", "set", f"v-{role}", "master", "br0", "up")
-            _ip("-n", ns, "addr", "add", f"{self.addr[role]}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-
-    def destroy(self) -> None:
-        for ns in reversed(self.names()):
-            if ns in _namespaces():
-                _empty_ns(ns)
-                _ip("netns", "del", ns, check=False)
-
-    def start(self, role: str, argv: list[str], cwd: Path, log: Path, env: dict,
-              hide: list[str] = ()) -> subprocess.Popen:
-        """``ip netns exec <host> <argv>`` in ``cwd``, output to ``log``."""
-        env = {**env, "FPL_HIDE": " ".join(hide)}
-        with open(log, "ab") as fh:
-            return subprocess.Popen(["ip", "netns", "exec", self.ns[role], "sh", "-c", HIDE,
-                                     "sh", *argv], cwd=cwd, env=env, stdout=fh,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +55,7 @@ def net():
         pytest.skip("network namespaces need root (CI runs as root)")
     if shutil.which("ip") is None:
         pytest.skip("the `ip` command (iproute2) is not installed")
-    _sweep_stale()
+    sweep_stale()
     net = Net(["link", "n0", "n1", "n2"])
     try:
         net.create()
@@ -167,7 +66,7 @@ def net():
         yield net
     finally:
         net.destroy()
-        left = [n for n in _namespaces() if n in net.names()] + _root_links()
+        left = [n for n in namespaces() if n in net.names()] + root_links()
         assert not left, f"left behind: {left}"
 
 
@@ -176,7 +75,7 @@ def hosts(net, tmp_path):
     """Per test: a folder per host; afterwards every process in every host is stopped."""
     yield tmp_path
     for ns in net.names():
-        _empty_ns(ns)
+        empty_ns(ns)
 
 
 def _fpl(*args: str, cwd: Path) -> str:
@@ -205,7 +104,7 @@ def _setup(net: Net, root: Path, run: dict, shard_sets: dict[str, str | None]):
     (server / "run.yaml").write_text(yaml.safe_dump(run))
     _fpl("certs", "certs", "--host", net.addr["link"], cwd=server)
     made: dict[str | None, Path] = {}
-    for extra in dict.fromkeys(shard_sets.values()):  # in the order given: shards-0, -1, ...
+    for extra in dict.fromkeys(shard_sets.values()):  # in host order: shards-0 is n0's
         out = f"shards-{len(made)}"
         _fpl("partition", "--config", "run.yaml", "--out", out,
              *(["--set", extra] if extra else []), cwd=server)
@@ -324,7 +223,7 @@ def test_hosts_in_namespaces_run_fedamp_and_a_killed_host_rejoins_with_its_state
                 assert time.time() < deadline and proc.poll() is None, "no round-2 message"
                 time.sleep(0.1)
             events.append("killed")
-            _crash(net.ns["n1"])
+            crash(net.ns["n1"])
             assert started["n1"][0].poll() is not None
             started["n1"] = _start_node(net, "n1", nodes["n1"], attempt=1)  # same command
             events.append("restarted")
@@ -363,7 +262,7 @@ def test_hosts_in_namespaces_run_fedamp_and_a_killed_host_rejoins_with_its_state
     assert not (nodes["n1"][0] / "cache").exists() or \
         not any((nodes["n1"][0] / "cache").rglob("*.npy"))  # never built a pooled cache
     for ns in net.names():  # stopping the hosts' commands stops everything they started
-        _empty_ns(ns)
+        empty_ns(ns)
     _assert_no_colour_codes(hosts, output)
 
 
@@ -417,5 +316,5 @@ def test_a_node_given_a_shard_of_other_settings_fails_with_the_reason(net, hosts
     log = (nodes["n1"][0] / "state" / "supernode.log").read_text(errors="replace")
     assert log.count("Traceback (most recent call last)") == 2
     for ns in net.names():
-        _empty_ns(ns)
+        empty_ns(ns)
     _assert_no_colour_codes(hosts, output)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from flower_pfl import raynode
 from flower_pfl.atomic import atomic_write_text
 from flower_pfl.learning import devices
 from flower_pfl.learning.metrics import STAT_KEYS, best_mean
@@ -131,9 +132,10 @@ class ResultsWriter:
     def log_fit(self, server_round: int,
                 uploads: Sequence[tuple[int, int, Mapping[str, Any]]]) -> None:
         """``fit.csv``: a row per accepted upload (partition-id, num_examples, metrics): the
-        device it trained on, then the client's numeric fit metrics."""
+        device it trained on, its Ray node (empty outside Ray), then the client's numeric fit
+        metrics."""
         rows = [{"round": server_round, "partition-id": pid, "num-examples": num_examples,
-                 **devices.select(metrics),
+                 **devices.select(metrics), **raynode.select(metrics),  # and its Ray node
                  **{k: v for k, v in sorted(metrics.items())
                     if k != "partition-id" and k not in devices.KEYS
                     and isinstance(v, (int, float))}}

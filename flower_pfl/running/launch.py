@@ -6,9 +6,12 @@ port, runtime dependency installation off) -- or runs on a shared one
 and client resources taken from the YAML (:func:`federation_config`), checks the run's
 FINAL status (:func:`flower_pfl.running.procs.flwr_run`: ``flwr run --stream`` exits 0 even when
 the run failed) and stops every process it started -- SuperLink, SuperExec, ServerApp,
-Ray -- by PID, also on failure or Ctrl-C.  :func:`resume_config` rebuilds the configuration
-of a run to resume from its checkpoint (only the keys that cannot change its past,
-:data:`flower_pfl.reliability.checkpoints.RESUME_FREE_KEYS`, may differ: ``rounds`` extends it).
+Ray -- by PID, also on failure or Ctrl-C; with ``ray_address`` (``flower-pfl run
+--ray-address``, :func:`check_ray_address`) the clients run on an existing Ray cluster,
+joined through ``RAY_ADDRESS`` (:mod:`flower_pfl.raynode`).  :func:`resume_config`
+rebuilds the configuration of a run to resume from its checkpoint (only the keys that
+cannot change its past, :data:`flower_pfl.reliability.checkpoints.RESUME_FREE_KEYS`, may
+differ: ``rounds`` extends it).
 The command line: :mod:`flower_pfl.cli`; what it prints while a run goes (it passes
 ``echo=False`` and its console's ``on_line``): :mod:`flower_pfl.reporting.console`.
 """
@@ -46,12 +49,20 @@ def simulation_env(flwr_home: Path, port: int) -> dict:
 
 
 @contextmanager
-def simulation_superlink(workdir: Path, log_path: Path) -> Iterator[tuple[dict, ProcessSet]]:
-    """A private simulation SuperLink on a free loopback port; stopped on exit."""
+def simulation_superlink(workdir: Path, log_path: Path, ray_address: str | None = None
+                         ) -> Iterator[tuple[dict, ProcessSet]]:
+    """A private simulation SuperLink on a free loopback port; stopped on exit.
+
+    ``ray_address``: the head of an existing Ray cluster (``HOST:PORT``) its simulation
+    attaches to, through ``RAY_ADDRESS`` (Flower 1.42's Ray backend calls ``ray.init()``
+    without an address and its ``init_args`` cannot carry one); default: the environment's
+    ``RAY_ADDRESS``, else a private Ray instance (:func:`flower_pfl.running.procs.flwr_env`)."""
     flwr_home = workdir / "flwr-home"
     flwr_home.mkdir(parents=True, exist_ok=True)
     port = procs_mod.free_port()
     env = simulation_env(flwr_home, port)
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     procs = ProcessSet()
     try:
         proc = procs.start([procs_mod.bin_path("flower-superlink"), "--insecure", "--simulation",
@@ -69,15 +80,17 @@ def simulation_superlink(workdir: Path, log_path: Path) -> Iterator[tuple[dict, 
 def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequence[str],
                    results_dir: Path, app_dir: Path = APP_DIR, timeout_s: float | None = None,
                    echo: bool = True, num_supernodes: int | None = None, resume: bool = False,
-                   on_line=None, superlink: tuple[dict, ProcessSet] | None = None
-                   ) -> RunOutcome:
+                   on_line=None, superlink: tuple[dict, ProcessSet] | None = None,
+                   ray_address: str | None = None) -> RunOutcome:
     """Run ``cfg`` through ``flwr run`` in Ray simulation and stop everything it started.
 
     ``num_supernodes`` defaults to the YAML's ``clients`` (only tests set another value).
     ``resume`` continues the run in ``results_dir`` from its newest checkpoint. The
     watchdog stops a run that shows no progress for ``stall-timeout`` seconds.
     ``superlink``: the ``(env, procs)`` of a running :func:`simulation_superlink` to run
-    on (several runs share one); by default a private one is started and stopped.
+    on (several runs share one); by default a private one is started and stopped, its
+    simulation attached to the Ray cluster at ``ray_address`` where given (the caller
+    checks it: :func:`check_ray_address`).
     The outcome's ``pids`` are the processes this run started (a private SuperLink
     included, a shared one not).
     Raises LaunchError if the run did not reach ``finished:completed``.
@@ -98,7 +111,7 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
             before: set[int] = set()
             if superlink is None:
                 superlink = stack.enter_context(
-                    simulation_superlink(workdir, results_dir / "superlink.log"))
+                    simulation_superlink(workdir, results_dir / "superlink.log", ray_address))
             else:  # the shared SuperLink and what it ran before are not this run's
                 superlink[1].snapshot()
                 before = set(superlink[1].known)
@@ -112,6 +125,34 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
         shutil.rmtree(workdir, ignore_errors=True)
         stop.clear_stop(results_dir)  # asked of this run: answered or moot now
     return RunOutcome(outcome.status, outcome.run_id, set(procs.known) - before)
+
+
+def check_ray_address(address: str, timeout_s: float = 5.0) -> str:
+    """``address`` (``HOST:PORT`` of a Ray head's GCS, as ``ray start --head`` prints it)
+    where something answers there; a LaunchError naming the fix otherwise (else Ray, asked
+    to join a cluster that is not there, fails only minutes later inside the simulation).
+    ``auto`` (the cluster last started on this machine) is passed on unchecked."""
+    import socket
+
+    address = address.strip()
+    if address == "auto":
+        return address
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or address.startswith("ray://"):
+        raise LaunchError(f"--ray-address {address!r}: give the Ray head's HOST:PORT as "
+                          f"`ray start --head --port=PORT` on the head machine printed it "
+                          f"(e.g. 10.0.0.1:6379), or `auto` for the cluster last started on "
+                          f"this machine")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise LaunchError(
+            f"--ray-address {address}: nothing answers there ({exc}). Start the cluster's "
+            f"head on {host} with `ray start --head --port={port}` (and each worker with "
+            f"`ray start --address={address}`), or check the address and that the port is "
+            f"open from this machine") from exc
+    return address
 
 
 def federation_config(cfg: config_mod.RunConfig, num_supernodes: int | None = None) -> str:
