@@ -41,6 +41,7 @@ class Recorder:
         self.role = role
         self.stack: list[list[Any]] = []
         self.phases: dict[str, float] = {}
+        self.originals: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
 
     def wrap(self, fn: Callable, name: str, kind: Callable[..., dict] | None = None) -> Callable:
         """``fn`` timed as phase ``name``; ``kind(*args)`` tags the record an outermost call
@@ -86,8 +87,15 @@ def install(role: str, targets: Iterable[Target]) -> Recorder | None:
         fn = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
         if getattr(fn, "__wrapped_by_phases__", False):
             continue
+        rec.originals.append((owner, attr, fn))
         setattr(owner, attr, rec.wrap(fn, name, kind[0] if kind else None))
     return rec
+
+
+def uninstall(rec: Recorder | None) -> None:
+    """Put back what :func:`install` wrapped (tests; a process normally keeps it)."""
+    for owner, attr, fn in reversed(rec.originals if rec else []):
+        setattr(owner, attr, fn)
 
 
 def read(out: Path) -> list[dict[str, Any]]:

@@ -20,10 +20,13 @@ from typing import Any, Callable
 from flower_pfl import phases
 
 
-def _round(group_id: Any) -> int:
-    """The server round a legacy message belongs to (its group id; 0 when none)."""
-    text = str(group_id or "")
-    return int(text) if text.isdigit() else 0
+def _round(msg: Any) -> int:
+    """The server round a message belongs to: the ``round`` our strategies put in every
+    message's configuration (0 for the handshake, which has none)."""
+    for record in msg.content.config_records.values():
+        if "round" in record:
+            return int(record["round"])
+    return 0
 
 
 def message_mod(msg, context, call_next):
@@ -35,15 +38,20 @@ def client_mods(dispatcher: type) -> list[Callable[..., Any]]:
     """``[timed message_mod]`` when the timer is on (after wrapping the client phases;
     ``dispatcher``: the ClientApp's NumPyClient, whose ``_client`` builds our client),
     else ``[]`` -- the ClientApp then runs without any mod."""
+    return install_client(dispatcher)[1]
+
+
+def install_client(dispatcher: type) -> tuple[phases.Recorder | None, list[Callable[..., Any]]]:
+    """(the recorder, the mods) of :func:`client_mods`; (None, []) when the timer is off."""
     if phases.folder() is None:
-        return []
+        return None, []
     from flower_pfl.clients import base, fedamp, fedavg, fedprox
 
     this = sys.modules[__name__]
     targets = [
         (this, "message_mod", "flower: Message <-> NumPyClient, client_fn",
          lambda msg, *_: {"kind": str(msg.metadata.message_type),
-                          "round": _round(msg.metadata.group_id)}),
+                          "round": _round(msg)}),
         (dispatcher, "_client", "ours: client construction"),
         (base, "parse_run_config", "ours: run config parse"),
         (base, "load_client_data", "ours: data access"),
@@ -63,21 +71,21 @@ def client_mods(dispatcher: type) -> list[Callable[..., Any]]:
         (base.PFLClient, "fit", "ours: fit/evaluate rest (metrics, device report)"),
         (base.PFLClient, "evaluate", "ours: fit/evaluate rest (metrics, device report)"),
     ]
-    phases.install("client", targets)
-    return [this.message_mod]
+    rec = phases.install("client", targets)
+    return rec, [this.message_mod]
 
 
-def install_server() -> None:
-    """Wrap the server's phases when the timer is on."""
+def install_server() -> phases.Recorder | None:
+    """Wrap the server's phases when the timer is on (the recorder; None when off)."""
     if phases.folder() is None:
-        return
+        return None
     from flwr.server import Server
 
     from flower_pfl.reporting import results, tracking
     from flower_pfl.strategies import base, evaluation
 
     strategy = base.PersonalizedStrategy
-    phases.install("server", [
+    return phases.install("server", [
         (Server, "fit_round", "flower: send, poll for replies (fit)",
          lambda *_, **kw: {"kind": "fit", "round": kw.get("server_round")}),
         (Server, "evaluate_round", "flower: send, poll for replies (evaluate)",
