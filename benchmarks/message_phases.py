@@ -51,7 +51,8 @@ def back_to_back_gaps(client: list[dict]) -> list[float]:
     gaps = []
     by_actor: dict[int, list[dict]] = {}
     for r in client:
-        by_actor.setdefault(r["pid"], []).append(r)
+        if "end" in r:  # (records of an older timer have no end time)
+            by_actor.setdefault(r["pid"], []).append(r)
     for rows in by_actor.values():
         rows.sort(key=lambda r: r["end"])
         for a, b in zip(rows, rows[1:]):
@@ -68,7 +69,12 @@ def main() -> None:
     p.add_argument("--actors", type=int, default=2, help="ClientApp actors (num-cpus 1 each)")
     p.add_argument("--tree", default=str(ROOT), help="the project copy to run")
     p.add_argument("--keep", default=None, help="keep the phase records in this folder")
+    p.add_argument("--records", default=None,
+                   help="print the tables of records kept by an earlier --keep; run nothing")
     args = p.parse_args()
+    if args.records:
+        report(phases.read(Path(args.records)), args.rounds, args.actors)
+        return
     print(f"load average before: {os.getloadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="message-phases-") as tmp:
         out = Path(args.keep or Path(tmp) / "phases")
@@ -78,20 +84,26 @@ def main() -> None:
                     strategy=args.strategy)
         res = run_arm(args.strategy, tree, Path(tmp), idle_baseline(2.0), 0.5, 900.0,
                       Path(args.tree))
-        # rounds 2..N-1: round 1 pays the imports and caches, round N the run's end (figures)
-        records = [r for r in phases.read(out) if 2 <= int(r.get("round") or 0) < args.rounds]
+        records = phases.read(out)
     print(f"\n{args.strategy}: {res['s_per_round']:.3f} s/round (timer on), wall {res['wall_s']} s")
+    report(records, args.rounds, args.actors)
+    print(f"\nload average after: {os.getloadavg()}")
+
+
+def report(records: list[dict], rounds: int, actors: int) -> None:
+    # rounds 2..N-1: round 1 pays the imports and caches, round N the run's end (figures)
+    records = [r for r in records if 2 <= int(r.get("round") or 0) < rounds]
     client = [r for r in records if r["role"] == "client" and r["kind"] in ("train", "evaluate")]
     server = [r for r in records if r["role"] == "server"]
     inside = print_table("client message (train + evaluate), inside the ClientApp", client)
     for kind in ("train", "evaluate"):
         print_table(f"client message ({kind})", [r for r in client if r["kind"] == kind])
-    rounds = {r["round"] for r in server}
-    server_s = sum(r["total_s"] for r in server) / max(len(rounds), 1)
-    per_round_msgs = len(client) / max(len(rounds), 1)
-    outside = (args.actors * server_s - per_round_msgs * inside) / max(per_round_msgs, 1)
+    seen = {r["round"] for r in server}
+    server_s = sum(r["total_s"] for r in server) / max(len(seen), 1)
+    per_round_msgs = len(client) / max(len(seen), 1)
+    outside = (actors * server_s - per_round_msgs * inside) / max(per_round_msgs, 1)
     print(f"\nper message outside the ClientApp (Flower/Ray transport, actors idle while the "
-          f"server polls): {args.actors} actors x {server_s:.3f} s server fit+evaluate per "
+          f"server polls): {actors} actors x {server_s:.3f} s server fit+evaluate per "
           f"round - {per_round_msgs:.0f} messages x {1000 * inside:.2f} ms = "
           f"{1000 * outside:.2f} ms per message")
     gaps = back_to_back_gaps(client)
@@ -102,7 +114,6 @@ def main() -> None:
               f"{1000 * statistics.mean(gaps):.2f} ms over {len(gaps)} gaps")
     print_table("server, per fit step", [r for r in server if r["kind"] == "fit"])
     print_table("server, per evaluate step", [r for r in server if r["kind"] == "evaluate"])
-    print(f"\nload average after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":
