@@ -43,16 +43,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def workload(rounds: int, subsample: int | None, out: Path) -> dict:
+def workload(rounds: int, subsample: int | None, out: Path, lr: float = 0.05) -> dict:
     return {"strategy": "fedavg", "rounds": rounds, "clients": 20, "fraction-fit": 1.0,
             "min-fit-clients": 20, "eval-every": 1, "eval-global": False, "model": "dnn",
             "seed": 0, "output-dir": str(out), "run-name": "sim",
             "data": {"dataset": "fmnist", "partition": "pathological", "classes-per-client": 2,
                      "subsample": subsample},
-            "train": {"epochs": 1, "batch-size": 10, "lr": 0.05}}
+            "train": {"epochs": 1, "batch-size": 10, "lr": lr}}
 
 
-def plain(tree: dict) -> dict:
+def plain(tree: dict, threads: int = 1, pids: list[int] | None = None) -> dict:
+    """The plain loop on ``threads`` torch threads over the clients ``pids`` (default: all).
+    Per round: ``work_s`` (every client's training, then every client's evaluation of the
+    new global model) and ``avg_s`` (the server's sample-weighted average); ``round_s`` is
+    their sum and ``s_per_round`` its median over rounds 2..."""
     import numpy as np
     import torch
 
@@ -67,13 +71,14 @@ def plain(tree: dict) -> dict:
     )
     from flower_pfl.learning.training import TrainSpec, evaluate, train
 
-    torch.set_num_threads(1)  # as one Ray actor with num-cpus 1
+    torch.set_num_threads(threads)  # 1: as one Ray actor with num-cpus 1
     cfg = config.validate(dict(tree), source="plain")
     device = resolve_device("cpu")
     spec = TrainSpec.from_config(cfg)
-    data = {pid: load_client_data(cfg.values, pid) for pid in range(cfg["clients"])}
+    pids = list(range(cfg["clients"])) if pids is None else list(pids)
+    data = {pid: load_client_data(cfg.values, pid) for pid in pids}
     global_arrays = initial_arrays(cfg)
-    times = []
+    work, avg = [], []
     for rnd in range(1, cfg["rounds"] + 1):
         t0 = time.perf_counter()
         uploads, weights = [], []
@@ -84,17 +89,22 @@ def plain(tree: dict) -> dict:
             train(model, d.x_train, d.y_train, spec, gen, device)
             uploads.append(get_arrays(model))
             weights.append(d.num_train)
+        t1 = time.perf_counter()
         w = np.asarray(weights, dtype=np.float64) / sum(weights)
         global_arrays = [sum(wi * u[k] for wi, u in zip(w, uploads)).astype(np.float32)
                          for k in range(len(global_arrays))]
+        t2 = time.perf_counter()
         accs = []
         for _pid, d in data.items():
             model = model_for(cfg)
             set_arrays(model, global_arrays)
             accs.append(evaluate(model, d.x_test, d.y_test, device)[1])
-        times.append(time.perf_counter() - t0)
-    return {"s_per_round": statistics.median(times[1:]), "round_s": times,
-            "final_mean": float(np.mean(accs)),
+        work.append(t1 - t0 + time.perf_counter() - t2)
+        avg.append(t2 - t1)
+    times = [a + b for a, b in zip(work, avg)]
+    return {"s_per_round": statistics.median(times[1:]), "round_s": times, "work_s": work,
+            "avg_s": avg, "final_mean": float(np.mean(accs)), "threads": threads,
+            "clients": len(pids),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 

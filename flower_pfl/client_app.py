@@ -10,7 +10,7 @@ from __future__ import annotations
 from flwr.client import ClientApp, NumPyClient
 from flwr.common import Context
 
-from flower_pfl import registry
+from flower_pfl import registry, timing
 
 
 class RegistryClient(NumPyClient):
@@ -41,4 +41,4 @@ def client_fn(context: Context):
     return RegistryClient(context).to_client()
 
 
-app = ClientApp(client_fn=client_fn)
+app = ClientApp(client_fn=client_fn, mods=timing.client_mods(RegistryClient))  # [] unless timed

@@ -23,6 +23,7 @@ resnet18   41   net.conv1, net.bn1, then per block conv1, bn1, conv2, bn2
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -119,13 +120,30 @@ class ScalarModel(NamedLayers):
 MODELS = {"mclr": MCLR, "dnn": DNN, "cnn": CNN, "resnet18": ResNet18, "scalar": ScalarModel}
 
 
+#: seeded models built once per process, (name, shape, classes, seed) -> the model
+_BUILT: dict[tuple[str, tuple[int, ...], int, int], NamedLayers] = {}
+MAX_BUILT = 4
+
+
 def build_model(name: str, in_shape: Sequence[int], num_classes: int, seed: int) -> NamedLayers:
-    """Build a model with seeded initial weights (same seed -> same weights everywhere)."""
+    """Build a model with seeded initial weights (same seed -> same weights everywhere).
+
+    The seeded build runs once per process and (name, shape, classes, seed); every call
+    returns a deep copy of it: the same weights, buffers and mode, bit for bit, at a
+    fraction of the cost of seeding and initialising (a client builds a model per message).
+    The global RNG is untouched either way (the build runs under ``fork_rng``)."""
     if name not in MODELS:
         raise ValueError(f"unknown model '{name}'; allowed: {sorted(MODELS)}")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return MODELS[name](in_shape, num_classes)
+    key = (name, tuple(int(d) for d in in_shape), int(num_classes), int(seed))
+    built = _BUILT.get(key)
+    if built is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            built = MODELS[name](in_shape, num_classes)
+        if len(_BUILT) >= MAX_BUILT:
+            _BUILT.clear()
+        _BUILT[key] = built
+    return copy.deepcopy(built)
 
 
 def _float_items(model: nn.Module) -> list[tuple[str, torch.Tensor]]:

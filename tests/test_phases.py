@@ -1,0 +1,67 @@
+"""The opt-in phase timer (flower_pfl/phases.py, flower_pfl/timing.py): off by default and
+wrapping nothing; on, the same per-client rows bit for bit and phases that add up."""
+
+from __future__ import annotations
+
+import math
+
+from flwr.clientapp import ClientApp
+
+from flower_pfl import client_app, phases, timing
+from flower_pfl.clients import base
+from flower_pfl.reporting.results import read_rows
+from flower_pfl.running import inprocess
+from tests.conftest import small_config
+
+
+def _timed(fn) -> bool:
+    return getattr(fn, "__wrapped_by_phases__", False)
+
+
+def test_off_by_default_wraps_nothing(monkeypatch):
+    monkeypatch.delenv(phases.ENV, raising=False)
+    assert timing.client_mods(client_app.RegistryClient) == []
+    assert timing.install_server() is None
+    assert not _timed(base.PFLClient.__dict__["fit"])
+    assert not _timed(base.load_client_data)
+    assert client_app.app._mods == []  # the product's ClientApp runs without a mod
+
+
+def _rows(run_dir):
+    rows = read_rows(run_dir, "clients")
+    return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in rows]
+
+
+def test_on_gives_identical_client_rows_and_phases_that_add_up(tmp_path, monkeypatch):
+    # unequal client sizes (dirichlet), a personal-state strategy (context.state in use)
+    cfg = small_config(strategy="fedamp", clients=4, rounds=2, model="mclr",
+                       data={"subsample": 1200})
+    monkeypatch.delenv(phases.ENV, raising=False)
+    inprocess.run(cfg, tmp_path / "off")
+    monkeypatch.setenv(phases.ENV, str(tmp_path / "phases"))
+    rec, mods = timing.install_client(client_app.RegistryClient)
+    try:
+        assert _timed(base.PFLClient.__dict__["fit"]) and len(mods) == 1
+        monkeypatch.setattr(inprocess, "client_app",
+                            ClientApp(client_fn=client_app.client_fn, mods=mods))
+        inprocess.run(cfg, tmp_path / "on")
+    finally:
+        phases.uninstall(rec)
+    assert not _timed(base.PFLClient.__dict__["fit"])  # uninstall put the originals back
+
+    off, on = _rows(tmp_path / "off"), _rows(tmp_path / "on")
+    assert off and on == off
+
+    records = phases.read(tmp_path / "phases")
+    train = [r for r in records if r["kind"] == "train"]
+    evaluate = [r for r in records if r["kind"] == "evaluate"]
+    assert len(train) == 2 * 4 and len(evaluate) == 2 * 4  # every message, once
+    assert {r["round"] for r in train} == {1, 2}
+    for r in train + evaluate:  # own times: the phases add up to the message's wall time
+        assert math.isclose(sum(r["phases"].values()), r["total_s"], rel_tol=1e-6)
+        assert all(v >= 0 for v in r["phases"].values())
+    assert all(r["phases"]["training steps"] > 0 for r in train)
+    assert all("training steps" not in r["phases"] for r in evaluate)
+    assert all(r["phases"]["evaluation"] > 0 for r in evaluate)
+    n, total, rows = phases.table(train)
+    assert n == 8 and math.isclose(sum(share for _, _, share in rows), 1.0, rel_tol=1e-6)
