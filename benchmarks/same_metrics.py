@@ -10,6 +10,7 @@ and the largest absolute / relative difference; exit status 1 when any value dif
     .venv/bin/python benchmarks/same_metrics.py                      # e7f4d0d, six strategies
     .venv/bin/python benchmarks/same_metrics.py --rev HEAD~3 fedamp heurfedamp \
         --set fraction-fit=0.5 --set model=cnn
+    .venv/bin/python benchmarks/same_metrics.py --rev main fedavg --new-set device-resident=always
 """
 
 from __future__ import annotations
@@ -122,8 +123,12 @@ def main() -> int:
     p.add_argument("--rev", default="e7f4d0d", help="the older revision (default e7f4d0d)")
     p.add_argument("--new", default=str(ROOT), help="the newer tree (default: this one)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--new-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a change for the newer tree only (a key the older one lacks, e.g. "
+                   "device-resident=always)")
     args = p.parse_args()
     cfg = with_changes(CONFIG, args.set)
+    new_cfg = with_changes(cfg, args.new_set)
     with tempfile.TemporaryDirectory(prefix="same-metrics-") as tmp:
         old_tree = Path(tmp) / "tree"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet",
@@ -133,9 +138,10 @@ def main() -> int:
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                             str(old_tree)], check=False)
-        run_tree(Path(args.new).resolve(), Path(tmp) / "new", args.strategies, cfg)
+        run_tree(Path(args.new).resolve(), Path(tmp) / "new", args.strategies, new_cfg)
         print(f"{args.rev} vs {args.new}: {', '.join(f + '.csv' for f in FILES)}, "
-              f"{json.dumps(cfg)}")
+              f"{json.dumps(cfg)}" + (f"; newer tree also {args.new_set}" if args.new_set
+                                      else ""))
         print(f"{'strategy':12s} {'values':>7s} {'differ':>7s} {'max_abs':>10s} {'max_rel':>10s}")
         failed = False
         for name in args.strategies:

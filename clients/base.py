@@ -124,8 +124,8 @@ class PFLClient(NumPyClient):
         self.state.disk = self.state_dir(config)
         if "accepted-round" in config:  # the server's verdict on this client's last fit
             self.state.resolve(int(config["accepted-round"]))
-        self.data = load_client_data(self.cfg.values, self.pid, self.data_root)
         self.device = resolve_device(self.cfg["device"])
+        self.data = load_client_data(self.cfg.values, self.pid, self.data_root, self.device)
         self.spec = TrainSpec.from_config(self.cfg)
         self.round = int(config.get("round", 0))
 

@@ -29,6 +29,7 @@ DATASETS = ("fmnist", "mnist", "emnist", "cifar10", "cifar100", "synthetic-gauss
 PARTITIONS = ("iid", "dirichlet", "pathological", "practical")
 MODELS = ("mclr", "dnn", "cnn", "resnet18", "scalar")
 DEVICES = ("auto", "cpu", "cuda")
+RESIDENT = ("auto", "always", "never")
 
 
 class ConfigError(ValueError):
@@ -81,6 +82,9 @@ FIELDS: dict[str, Field] = {
     "stall-timeout": Field((float, int), 1800.0, _POS, "seconds > 0 or null: the launcher stops "
                            "a run whose log shows no progress for this long", nullable=True),
     "device": Field((str,), "auto", _in(DEVICES), f"one of {list(DEVICES)}"),
+    "device-resident": Field((str,), "auto", _in(RESIDENT), f"one of {list(RESIDENT)} (a "
+                             "client's data held on its training device for the process's "
+                             "lifetime; auto: on a GPU, never on the CPU)"),
     "model": Field((str,), "cnn", _in(MODELS), f"one of {list(MODELS)}"),
     "output-dir": Field((str,), "outputs", None, "a directory path"),
     "run-name": Field((str,), None, None, "a name for the results folder", nullable=True),

@@ -8,10 +8,21 @@ that shard and never falls back to the pooled set; any other ``data-root`` is re
 dataset's folder instead of ``data.root``.  A pooled client's images are row numbers into
 the shared uint8 map, normalised per batch (:class:`flower_pfl.learning.data.NormalizedImages`),
 so the per-process cache holds index arrays and labels, not float32 images.
+
+Device residency (``device-resident``; :func:`resident`): on a GPU that per-batch host work
+-- a gather and a normalising look-up on the CPU, then a host-to-device copy of every batch
+-- is what the GPU waits for.  A resident client's images are normalised once, as one
+float32 tensor (bit for bit the per-batch values), and kept with its labels on the training
+device in the per-process cache, so an actor serving it again (every round, for its whole
+lifetime) slices batches on the device and copies nothing.  ``auto``: resident on any
+device but the CPU; ``always`` forces it on the CPU too (the bit-identity check);
+``never``: the per-batch path everywhere.  Self-FL's synthetic Gaussian task stays on the
+host (scalars).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 import torch
@@ -27,13 +38,55 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
+def resident(setting: str, device: Any) -> bool:
+    """Whether a client's data is held on ``device`` (``device-resident``: auto, always,
+    never): ``auto`` is resident on every device but the CPU."""
+    if setting not in ("auto", "always", "never"):
+        raise ValueError(f"device-resident {setting!r}: expected auto, always or never")
+    if setting == "auto":
+        return torch.device(device).type != "cpu"
+    return setting == "always"
+
+
+def dense(x: Any) -> torch.Tensor:
+    """``x`` as one float32 tensor: a :class:`~flower_pfl.learning.data.NormalizedImages`
+    normalised whole (the same bits its batches have), a tensor as it is."""
+    return x.tensor() if isinstance(x, data.NormalizedImages) else x
+
+
+def on_device(loaded: ClientData, device: Any) -> ClientData:
+    """``loaded`` with its images and labels as tensors on ``device`` (one copy each)."""
+    device = torch.device(device)
+    return replace(loaded, x_train=dense(loaded.x_train).to(device),
+                   y_train=loaded.y_train.to(device),
+                   x_test=dense(loaded.x_test).to(device),
+                   y_test=loaded.y_test.to(device))
+
+
 def load_client_data(cfg: Mapping[str, Any], partition_id: int,
-                     root_override: str | None = None) -> ClientData:
+                     root_override: str | None = None, device: Any = None) -> ClientData:
     """Local train/test data of client ``partition_id`` (cached per process).
 
     ``root_override`` (the node's ``data-root``): a dataset folder (read instead of
     ``data.root``), or a shard folder holding a ``manifest.json``, whose shard is loaded and
-    checked against ``cfg``."""
+    checked against ``cfg``.  ``device`` (the client's training device): when
+    ``cfg["device-resident"]`` makes it :func:`resident`, the cached copy lives there
+    (:func:`on_device`), normalised once."""
+    host = load_host_data(cfg, partition_id, root_override)
+    if device is None or host.task != "classification" or \
+            not resident(cfg.get("device-resident", "auto"), device):
+        return host
+    key = (partitions.partition_key(cfg) + str(root_override) + f"@{device}", partition_id)
+    if key not in _CACHE:
+        if len(_CACHE) > MAX_CACHED:
+            _CACHE.clear()
+        _CACHE[key] = on_device(host, device)
+    return _CACHE[key]
+
+
+def load_host_data(cfg: Mapping[str, Any], partition_id: int,
+                   root_override: str | None = None) -> ClientData:
+    """:func:`load_client_data` on the host: images normalised per batch (cached)."""
     key = (partitions.partition_key(cfg) + str(root_override), partition_id)
     if key in _CACHE:
         return _CACHE[key]

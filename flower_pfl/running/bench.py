@@ -63,8 +63,8 @@ def cell_yaml(cell: Cell) -> str:
 # tracking, time limits, checkpoints, where the server keeps client models -- not what it
 # ran: a finished cell moved or copied (committed into docs/results/, then cloned; run on a
 # lent GPU with --set data.root=...) is still done where it now sits.
-WHERE = {"output-dir", "run-name", "cache-dir", "data.root", "device", "tracking",
-         "tracking-dir", "client-resources.num-cpus", "client-resources.num-gpus",
+WHERE = {"output-dir", "run-name", "cache-dir", "data.root", "device", "device-resident",
+         "tracking", "tracking-dir", "client-resources.num-cpus", "client-resources.num-gpus",
          "round-timeout", "stall-timeout", "checkpoint-every", "server.model-store",
          "server.memory-budget-mb"}
 

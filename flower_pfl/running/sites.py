@@ -249,7 +249,7 @@ def _foreground(cmd: list[str], env: dict, what: str, on_line: Callable[[str], N
 
 
 # ------------------------------------------------------------------------ superlink
-def superlink_main(argv: Sequence[str]) -> int:
+def superlink_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flower-pfl superlink", description="Start the "
                                 "SuperLink (TLS + SuperNode authentication) and register "
                                 "the SuperNodes' public keys; runs until Ctrl-C.")
@@ -263,7 +263,11 @@ def superlink_main(argv: Sequence[str]) -> int:
                    "(default 0.0.0.0:9092)")
     p.add_argument("--workdir", default="superlink", metavar="DIR",
                    help="its database, log and flwr connection (default ./superlink)")
-    args = p.parse_args(argv)
+    return p
+
+
+def superlink_main(argv: Sequence[str]) -> int:
+    args = superlink_parser().parse_args(argv)
     try:
         certs = deploy.cert_paths(args.certs)
         host, port = deploy.split_address(args.address)
@@ -497,10 +501,7 @@ def supernode_main(argv: Sequence[str]) -> int:
 
 
 # --------------------------------------------------------------------------- submit
-def submit_main(argv: Sequence[str]) -> int:
-    from flower_pfl import config as config_mod
-    from flower_pfl.reporting.results import default_results_dir
-
+def submit_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flower-pfl submit", description="Run a YAML on a "
                                 "running SuperLink and check that it completed.")
     p.add_argument("--superlink", default="127.0.0.1:9092", metavar="HOST:PORT")
@@ -511,7 +512,14 @@ def submit_main(argv: Sequence[str]) -> int:
     p.add_argument("--results", metavar="DIR", help="results folder (default: from the YAML)")
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--quiet", action="store_true", help="do not echo Flower's log")
-    args = p.parse_args(argv)
+    return p
+
+
+def submit_main(argv: Sequence[str]) -> int:
+    from flower_pfl import config as config_mod
+    from flower_pfl.reporting.results import default_results_dir
+
+    args = submit_parser().parse_args(argv)
     try:
         deploy.split_address(args.superlink)
         if not args.insecure and not args.ca:
