@@ -28,14 +28,14 @@ def _umask() -> int:
 UMASK = _umask()  # read once, at import (os.umask can only be read by setting it)
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[Any]], object], mode: str = "w",
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], object], mode: str = "w",
                  fsync: bool = False) -> Path:
     """``write(fh)`` fills a temporary file that then replaces ``path``; text modes write
     with ``newline=""`` (csv's rule; no translation on POSIX)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"newline": ""})) as fh:
+        with os.fdopen(fd, mode, newline=None if "b" in mode else "") as fh:
             write(fh)
             if fsync:
                 fh.flush()
@@ -48,6 +48,6 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[Any]], object], mo
     return path
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """``path`` holds ``text`` whole (see :func:`atomic_write`)."""
     return atomic_write(path, lambda fh: fh.write(text))

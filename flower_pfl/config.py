@@ -281,8 +281,9 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
 
     if not problems:
         problems.extend(_cross_checks(values))
-        if REGISTRY[name].cross_check is not None:
-            problems.extend(REGISTRY[name].cross_check(values, hyper))
+        cross_check = REGISTRY[str(name)].cross_check  # a known name: no problem so far
+        if cross_check is not None:
+            problems.extend(cross_check(values, hyper))
     if problems:
         raise ConfigError(f"invalid configuration in {source}:\n  - " + "\n  - ".join(problems))
     return RunConfig(values=values, hyper=hyper, source=source)
@@ -322,7 +323,8 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last)."""
 
 
-def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep=False):
+def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode,
+                                 deep: bool = False) -> dict[Any, Any]:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)

@@ -40,7 +40,8 @@ class Entry:
     #: checks that need the rest of the configuration: (values, hyper) -> problems
     cross_check: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] | None = None
 
-    def validate_hyper(self, params: Mapping[str, Any], prefix: str) -> tuple[dict, list[str]]:
+    def validate_hyper(self, params: Mapping[str, Any], prefix: str
+                       ) -> tuple[dict[str, Any], list[str]]:
         """Fill defaults, check types and ranges; return (values, problems)."""
         problems: list[str] = []
         values: dict[str, Any] = {}

@@ -31,7 +31,7 @@ import importlib.util
 import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from flower_pfl import catalog
 from flower_pfl.hyper import Entry
@@ -121,7 +121,7 @@ class Location:
     client: tuple[str, str] | None
 
 
-def _sources(package: str):
+def _sources(package: str) -> Iterator[tuple[str, ast.Module]]:
     """(module name, parsed source) of every module of ``package``, without importing them."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -132,7 +132,8 @@ def _sources(package: str):
             yield f"{package}.{path.stem}", ast.parse(path.read_text(encoding="utf-8"))
 
 
-def _decorated(package: str, decorator: str):
+def _decorated(package: str, decorator: str
+               ) -> Iterator[tuple[str, str, list[str | None]]]:
     """(module, class name, dotted names of the decorator's arguments) for every top-level
     class of ``package`` decorated with ``flower_pfl.registry.<decorator>(...)``."""
     for module, tree in _sources(package):
@@ -159,7 +160,7 @@ def _decorated(package: str, decorator: str):
                         yield module, node.name, [dotted(a) for a in d.args]
 
 
-def _attribute(dotted: str | None):
+def _attribute(dotted: str | None) -> Any:
     module, _, name = (dotted or "").rpartition(".")
     try:
         return getattr(importlib.import_module(module), name)

@@ -20,7 +20,7 @@ import os
 import pickle
 import shutil
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import IO, Any, Mapping, Sequence
 
 from flower_pfl.atomic import atomic_write
 
@@ -128,7 +128,7 @@ def rewind_csv(path: Path, last_round: int) -> int:
     keep = [r for r in rows if r["round"] == "" or int(float(r["round"])) <= last_round]
     if len(keep) == len(rows):
         return 0
-    def write(fh) -> None:
+    def write(fh: IO[str]) -> None:
         w = csv.DictWriter(fh, fieldnames=header, restval="")
         w.writeheader()
         w.writerows(keep)

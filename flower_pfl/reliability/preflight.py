@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any, Mapping, Protocol, Union
 
 from flower_pfl.atomic import atomic_write_text
 from flower_pfl.child import run_python
@@ -42,7 +43,17 @@ def check_output_dir(results_dir: str | Path) -> None:
                              f"folder you can write") from exc
 
 
-def preflight(cfg, results_dir: str | Path | None = None) -> None:
+
+class HasValues(Protocol):
+    """A run configuration (config.RunConfig, which this layer does not import)."""
+
+    @property
+    def values(self) -> Mapping[str, Any]: ...
+
+
+Configured = Union[HasValues, dict[str, Any]]  # a RunConfig or its values
+
+def preflight(cfg: Configured, results_dir: str | Path | None = None) -> None:
     """Everything that can be checked before training starts, each with a clear message:
     the output folder, the dataset files, every client's train and test split, and the
     model against the data's shape and labels."""
@@ -108,7 +119,7 @@ def preflight_child(request: str, answer: str) -> None:
     atomic_write_text(answer, json.dumps({"error": error, "warnings": seen}))
 
 
-def preflight_apart(cfg, results_dir: str | Path | None = None,
+def preflight_apart(cfg: Configured, results_dir: str | Path | None = None,
                     timeout_s: float | None = 900) -> None:
     """:func:`preflight` in a child process (same interpreter, same ``sys.path``), so this
     process never imports torch: the child's error is raised here as a PreflightError with
