@@ -120,7 +120,7 @@ class PFLClient(NumPyClient):
 
     # ------------------------------------------------------------------------ helpers
     def setup(self, config: Mapping[str, Scalar]) -> None:
-        self.cfg = parse_run_config(str(config["cfg"]))
+        self.cfg = parse_run_config(self.run_config_text(config))
         self.state.disk = self.state_dir(config)
         if "accepted-round" in config:  # the server's verdict on this client's last fit
             self.state.resolve(int(config["accepted-round"]))
@@ -128,6 +128,18 @@ class PFLClient(NumPyClient):
         self.data = load_client_data(self.cfg.values, self.pid, self.data_root, self.device)
         self.spec = TrainSpec.from_config(self.cfg)
         self.round = int(config.get("round", 0))
+
+    def run_config_text(self, config: Mapping[str, Scalar]) -> str:
+        """The run's validated configuration (JSON): from the run config, where flower-pfl's
+        launchers put it once per run, else from the message (a server started by
+        ``flwr run`` with a YAML path sends it with every message)."""
+        text = config.get("cfg") or self.ctx.run_config.get("cfg")
+        if not text:
+            raise RuntimeError("the run's configuration reached this client neither in the run "
+                               "config ('cfg', set by flower-pfl run/submit/bench) nor in the "
+                               "message; start the run with flower-pfl, or flwr run with "
+                               "config-file and overrides")
+        return str(text)
 
     def state_dir(self, config: Mapping[str, Scalar]) -> Path | None:
         """Where this client's state is mirrored on disk: the node's ``state-dir``

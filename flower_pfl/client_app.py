@@ -1,8 +1,10 @@
 """Flower ClientApp: one NumPyClient per message, chosen by the strategy the server runs.
 
-The server names its strategy and sends the validated run configuration with every
-message, so a SuperNode needs no copy of simulation.yaml; ``client_fn`` returns a thin
-dispatcher that instantiates the registered NumPyClient for that strategy.
+The server names its strategy in every message; the validated run configuration comes in
+the run config (``context.run_config["cfg"]``, put there once by flower-pfl's launchers)
+or, for a ServerApp started by ``flwr run`` with a YAML path, with every message, so a
+SuperNode needs no copy of simulation.yaml.  ``client_fn`` returns a thin dispatcher that
+instantiates the registered NumPyClient for that strategy.
 """
 
 from __future__ import annotations

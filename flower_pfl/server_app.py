@@ -99,12 +99,16 @@ def _flag(value) -> bool:
 
 def build_strategy(context: Context):
     rc = context.run_config
-    path = config_mod.resolve_config_path(str(rc.get("config-file", "simulation.yaml")),
-                                             config_mod.APP_DIR)
-    cfg = config_mod.load(path, str(rc.get("overrides", "")) or None)
+    if rc.get("cfg"):  # validated by the launcher: parsed here, never validated twice
+        cfg = config_mod.RunConfig.from_json(str(rc["cfg"]))
+    else:  # `flwr run` with a YAML path: validated here
+        path = config_mod.resolve_config_path(str(rc.get("config-file", "simulation.yaml")),
+                                                 config_mod.APP_DIR)
+        cfg = config_mod.load(path, str(rc.get("overrides", "")) or None)
     results_dir = str(rc.get("results-dir", "")) or None
     strategy = registry.strategy_class(cfg.strategy)(
         cfg, initial_arrays=initial_arrays_apart(cfg.values), results_dir=results_dir)
+    strategy.cfg_travels = not rc.get("cfg")  # the clients read the same run config
     client_state = str(rc.get("client-state-dir", ""))
     if client_state and int(cfg["checkpoint-every"]) > 0:
         strategy.client_state_dir = Path(client_state)

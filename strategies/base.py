@@ -102,6 +102,9 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         self.num_clients = int(cfg["clients"])
         self.rng = np.random.default_rng([cfg["seed"], 0xC11E])
         self.cfg_json = cfg.to_json()
+        #: the run's configuration goes with every message unless the clients read it from
+        #: the run config (``context.run_config["cfg"]``: flower-pfl's launchers put it there)
+        self.cfg_travels = True
         self.store = ClientStore(self.num_clients)
         self._initial = list(initial_arrays) if initial_arrays is not None else None
         self.global_arrays: list[np.ndarray] | None = None
@@ -365,10 +368,13 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
     # ------------------------------------------------------------------------ helpers
     def base_config(self, server_round: int, extra: Mapping[str, Scalar],
                     pid: int | None = None) -> dict[str, Scalar]:
-        """What every message carries (the configuration, the round, the run's id, the
-        client's last accepted round), then ``extra``."""
-        config: dict[str, Scalar] = {"cfg": self.cfg_json, "strategy": self.cfg.strategy,
+        """What every message carries (the strategy, the round, the run's id, the client's
+        last accepted round; the configuration where the clients cannot read it from the run
+        config: ``cfg_travels``), then ``extra``."""
+        config: dict[str, Scalar] = {"strategy": self.cfg.strategy,
                                      "round": server_round, "run-uid": self.run_uid}
+        if self.cfg_travels:
+            config["cfg"] = self.cfg_json
         if pid is not None:  # the last round whose upload the server accepted from pid
             config["accepted-round"] = int(self.store.last_round.get(pid, 0))
         return {**config, **extra}

@@ -67,7 +67,7 @@ class NodeTracking:
                 f"client.")
         unknown = [p for cid, p in available.items() if cid not in self.pid_of_cid]
         if unknown:
-            ins = GetPropertiesIns({"cfg": self.cfg_json})
+            ins = GetPropertiesIns({})  # a client answers its partition-id, nothing else
 
             def ask(proxy):
                 try:

@@ -450,9 +450,10 @@ def _cli(*args: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow  # a real `flwr run`
-# one per family with server state of its own (the cloud models; Self-FL's variances);
-# FedACS, FedAMP's family, has its resume checked in-process above
-@pytest.mark.parametrize("strategy", ["fedamp", "selffl"])
+# the real signal path, once: FedAMP has server state (the cloud models) and client state;
+# every strategy with server state of its own (Self-FL's variances, FedACS, SCAFFOLD, ...)
+# has its resume checked in-process above (test_inprocess_resume_equals_uninterrupted)
+@pytest.mark.parametrize("strategy", ["fedamp"])
 def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, tmp_path):
     import threading
 

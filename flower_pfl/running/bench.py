@@ -149,7 +149,8 @@ def run_on(superlink: tuple[dict, ProcessSet], cfg: config_mod.RunConfig, path: 
            cell: Cell, echo: bool, timeout_s: float | None, on_line=None) -> RunOutcome:
     """One cell's ``flwr run`` on an already running simulation SuperLink."""
     env, procs = superlink
-    run_config = {"config-file": str(path), "overrides": "", "results-dir": str(cell.dir)}
+    run_config = {"cfg": cfg.to_json(), "config-file": str(path), "overrides": "",
+                  "results-dir": str(cell.dir)}
     return flwr_run(run_config, cell.dir, env, procs, cell.dir / "flwr-run.log",
                     federation_config=federation_config(cfg), app_dir=APP_DIR, echo=echo,
                     timeout_s=timeout_s, on_line=on_line)

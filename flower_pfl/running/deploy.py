@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from flower_pfl import config as config_mod
 from flower_pfl.running.procs import (
     APP_DIR,
     LaunchError,
@@ -292,7 +293,9 @@ def submit_run(env: dict, connection: str, config_path: Path, overrides: Sequenc
     ``<results_dir>/flwr-run.log``; a LaunchError unless it finished ``completed``."""
     results_dir = Path(results_dir).resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
-    run_config = {"config-file": str(Path(config_path).resolve()),
+    cfg = config_mod.load(Path(config_path), list(overrides) or None)
+    run_config = {"cfg": cfg.to_json(),  # validated once; the ServerApp and clients read it
+                  "config-file": str(Path(config_path).resolve()),
                   "overrides": " ".join(overrides), "results-dir": str(results_dir)}
     return flwr_run(run_config, workdir, env, procs, results_dir / "flwr-run.log",
                     federation=connection, app_dir=app_dir, echo=echo, timeout_s=timeout_s,

@@ -133,15 +133,23 @@ def _call_all(instructions, method: str) -> tuple[list, list]:
 
 def run(cfg: RunConfig, results_dir: str | Path, manager: SimpleClientManager | None = None,
         rounds: int | None = None, resume: bool = False,
-        client_state_dir: str | Path | None = None, on_round=None) -> Any:
+        client_state_dir: str | Path | None = None, on_round=None,
+        cfg_travels: bool | None = None) -> Any:
     """Run ``cfg`` for ``rounds`` (default: cfg's) and return the strategy (for inspection).
 
     ``resume``: continue from the newest checkpoint in ``results_dir``;
     ``client_state_dir``: as ``flower-pfl run`` does in simulation (checkpointed with the
-    server); ``on_round(strategy, server_round)`` is called after each round (tests)."""
+    server); ``on_round(strategy, server_round)`` is called after each round (tests);
+    ``cfg_travels``: whether every message carries the configuration (default: only when the
+    caller brings its own ``manager``; the federation built here has it in its run config,
+    as ``flower-pfl run`` gives it to the clients)."""
+    if cfg_travels is None:
+        cfg_travels = manager is not None
     manager = manager or make_federation(
-        cfg["clients"], run_config={"client-state-dir": str(client_state_dir or "")})
+        cfg["clients"], run_config={"client-state-dir": str(client_state_dir or ""),
+                                    "cfg": cfg.to_json()})
     strategy = registry.strategy_class(cfg.strategy)(cfg, results_dir=results_dir)
+    strategy.cfg_travels = cfg_travels
     if client_state_dir is not None and int(cfg["checkpoint-every"]) > 0:
         strategy.client_state_dir = Path(client_state_dir)
     if resume:

@@ -101,6 +101,7 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
     stop.clear_stop(results_dir)  # a stop asked of an earlier run of this folder
     workdir = Path(tempfile.mkdtemp(prefix="flower-pfl-"))
     run_config = {
+        "cfg": cfg.to_json(),  # validated once; the ServerApp and every client read it
         "config-file": str(config_path.resolve()), "overrides": " ".join(overrides),
         "results-dir": str(results_dir.resolve()), "resume": resume,
         # the clients' personal state lives in their (Ray) processes: mirror it here so that
