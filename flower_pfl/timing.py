@@ -63,11 +63,8 @@ def install_client(dispatcher: type) -> tuple[phases.Recorder | None, list[Calla
         (fedavg, "get_arrays", "ours: model -> numpy"),
         (fedprox.FedProxClient, "regularizer", "ours: prox centre"),
         (fedamp.FedAMPClient, "regularizer", "ours: prox centre"),
-        (base.ClientState, "get_arrays", "ours: personal state (context.state)"),
-        (base.ClientState, "set_arrays", "ours: personal state (context.state)"),
-        (base.ClientState, "get_values", "ours: personal state (context.state)"),
-        (base.ClientState, "set_values", "ours: personal state (context.state)"),
-        (base.ClientState, "resolve", "ours: personal state (context.state)"),
+        *[(base.ClientState, name, "ours: personal state (context.state)")
+          for name in ("get_arrays", "set_arrays", "get_values", "set_values", "resolve")],
         (base.PFLClient, "fit", "ours: fit/evaluate rest (metrics, device report)"),
         (base.PFLClient, "evaluate", "ours: fit/evaluate rest (metrics, device report)"),
     ]
