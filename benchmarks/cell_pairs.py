@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flower_pfl.reporting.stats import mean_std, paired_interval, verdict
+from flower_pfl.reporting.stats import is_unresolved, mean_std, paired_interval, verdict
 
 # metric -> (file in the cell, how to read it, scale to percent)
 METRICS = {
@@ -98,8 +98,9 @@ def describe(a_vals: dict[int, float], b_vals: dict[int, float], seeds: list[int
             f"A − B per seed {per}; mean {iv.mean:+.2f}")
     if iv.half is None:
         return text + " (1 seed: no interval)"
-    return (text + f" [{iv.low:+.2f}, {iv.high:+.2f}] (±{iv.half:.2f}); "
-            + verdict(iv, lower_is_better))
+    said = verdict(iv, lower_is_better)  # "not resolved at n seeds (±h)" already says ±h
+    return (text + f" [{iv.low:+.2f}, {iv.high:+.2f}]"
+            + ("" if is_unresolved(said) else f" (±{iv.half:.2f})") + f"; {said}")
 
 
 def main(argv: list[str] | None = None) -> int:

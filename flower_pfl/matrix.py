@@ -30,9 +30,9 @@ A matrix file (see ``benchmarks/*.yaml``; ``flower-pfl bench`` runs it)::
 ``pairs``: each entry names two strategies of this matrix, [A, B]. Per setting the table
 reports A − B on each seed where both finished -- the final personalized mean, the
 personalized worst-10% and, where both have a global model, the global final mean --
-with its mean, the 95% Student-t interval and a verdict (holds / does not hold / tie /
-n/a with one seed; lower is better for an error metric): :mod:`flower_pfl.reporting.tables`,
-:mod:`flower_pfl.reporting.stats`.
+with its mean, the 95% Student-t interval and a verdict (holds / does not hold / not
+resolved at n seeds (±h), h the interval's half-width / n/a with one seed; lower is better
+for an error metric): :mod:`flower_pfl.reporting.tables`, :mod:`flower_pfl.reporting.stats`.
 
 The cells: per setting, each strategy the setting runs (its ``strategies``, default all) on
 each of the strategy's seeds (its ``seeds``, default the matrix's) that the setting keeps

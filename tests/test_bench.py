@@ -407,7 +407,8 @@ def test_paired_comparisons_from_finished_cells(tmp_path):
     assert [float(d) for d in mean_row["diffs"].split()] == pytest.approx([2.0, 3.0, 1.0])
     assert float(mean_row["mean"]) == pytest.approx(2.0)
     assert float(mean_row["half"]) == pytest.approx(half3, abs=1e-5)
-    assert mean_row["seeds"] == "0 1 2" and mean_row["verdict"] == "tie"
+    assert mean_row["seeds"] == "0 1 2"
+    assert mean_row["verdict"] == "not resolved at 3 seeds (±2.48)"  # half3 = 2.4841
     worst_row = rows[("acc", "fedavg", "fedprox", "worst-10%", "personalized")]
     assert float(worst_row["mean"]) == pytest.approx(10.0)
     assert float(worst_row["low"]) == pytest.approx(10.0 - half3, abs=1e-5)
@@ -428,6 +429,9 @@ def test_paired_comparisons_from_finished_cells(tmp_path):
     section = md[md.index("## Paired comparisons"):]
     assert "| fedavg − fedprox | worst-10% (personalized) | 0,1,2 | +10.00, +11.00, +9.00 " \
            f"| +10.00 | [{10 - half3:+.2f}, {10 + half3:+.2f}] | holds |" in section
+    assert "| fedavg − fedprox | final mean (personalized) | 0,1,2 | +2.00, +3.00, +1.00 " \
+           "| +2.00 | [-0.48, +4.48] | not resolved at 3 seeds (±2.48) |" in section
+    assert "**not resolved at n seeds (±h)** = it contains 0, h being its half-width" in section
     assert "| fedavg − local | final mean (personalized) | 1 | +12.00 | +12.00 | – (1 seed) " \
            "| n/a (1 seed) |" in section
     assert "error: lower is better" in section

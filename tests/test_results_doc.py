@@ -40,7 +40,7 @@ After the table.
 
 | A − B | compared | verdict |
 |---|---|---|
-| a − b | final mean (personalized) | tie |
+| a − b | final mean (personalized) | not resolved at 3 seeds (±1.25) |
 | a − b | worst-10% (personalized) | holds |
 
 ### s2
@@ -74,7 +74,7 @@ def test_a_stale_block_is_rewritten_and_a_second_run_changes_nothing(tree: Path)
     once = embed.render(stale, tree)
     assert once == _doc("| strategy | mean |\n|---|---|\n| a | 1.00 |\n| b | 2.00 |\n",
                         "| A − B | compared | verdict |\n|---|---|---|\n"
-                        "| a − b | final mean (personalized) | tie |\n")
+                        "| a − b | final mean (personalized) | not resolved at 3 seeds (±1.25) |\n")
     assert embed.render(once, tree) == once
     assert embed.stale_blocks(once, tree) == []
     # the prose around the blocks is kept as it was
@@ -149,7 +149,8 @@ def test_cell_pairs_pairs_by_seed_in_the_asked_column(tmp_path: Path, monkeypatc
     pairs.main(["docs/results/m", "s", "a", "b", "--metric", "bmta"])
     out = capsys.readouterr().out
     # BMTA per seed +5.00, +6.00 -> mean +5.50, half = t(0.975, 1) * 0.7071 / sqrt(2) = 6.35
-    assert "seeds 0,1:" in out and "+5.00, +6.00; mean +5.50 [-0.85, +11.85] (±6.35)" in out
+    assert "seeds 0,1:" in out and \
+        "+5.00, +6.00; mean +5.50 [-0.85, +11.85]; not resolved at 2 seeds (±6.35)\n" in out
     pairs.main(["docs/results/m", "s", "a", "b", "--metric", "final", "--seeds", "1"])
     assert "per seed +5.00; mean +5.00 (1 seed: no interval)" in capsys.readouterr().out
     pairs.main(["docs/results/m", "s", "a", "b", "--metric", "wall_s"])

@@ -73,9 +73,17 @@ def test_verdict_flips_for_an_error_metric():
     assert stats.verdict(behind) == "does not hold"
     assert stats.verdict(behind, lower_is_better=True) == "holds"
     noisy = stats.paired_interval([1.0, 3.0, 2.0], [2.0, 1.0, 2.5])  # diffs -1, 2, -0.5
-    assert noisy.low < 0 < noisy.high and stats.verdict(noisy) == "tie"
-    same = stats.paired_interval([1.0, 2.0], [1.0, 2.0])  # zero width at 0: a tie
-    assert same.half == 0.0 and stats.verdict(same) == "tie"
+    # mean 1/6, s_d = sqrt((49 + 121 + 16) / 36 / 2) = sqrt(31/12), so the half-width is
+    # t_{0.975, 2} * sqrt(31/12) / sqrt(3) = 4.302653 * sqrt(31) / 6 = 3.99
+    assert noisy.half == pytest.approx(T975[2] * math.sqrt(31) / 6, abs=1e-5)  # 3.9927
+    assert noisy.low < 0 < noisy.high
+    assert stats.verdict(noisy) == "not resolved at 3 seeds (±3.99)"
+    assert stats.verdict(noisy, lower_is_better=True) == "not resolved at 3 seeds (±3.99)"
+    assert stats.is_unresolved(stats.verdict(noisy))
+    same = stats.paired_interval([1.0, 2.0], [1.0, 2.0])  # zero width at 0: not resolved
+    assert same.half == 0.0 and stats.verdict(same) == "not resolved at 2 seeds (±0.00)"
+    assert not any(stats.is_unresolved(v) for v in
+                   (stats.verdict(ahead), stats.verdict(behind), stats.ONE_SEED))
 
 
 def test_mean_std_is_the_sample_std():

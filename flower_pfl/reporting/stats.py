@@ -7,7 +7,9 @@ finished. The paired 95% interval of the mean difference is
     d_bar +- t_{(1+c)/2, n-1} * s_d / sqrt(n),   s_d = sqrt(sum (d_s - d_bar)^2 / (n - 1)),
 
 with t_{q, k} the q-quantile of Student's t with k degrees of freedom (c = 0.95: q = 0.975).
-With one seed there is no interval (no spread to estimate).
+With one seed there is no interval (no spread to estimate).  Where the interval contains 0
+the verdict is "not resolved at n seeds (±h)", h = t s_d / sqrt(n) its half-width: at this
+spread and n, |d_bar| must exceed h to be told from 0 (small h: any true gap is small).
 
 Student's t CDF through the regularized incomplete beta function,
 
@@ -26,7 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-HOLDS, DOES_NOT_HOLD, TIE, ONE_SEED = "holds", "does not hold", "tie", "n/a (1 seed)"
+HOLDS, DOES_NOT_HOLD, ONE_SEED = "holds", "does not hold", "n/a (1 seed)"
+NOT_RESOLVED = "not resolved"  # how the verdict starts where the interval contains 0
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -144,14 +147,26 @@ def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float = 
     return PairedInterval(mean, half, n, diffs)
 
 
+def not_resolved(n: int, half: float) -> str:
+    """The verdict of an interval that contains 0: ``not resolved at n seeds (±h)``, h its
+    half-width as the tables print numbers (2 decimals, the compared column's units)."""
+    return f"{NOT_RESOLVED} at {n} seeds (±{half:.2f})"
+
+
+def is_unresolved(text: str) -> bool:
+    """Whether a verdict says the interval contains 0 (see :func:`not_resolved`)."""
+    return text.startswith(NOT_RESOLVED)
+
+
 def verdict(interval: PairedInterval, lower_is_better: bool = False) -> str:
     """'holds' (the interval excludes 0 on A's better side), 'does not hold' (it excludes 0
-    on B's better side), 'tie' (it contains 0) or 'n/a (1 seed)'.  For an error metric
-    (``lower_is_better``) A is better where A - B < 0."""
+    on B's better side), 'not resolved at n seeds (±h)' (it contains 0; h its half-width,
+    :func:`not_resolved`) or 'n/a (1 seed)'.  For an error metric (``lower_is_better``) A is
+    better where A - B < 0."""
     if interval.half is None:
         return ONE_SEED
     low, high = interval.mean - interval.half, interval.mean + interval.half
     if low <= 0.0 <= high:
-        return TIE
+        return not_resolved(interval.n, interval.half)
     a_better = high < 0.0 if lower_is_better else low > 0.0
     return HOLDS if a_better else DOES_NOT_HOLD

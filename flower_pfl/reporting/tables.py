@@ -15,7 +15,8 @@ From the finished cells of a :class:`~flower_pfl.matrix.Matrix` (read back throu
   final mean and worst-5%
   (like with like); mean d and the 95% Student-t interval d +- t_{0.975, n-1} s_d / sqrt(n)
   (:func:`flower_pfl.reporting.stats.paired_interval`); verdict: holds (the interval excludes 0 on
-  A's better side), does not hold (on B's), tie (contains 0), n/a (1 seed).  Lower is
+  A's better side), does not hold (on B's), not resolved at n seeds (±h) (it contains 0; h
+  its half-width: at this spread |mean d| must exceed h to tell from 0), n/a (1 seed).  Lower is
   better for an error metric.
 * per setting ``curves-<setting>.png`` (personalized mean, worst-10% and the global
   model's mean vs round, the paper's number as a dotted line), ``clients-<setting>.png``
@@ -279,8 +280,10 @@ def pairs_md(matrix: Matrix, rows: Sequence[Mapping[str, Any]],
              "interval with one seed). Personalized is compared with personalized, global with "
              f"global (for a strategy marked{GLOBAL_MARK}, its personalized is its global model). "
              "Verdict: **holds** = the interval excludes 0 on A's better side, **does "
-             "not hold** = it excludes 0 on B's better side, **tie** = it contains 0 (for an "
-             "error metric, marked so, lower is better).", ""]
+             "not hold** = it excludes 0 on B's better side, **not resolved at n seeds (±h)** "
+             "= it contains 0, h being its half-width: at this spread a mean difference must "
+             "exceed h to be told from 0 at n seeds (for an error metric, marked so, lower is "
+             "better).", ""]
     for setting in matrix.settings:
         mine = [r for r in rows if r["setting"] == setting]
         if not mine:
