@@ -25,6 +25,15 @@ per-repeat ratios.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/prox_cost.py [--repeats 5]
         [--strategies fedamp fedprox] [--subsample N] [--clients 20] [--batch-size 10]
+
+``--phases``: instead, milliseconds per client message by phase (issue 42's workload, lr
+0.005) for ``--strategies`` (default here fedavg fedprox fedamp), each its own in-process
+federation, rounds interleaved; min over the rounds after the first.  The phases are
+wall-clock wrappers around the functions named (nested: ``train()`` contains backward,
+opt.step and prox grad; ``fit message`` contains the client's ``fit()``).  The tree timed
+is the ``flower_pfl`` first on the path: before/after by PYTHONPATH, e.g.
+
+    PYTHONPATH=/path/to/old/tree .venv/bin/python benchmarks/prox_cost.py --phases
 """
 
 from __future__ import annotations
@@ -95,14 +104,14 @@ class Federation:
         self.steps = sum(float(r.metrics["local_steps"]) for _, r in results)
 
 
-def make_cfg(strategy: str, args) -> config.RunConfig:
+def make_cfg(strategy: str, args, lr: float = 0.01) -> config.RunConfig:
     data = {"dataset": "fmnist", "partition": "pathological", "classes-per-client": 2}
     if args.subsample:
         data["subsample"] = args.subsample
     return config.validate({
         "strategy": strategy, "clients": args.clients, "fraction-fit": 1.0, "model": "dnn",
         "rounds": args.repeats + 1, "device": "cpu", "seed": 0, "data": data,
-        "train": {"epochs": 1, "batch-size": args.batch_size, "lr": 0.01}},
+        "train": {"epochs": 1, "batch-size": args.batch_size, "lr": lr}},
         source="prox_cost")
 
 
@@ -110,9 +119,90 @@ def summary(values: list[float]) -> tuple[float, float]:
     return min(values), statistics.median(values)
 
 
+PHASES = ("setup", "new_model", "regularizer (center)", "backward", "opt.step", "prox grad",
+          "train()", "save_personal", "client fit()", "fit message", "evaluate()",
+          "client evaluate()", "evaluate message", "server aggregate_fit", "round")
+
+
+def phases(args) -> None:
+    """ms per client message by phase (see the module docstring, ``--phases``)."""
+    import collections
+    import functools
+    import logging
+
+    import flower_pfl.learning.training as training
+    from flower_pfl.clients import base, fedamp, fedprox
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    spent: dict[str, float] = collections.defaultdict(float)
+
+    def timed(name, fn):
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] += time.perf_counter() - start
+        return wrapper
+
+    training.add_prox_grad_ = timed("prox grad", training.add_prox_grad_)
+    torch.optim.SGD.step = timed("opt.step", torch.optim.SGD.step)
+    torch.Tensor.backward = timed("backward", torch.Tensor.backward)
+    base.train = timed("train()", base.train)
+    base.evaluate = timed("evaluate()", base.evaluate)
+    for meth in ("new_model", "save_personal", "setup"):
+        setattr(base.PFLClient, meth, timed(meth, getattr(base.PFLClient, meth)))
+    for cls in (fedprox.FedProxClient, fedamp.FedAMPClient):
+        cls.regularizer = timed("regularizer (center)", cls.regularizer)
+    base.PFLClient.fit = timed("client fit()", base.PFLClient.fit)
+    base.PFLClient.evaluate = timed("client evaluate()", base.PFLClient.evaluate)
+    proxy = inprocess.InProcessProxy
+    proxy.fit = timed("fit message", proxy.fit)
+    proxy.evaluate = timed("evaluate message", proxy.evaluate)
+    names = args.strategies if args.strategies != ["fedamp", "fedprox"] else \
+        ["fedavg", "fedprox", "fedamp"]
+    rows: dict[str, dict[str, list[float]]] = {n: collections.defaultdict(list) for n in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        feds = {}
+        for name in names:
+            cfg = make_cfg(name, args, lr=0.005)
+            manager = inprocess.make_federation(cfg["clients"])
+            strategy = registry.strategy_class(name)(cfg, results_dir=f"{tmp}/{name}")
+            feds[name] = [manager, strategy, strategy.initialize_parameters(manager)]
+        for rnd in range(1, args.repeats + 2):
+            for name in names:
+                manager, strategy, params = feds[name]
+                spent.clear()
+                t0 = time.perf_counter()
+                fit_ins = strategy.configure_fit(rnd, params, manager)
+                results = [(px, px.fit(ins, None, None)) for px, ins in fit_ins]
+                t1 = time.perf_counter()
+                new, _ = strategy.aggregate_fit(rnd, results, [])
+                spent["server aggregate_fit"] += time.perf_counter() - t1
+                feds[name][2] = params = new if new is not None else params
+                eval_ins = strategy.configure_evaluate(rnd, params, manager)
+                evals = [(px, px.evaluate(ins, None, None)) for px, ins in eval_ins]
+                strategy.aggregate_evaluate(rnd, evals, [])
+                spent["round"] += time.perf_counter() - t0
+                if rnd > 1:  # round 1: data loading, first-round state
+                    for key, value in spent.items():
+                        rows[name][key].append(value * 1000 / args.clients)
+    import flower_pfl
+    print(f"tree {flower_pfl.__file__}; {args.clients} clients, batch {args.batch_size}, "
+          f"lr 0.005, min of {args.repeats} rounds after one warm-up, torch threads "
+          f"{args.threads}\n{'ms per client message':24s}" + "".join(f"{n:>10s}" for n in names))
+    for key in PHASES:
+        cells = [f"{min(rows[n][key]):10.2f}" if rows[n].get(key) else f"{'-':>10s}"
+                 for n in names]
+        print(f"{key:24s}" + "".join(cells))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--strategies", nargs="+", default=["fedamp", "fedprox"])
+    ap.add_argument("--phases", action="store_true",
+                    help="ms per client message by phase (fedavg fedprox fedamp by default)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=10)
@@ -122,6 +212,9 @@ def main() -> None:
                     help="torch intra-op threads (1, as a Ray client actor with num-cpus 1)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.phases:
+        phases(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         feds = {"fedavg": Federation(make_cfg("fedavg", args), f"{tmp}/fedavg")}
         for name in args.strategies:

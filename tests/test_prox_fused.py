@@ -23,7 +23,8 @@ from flower_pfl.learning.training import TrainSpec, params_of, train
 from tests.conftest import small_config
 from tests.test_baselines import TINY, state_arrays
 
-COEFS = (0.7, 1.0 / 3.0, 15.0)  # FedProx's mu, an inexact float32, FedAMP's lambda/alpha_k
+COEFS = (0.7, 1.0 / 3.0, 15.0, 1.0)  # FedProx's mu, an inexact float32, FedAMP's
+# lambda/alpha_k, FedProx's default mu (the multiply pass skipped)
 
 
 def _data(model="dnn"):

@@ -7,7 +7,8 @@ loss only and then adds the prox gradient ``coef * (w - center)`` to every param
 optimizer step.  That is the same floating-point work autograd does for
 ``prox_penalty`` (``0.5*coef*sum((w-c)**2)``): its backward is ``float32(0.5*coef) *
 (2 * (w - c))``, which rounds exactly like ``float32(coef) * (w - c)`` (scaling by 2 is
-exact), and the engine sums the data and prox contributions of a parameter in one
+exact; for coef = 1, FedProx's default mu, that is ``w - c`` itself and the multiply
+pass is skipped), and the engine sums the data and prox contributions of a parameter in one
 addition, which is commutative.  So the optimizer sees the same gradient bit for bit
 (plain SGD, momentum and weight decay alike; tests/test_prox_fused.py) at about a
 third of the cost (docs/BENCHMARKS.md).  Not fused on purpose:
@@ -48,11 +49,12 @@ def add_prox_grad_(params: Sequence[torch.Tensor], center: Sequence[torch.Tensor
     None).  ``value``: also return ``coef/2 * sum ||p - c||^2`` (one more read pass).
     """
     params = params if isinstance(params, list) else list(params)
-    diff = torch._foreach_sub(params, list(center))  # w - c, as autograd's sub
-    out = None
+    diff = torch._foreach_sub(params, center if isinstance(center, list) else list(center))
+    out = None  # diff: w - c, as autograd's sub
     if value:
         out = 0.5 * coef * sum(float(n) ** 2 for n in torch._foreach_norm(diff))
-    torch._foreach_mul_(diff, coef)  # float32(coef) * (w - c): autograd's rounding
+    if coef != 1.0:  # float32(coef) * (w - c): autograd's rounding; 1 * x is x exactly
+        torch._foreach_mul_(diff, coef)
     if grads is None:
         grads = [p.grad for p in params]
         if any(g is None for g in grads):  # no data gradient: the prox gradient alone
