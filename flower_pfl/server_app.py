@@ -32,8 +32,9 @@ from pathlib import Path
 import numpy as np
 from flwr.common import Context
 from flwr.common.logger import log
-from flwr.server import Server, ServerApp, ServerAppComponents, ServerConfig
+from flwr.server import Grid, Server, ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
+from flwr.server.compat import start_grid
 from flwr.server.history import History
 
 from flower_pfl import config as config_mod
@@ -140,5 +141,29 @@ def server_fn(context: Context) -> ServerAppComponents:
         num_rounds=cfg["rounds"], round_timeout=cfg["round-timeout"]))
 
 
+#: seconds between two looks for a reply in simulation (Flower's default: 0.1)
+REPLY_POLL_S = 0.01
+
+
+def poll_faster(grid: Grid) -> None:
+    """In simulation the grid is Flower's ``InMemoryGrid``: each message's thread looks for
+    its reply every ``pull_interval`` seconds (0.1 by default), so a round ends up to 0.1 s
+    after its last reply, at every step (fit, evaluate).  A look is a dictionary lookup under
+    a lock; every :data:`REPLY_POLL_S` it costs the 20 waiting threads of a 20-client round
+    ~2 ms of CPU per second.  A deployment's grid (gRPC to the SuperLink) has no such
+    attribute and is left alone."""
+    if hasattr(grid, "pull_interval"):
+        grid.pull_interval = REPLY_POLL_S
+
+
 timing.install_server()  # nothing unless FLOWER_PFL_PHASES is set (flower_pfl.phases)
-app = ServerApp(server_fn=server_fn)
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Flower's compatibility loop (``start_grid``) over our server and strategy, with the
+    simulation's reply polling shortened first (:func:`poll_faster`)."""
+    components = server_fn(context)
+    poll_faster(grid)
+    start_grid(grid=grid, server=components.server, config=components.config)
