@@ -40,6 +40,7 @@ from flwr.server.history import History
 from flower_pfl import config as config_mod
 from flower_pfl import registry, timing
 from flower_pfl.child import run_python
+from flower_pfl.strategies.nodes import message_threads
 
 
 class ResumableServer(Server):
@@ -116,21 +117,6 @@ def build_strategy(context: Context):
     if _flag(rc.get("resume", False)):
         strategy.resume()
     return cfg, strategy
-
-
-#: most messages in flight at once (one waiting thread each; see :func:`message_threads`)
-MAX_MESSAGE_THREADS = 256
-
-
-def message_threads(num_clients: int) -> int:
-    """Threads of Flower's legacy round loop: one per client of the run (up to
-    :data:`MAX_MESSAGE_THREADS`), so every sampled client's message is sent at once.
-    Flower's default (``ThreadPoolExecutor``: cores + 4, 6 on 2 cores) keeps 6 messages in
-    flight; each thread polls for its reply every 0.1 s (``InMemoryGrid.pull_interval``) and
-    the simulation engine picks new messages up every 0.1 s (``vce_api.add_messages_to_queue``),
-    so with 6 in flight the ClientApp actors wait ~0.1-0.2 s between a reply and the next
-    message instead of working through a queue."""
-    return max(1, min(int(num_clients), MAX_MESSAGE_THREADS))
 
 
 def server_fn(context: Context) -> ServerAppComponents:
