@@ -38,7 +38,7 @@ from flwr.server.compat import start_grid
 from flwr.server.history import History
 
 from flower_pfl import config as config_mod
-from flower_pfl import registry, timing
+from flower_pfl import linkstate_lookup, registry, timing
 from flower_pfl.child import run_python
 from flower_pfl.strategies.nodes import message_threads
 
@@ -127,19 +127,24 @@ def server_fn(context: Context) -> ServerAppComponents:
         num_rounds=cfg["rounds"], round_timeout=cfg["round-timeout"]))
 
 
-#: seconds between two looks for a reply in simulation (Flower's default: 0.1)
-REPLY_POLL_S = 0.01
+#: the most looks for replies per second, over all of a round's waiting threads, in simulation
+REPLY_POLLS_PER_S = 2000
 
 
-def poll_faster(grid: Grid) -> None:
+def reply_poll_s(threads: int) -> float:
+    """Seconds between two looks for its reply by each of ``threads`` waiting threads: as
+    short as 10 ms, as long as Flower's 0.1 s, so that all together look at most
+    :data:`REPLY_POLLS_PER_S` times a second (a look takes the LinkState's lock, ~20 us)."""
+    return min(0.1, max(0.01, threads / REPLY_POLLS_PER_S))
+
+
+def poll_faster(grid: Grid, threads: int) -> None:
     """In simulation the grid is Flower's ``InMemoryGrid``: each message's thread looks for
-    its reply every ``pull_interval`` seconds (0.1 by default), so a round ends up to 0.1 s
-    after its last reply, at every step (fit, evaluate).  A look is a dictionary lookup under
-    a lock; every :data:`REPLY_POLL_S` it costs the 20 waiting threads of a 20-client round
-    ~2 ms of CPU per second.  A deployment's grid (gRPC to the SuperLink) has no such
-    attribute and is left alone."""
+    its reply every ``pull_interval`` seconds (0.1 by default), so a step (fit, evaluate)
+    ends up to 0.1 s after its last reply.  With 20 clients, 10 ms (:func:`reply_poll_s`).
+    A deployment's grid (gRPC to the SuperLink) has no such attribute and is left alone."""
     if hasattr(grid, "pull_interval"):
-        grid.pull_interval = REPLY_POLL_S
+        grid.pull_interval = reply_poll_s(threads)
 
 
 timing.install_server()  # nothing unless FLOWER_PFL_PHASES is set (flower_pfl.phases)
@@ -149,7 +154,9 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Flower's compatibility loop (``start_grid``) over our server and strategy, with the
-    simulation's reply polling shortened first (:func:`poll_faster`)."""
+    simulation's reply polling shortened first (:func:`poll_faster`) and its engine's
+    lookup of a node's messages by destination (:mod:`flower_pfl.linkstate_lookup`)."""
     components = server_fn(context)
-    poll_faster(grid)
+    poll_faster(grid, message_threads(int(components.server.strategy.num_clients)))
+    linkstate_lookup.install()  # the engine's per-node lookups: flower_pfl/linkstate_lookup.py
     start_grid(grid=grid, server=components.server, config=components.config)
