@@ -20,6 +20,7 @@ round costs a message per client whatever the sampling).  Printed per arm:
 
     .venv/bin/python benchmarks/client_scale.py --clients 20 100 1000 10000 \\
         --fractions 0.1 0.01 --strategies fedavg fedamp selffl --rounds 3 --json OUT.json
+    .venv/bin/python benchmarks/client_scale.py --clients 1000 --tree OLD_CHECKOUT ...  # before
 
 Run it alone on a quiet machine (it says the load before and after).
 """
@@ -39,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_memory import idle_baseline, run_arm  # noqa: E402 - benchmarks/, this directory
+from sim_memory import ROOT, idle_baseline, run_arm  # noqa: E402 - benchmarks/, this directory
 
 ROUND = re.compile(r"\[ROUND (\d+)\]")
 
@@ -114,6 +115,9 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=1800.0, help="per arm, seconds")
     p.add_argument("--json", default=None, help="results, rewritten after every arm")
     p.add_argument("--keep", default=None, help="keep the runs' folders here")
+    p.add_argument("--tree", default=None,
+                   help="run the arms from this copy of the project (e.g. a checkout from "
+                        "before a change); default: this one")
     args = p.parse_args()
     print(f"load average before: {os.getloadavg()}", flush=True)
     idle = idle_baseline(5.0)
@@ -135,7 +139,9 @@ def main() -> None:
                         clocks.append(RoundClock(run_dir))
                         return clocks[-1]
 
-                    res = run_arm(name, tree, Path(tmp), idle, 0.5, args.timeout, watch=watch)
+                    res = run_arm(name, tree, Path(tmp), idle, 0.5, args.timeout,
+                                  app=Path(args.tree).resolve() if args.tree else ROOT,
+                                  watch=watch)
                     times = round_times(clocks[0].seen, res["wall_s"], args.rounds)
                     sampled = max(1, round(fraction * n))
                     row = {"name": name, "clients": n, "sampled": sampled,
