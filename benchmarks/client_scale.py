@@ -9,12 +9,13 @@ round (``eval-every`` = rounds: the papers' metric is over all clients, so an ev
 round costs a message per client whatever the sampling).  Printed per arm:
 
 * ``start``: from the launch to Flower's ``[ROUND 1]`` (SuperLink, Ray, the ServerApp, the
-  strategy's initial model) -- the first round's partition-id handshake with every node is
-  inside round 1, not here;
-* ``round 1``: the first round (the handshake with every node, then the sampled clients' fit);
-* ``s/round``: the median of the later fit-only rounds (``[ROUND k]`` to ``[ROUND k+1]``,
-  read from the run's log as it is written, to ~0.05 s);
-* ``last``: the last round, whose evaluation asks every client;
+  strategy's initial model; read from the streamed log, ~0.5 s resolution);
+* ``round 1``: to the end of round 1's aggregation (the partition-id handshake with every
+  node, the actors' start, the sampled clients' fit);
+* ``s/round``: the median of the later rounds' fit steps (between two appends to fit.csv,
+  which the server writes once per round after aggregating; polled every 20 ms);
+* ``last``: after the last round's aggregation: the evaluation of every client, the run's
+  end (summary, curves.png, checkpoint) and the processes' shutdown;
 * the machine's memory above idle at its peak, and the peak summed PSS of every process of
   the run (:class:`sim_memory.Sampler`).
 
@@ -32,6 +33,7 @@ import contextlib
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import threading
@@ -57,23 +59,35 @@ def arm_tree(strategy: str, clients: int, fraction: float, rounds: int, model: s
 
 
 class RoundClock:
-    """Times Flower's ``[ROUND k]`` lines as they reach the run's ``flwr-run.log``."""
+    """Times a run's rounds as it goes: Flower's ``[ROUND k]`` lines reaching its
+    ``flwr-run.log`` (streamed in chunks: ~0.5 s resolution, used for the start only) and
+    each append to its ``fit.csv`` (the server writes a round's rows at once, after that
+    round's aggregation: polled every 20 ms)."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.log = run_dir / "flwr-run.log"
+        self.log, self.fit = run_dir / "flwr-run.log", run_dir / "fit.csv"
         self.t0 = time.perf_counter()
-        self.seen: dict[int, float] = {}
-        self.pos = 0
+        self.seen: dict[int, float] = {}  # round -> when its [ROUND k] line was read
+        self.fit_ends: list[float] = []  # when fit.csv grew (one append per round)
+        self.pos, self.fit_size = 0, 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
         while not self.stop.is_set():
             self.read()
-            time.sleep(0.05)
+            time.sleep(0.02)
         self.read()
 
     def read(self) -> None:
+        now = time.perf_counter() - self.t0
+        try:
+            size = self.fit.stat().st_size
+        except OSError:
+            size = 0
+        if size > self.fit_size:
+            self.fit_size = size
+            self.fit_ends.append(now)
         try:
             with open(self.log, errors="replace") as fh:
                 fh.seek(self.pos)
@@ -81,7 +95,6 @@ class RoundClock:
                 self.pos = fh.tell()
         except OSError:
             return
-        now = time.perf_counter() - self.t0
         for match in ROUND.finditer(text):
             self.seen.setdefault(int(match.group(1)), now)
 
@@ -94,15 +107,18 @@ class RoundClock:
         self.thread.join()
 
 
-def round_times(seen: dict[int, float], wall: float, rounds: int) -> dict:
-    """``start``, ``round1``, ``s_per_round`` (median of the fit-only rounds 2..rounds-1, or
-    None), ``last`` (from ``[ROUND rounds]`` to the end of the launcher)."""
-    starts = [seen.get(k) for k in range(1, rounds + 1)]
-    if any(s is None for s in starts):
-        return {"start": None, "round1": None, "s_per_round": None, "last": None}
-    fit = sorted(b - a for a, b in zip(starts[1:-1], starts[2:]))
-    return {"start": starts[0], "round1": (starts[1] - starts[0]) if rounds > 1 else None,
-            "s_per_round": fit[len(fit) // 2] if fit else None, "last": wall - starts[-1]}
+def round_times(clock: RoundClock, wall: float, rounds: int) -> dict:
+    """``start`` (launch to ``[ROUND 1]``), ``round1`` (to round 1's fit.csv rows: the
+    handshake with every node and the first fit), ``s_per_round`` (median time between the
+    later rounds' fit.csv appends: fit-only rounds), ``last`` (after the last append: the
+    evaluation of every client and the run's end); None where not seen."""
+    ends = clock.fit_ends
+    start = clock.seen.get(1)
+    if len(ends) != rounds or start is None:
+        return {"start": start, "round1": None, "s_per_round": None, "last": None}
+    fit = [b - a for a, b in zip(ends, ends[1:])]
+    return {"start": start, "round1": ends[0] - start,
+            "s_per_round": statistics.median(fit) if fit else None, "last": wall - ends[-1]}
 
 
 def main() -> None:
@@ -142,7 +158,7 @@ def main() -> None:
                     res = run_arm(name, tree, Path(tmp), idle, 0.5, args.timeout,
                                   app=Path(args.tree).resolve() if args.tree else ROOT,
                                   watch=watch)
-                    times = round_times(clocks[0].seen, res["wall_s"], args.rounds)
+                    times = round_times(clocks[0], res["wall_s"], args.rounds)
                     sampled = max(1, round(fraction * n))
                     row = {"name": name, "clients": n, "sampled": sampled,
                            "strategy": strategy, **times,
