@@ -61,14 +61,14 @@ def arm_tree(strategy: str, clients: int, fraction: float, rounds: int, model: s
 class RoundClock:
     """Times a run's rounds as it goes: Flower's ``[ROUND k]`` lines reaching its
     ``flwr-run.log`` (streamed in chunks: ~0.5 s resolution, used for the start only) and
-    each append to its ``fit.csv`` (the server writes a round's rows at once, after that
-    round's aggregation: polled every 20 ms)."""
+    the first rows of each round in its ``fit.csv`` (the server writes a round's rows in one
+    call, after that round's aggregation: polled every 20 ms)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.log, self.fit = run_dir / "flwr-run.log", run_dir / "fit.csv"
         self.t0 = time.perf_counter()
         self.seen: dict[int, float] = {}  # round -> when its [ROUND k] line was read
-        self.fit_ends: list[float] = []  # when fit.csv grew (one append per round)
+        self.fit_ends: list[float] = []  # when round k's rows reached fit.csv, k = 1, 2, ...
         self.pos, self.fit_size = 0, 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -85,9 +85,14 @@ class RoundClock:
             size = self.fit.stat().st_size
         except OSError:
             size = 0
-        if size > self.fit_size:
-            self.fit_size = size
-            self.fit_ends.append(now)
+        if size > self.fit_size:  # a round's rows: the first bytes of round k's rows
+            self.fit_size = size      # (a large append reaches the file in several writes)
+            with open(self.fit, "rb") as fh:
+                fh.seek(max(0, size - 4096))
+                lines = fh.read().split(b"\n")
+            last = next((ln for ln in reversed(lines[:-1]) if ln[:1].isdigit()), b"")
+            if last and int(last.split(b",")[0]) > len(self.fit_ends):
+                self.fit_ends.append(now)
         try:
             with open(self.log, errors="replace") as fh:
                 fh.seek(self.pos)
