@@ -35,6 +35,7 @@ saw that is still alive afterwards (a crash, Ctrl-C) is stopped by PID and repor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -176,7 +177,10 @@ class Sampler:
 
 
 def run_arm(name: str, tree: dict, out: Path, idle_kb: int, interval_s: float,
-            timeout_s: float, app: Path = ROOT) -> dict:
+            timeout_s: float, app: Path = ROOT, watch=None) -> dict:
+    """One ``flower-pfl run`` of ``tree`` under the memory :class:`Sampler`; ``watch``: an
+    optional context manager (given the run's results folder) around the run, e.g. a
+    thread timing its rounds."""
     tree = json.loads(json.dumps(tree))
     tree["run-name"] = name
     path = out / f"{name}.yaml"
@@ -191,7 +195,7 @@ def run_arm(name: str, tree: dict, out: Path, idle_kb: int, interval_s: float,
                             cwd=app, env=env)
     sampler = Sampler(proc.pid, interval_s)
     try:
-        with sampler:
+        with sampler, (watch(out / name) if watch else contextlib.nullcontext()):
             output, _ = proc.communicate(timeout=timeout_s)
     finally:
         if proc.poll() is None:
@@ -206,7 +210,8 @@ def run_arm(name: str, tree: dict, out: Path, idle_kb: int, interval_s: float,
     rows = json.loads((out / name / "summary.json").read_text())["rounds"]
     diffs = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
     mb = 1 / 1024
-    return {"s_per_round": statistics.median(diffs), "wall_s": round(wall, 1),
+    return {"s_per_round": statistics.median(diffs) if diffs else None,
+            "wall_s": round(wall, 1),
             "above_idle_mb": round((sampler.peak_used - idle_kb) * mb),
             "peak_pss_mb": round(sampler.peak_pss[0] * mb), "processes": sampler.peak_pss[1],
             "roles": {k: (round(p * mb), round(u * mb))

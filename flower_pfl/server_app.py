@@ -32,13 +32,15 @@ from pathlib import Path
 import numpy as np
 from flwr.common import Context
 from flwr.common.logger import log
-from flwr.server import Server, ServerApp, ServerAppComponents, ServerConfig
+from flwr.server import Grid, Server, ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
+from flwr.server.compat import start_grid
 from flwr.server.history import History
 
 from flower_pfl import config as config_mod
-from flower_pfl import registry, timing
+from flower_pfl import linkstate_lookup, registry, timing
 from flower_pfl.child import run_python
+from flower_pfl.strategies.nodes import message_threads
 
 
 class ResumableServer(Server):
@@ -117,21 +119,6 @@ def build_strategy(context: Context):
     return cfg, strategy
 
 
-#: most messages in flight at once (one waiting thread each; see :func:`message_threads`)
-MAX_MESSAGE_THREADS = 256
-
-
-def message_threads(num_clients: int) -> int:
-    """Threads of Flower's legacy round loop: one per client of the run (up to
-    :data:`MAX_MESSAGE_THREADS`), so every sampled client's message is sent at once.
-    Flower's default (``ThreadPoolExecutor``: cores + 4, 6 on 2 cores) keeps 6 messages in
-    flight; each thread polls for its reply every 0.1 s (``InMemoryGrid.pull_interval``) and
-    the simulation engine picks new messages up every 0.1 s (``vce_api.add_messages_to_queue``),
-    so with 6 in flight the ClientApp actors wait ~0.1-0.2 s between a reply and the next
-    message instead of working through a queue."""
-    return max(1, min(int(num_clients), MAX_MESSAGE_THREADS))
-
-
 def server_fn(context: Context) -> ServerAppComponents:
     cfg, strategy = build_strategy(context)
     server = ResumableServer(client_manager=SimpleClientManager(), strategy=strategy)
@@ -140,5 +127,36 @@ def server_fn(context: Context) -> ServerAppComponents:
         num_rounds=cfg["rounds"], round_timeout=cfg["round-timeout"]))
 
 
+#: the most looks for replies per second, over all of a round's waiting threads, in simulation
+REPLY_POLLS_PER_S = 2000
+
+
+def reply_poll_s(threads: int) -> float:
+    """Seconds between two looks for its reply by each of ``threads`` waiting threads: as
+    short as 10 ms, as long as Flower's 0.1 s, so that all together look at most
+    :data:`REPLY_POLLS_PER_S` times a second (a look takes the LinkState's lock, ~20 us)."""
+    return min(0.1, max(0.01, threads / REPLY_POLLS_PER_S))
+
+
+def poll_faster(grid: Grid, threads: int) -> None:
+    """In simulation the grid is Flower's ``InMemoryGrid``: each message's thread looks for
+    its reply every ``pull_interval`` seconds (0.1 by default), so a step (fit, evaluate)
+    ends up to 0.1 s after its last reply.  With 20 clients, 10 ms (:func:`reply_poll_s`).
+    A deployment's grid (gRPC to the SuperLink) has no such attribute and is left alone."""
+    if hasattr(grid, "pull_interval"):
+        grid.pull_interval = reply_poll_s(threads)
+
+
 timing.install_server()  # nothing unless FLOWER_PFL_PHASES is set (flower_pfl.phases)
-app = ServerApp(server_fn=server_fn)
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Flower's compatibility loop (``start_grid``) over our server and strategy, with the
+    simulation's reply polling shortened first (:func:`poll_faster`) and its engine's
+    lookup of a node's messages by destination (:mod:`flower_pfl.linkstate_lookup`)."""
+    components = server_fn(context)
+    poll_faster(grid, message_threads(int(components.server.strategy.num_clients)))
+    linkstate_lookup.install()  # the engine's per-node lookups: flower_pfl/linkstate_lookup.py
+    start_grid(grid=grid, server=components.server, config=components.config)

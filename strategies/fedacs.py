@@ -110,5 +110,6 @@ class FedACS(MessagePassingStrategy):
 
     def save_attention(self, server_round):
         xi = super().save_attention(server_round)
-        self.results.save_matrix("selection", (xi > 0).astype(np.float64))
+        if xi is not None:
+            self.results.save_matrix("selection", (xi > 0).astype(np.float64))
         return xi

@@ -62,6 +62,10 @@ class MessagePassingStrategy(PersonalizedStrategy):
     #: distance of the stored models is no one's peer (see the module docstring)
     outlier_factor = 10.0
 
+    #: the largest federation whose last n x n weight matrix is saved (save_attention):
+    #: 1,000 clients = 8 MB; 10,000 would be 0.8 GB on disk and ~10 GB to draw
+    saved_matrix_limit = 1000
+
     #: uploads are decoded one at a time into the store (strategies/base.py)
     lazy_uploads = True
     # checkpointed: nothing of its own -- the ModelStore is in the base's ClientStore (its
@@ -197,8 +201,16 @@ class MessagePassingStrategy(PersonalizedStrategy):
         super().restore_state(state)
         log(INFO, "[flower-pfl] %s", self.matrix.attach(self.state_dir))
 
-    def save_attention(self, server_round: int) -> np.ndarray:
-        """The full n x n weight matrix (weights only: cheap) -> npy + PNG heatmap."""
-        xi = self.attention(np.arange(self.num_clients), server_round)
+    def save_attention(self, server_round: int) -> np.ndarray | None:
+        """The full n x n weight matrix -> npy + PNG heatmap, up to
+        :attr:`saved_matrix_limit` clients (None above: not computed, a line says so)."""
+        n = self.num_clients
+        if n > self.saved_matrix_limit:
+            log(INFO, "[flower-pfl] %s.npy/.png not written: the %d x %d weight matrix (%.1f GB "
+                "as float64, a %d-megapixel figure) is over the %d clients this strategy "
+                "writes it for", self.matrix_name, n, n, n * n * 8 / 1e9, n * n // 10**6,
+                self.saved_matrix_limit)
+            return None
+        xi = self.attention(np.arange(n), server_round)
         self.results.save_matrix(self.matrix_name, xi)
         return xi

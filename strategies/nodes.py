@@ -30,6 +30,21 @@ from flower_pfl.strategies.federation import FederationError, TaggedProxy, failu
 #: how long the first handshake waits for the federation's nodes (and each node's answer)
 WAIT_FOR_NODES_S = 120.0
 
+#: most messages in flight at once (one waiting thread each; see :func:`message_threads`)
+MAX_MESSAGE_THREADS = 256
+
+
+def message_threads(num_messages: int) -> int:
+    """Threads that send ``num_messages`` messages through Flower's legacy proxies: one per
+    message (up to :data:`MAX_MESSAGE_THREADS`), so they are all in flight at once.  A
+    legacy proxy's call blocks its thread until the reply, which it looks for every
+    ``InMemoryGrid.pull_interval`` in simulation, and the simulation engine picks new
+    messages up every 0.1 s (``vce_api.add_messages_to_queue``): with Flower's default pool
+    (cores + 4, 6 threads on 2 cores) the ClientApp actors wait ~0.1-0.2 s between a reply
+    and the next message instead of working through a queue.  Used for the rounds
+    (``server_app``) and for the partition-id handshake with every node."""
+    return max(1, min(int(num_messages), MAX_MESSAGE_THREADS))
+
 
 class NodeTracking:
     """Partition-ids of the connected nodes, and the seeded sample of each round."""
@@ -79,7 +94,8 @@ class NodeTracking:
                     log(WARNING, "[flower-pfl] node %s did not answer the handshake (%s); "
                         "asking again next round", proxy.cid, failure_reason(exc))
                     return None
-            with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+            with concurrent.futures.ThreadPoolExecutor(
+                    max_workers=message_threads(len(unknown))) as pool:
                 answers = list(pool.map(ask, unknown))
             for proxy, res in zip(unknown, answers):
                 if res is None:

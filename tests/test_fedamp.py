@@ -128,6 +128,20 @@ def test_client_prox_term_pulls_towards_cloud_model(tmp_path):
     assert pulled < 0.5 * free, (free, pulled)
 
 
+def test_the_weight_matrix_is_not_saved_past_the_limit(tmp_path, monkeypatch, caplog):
+    from flower_pfl.strategies.message_passing import MessagePassingStrategy
+
+    monkeypatch.setattr(MessagePassingStrategy, "saved_matrix_limit", 5)
+    cfg = small_config(strategy="fedamp", clients=6, rounds=1, **{"data.subsample": 3000})
+    with caplog.at_level("INFO"):
+        inprocess.run(cfg, tmp_path / "over")
+    assert not (tmp_path / "over" / "attention.npy").exists()
+    assert "attention.npy/.png not written: the 6 x 6 weight matrix" in caplog.text
+    monkeypatch.setattr(MessagePassingStrategy, "saved_matrix_limit", 6)
+    inprocess.run(cfg, tmp_path / "at")
+    assert np.load(tmp_path / "at" / "attention.npy").shape == (6, 6)
+
+
 def _in_group_share(xi, groups):
     same = (groups[:, None] == groups[None, :]) & ~np.eye(len(groups), dtype=bool)
     off = ~np.eye(len(groups), dtype=bool)
