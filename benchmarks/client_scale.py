@@ -36,13 +36,12 @@ import re
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_memory import ROOT, idle_baseline, run_arm  # noqa: E402 - benchmarks/, this directory
+from sim_memory import ROOT, Poller, idle_baseline, run_arm  # noqa: E402 - benchmarks/, here
 
 ROUND = re.compile(r"\[ROUND (\d+)\]")
 
@@ -58,28 +57,21 @@ def arm_tree(strategy: str, clients: int, fraction: float, rounds: int, model: s
             "train": {"epochs": 1, "batch-size": 10, "lr": 0.05}}
 
 
-class RoundClock:
+class RoundClock(Poller):
     """Times a run's rounds as it goes: Flower's ``[ROUND k]`` lines reaching its
     ``flwr-run.log`` (streamed in chunks: ~0.5 s resolution, used for the start only) and
     the first rows of each round in its ``fit.csv`` (the server writes a round's rows in one
     call, after that round's aggregation: polled every 20 ms)."""
 
     def __init__(self, run_dir: Path) -> None:
+        super().__init__(0.02)
         self.log, self.fit = run_dir / "flwr-run.log", run_dir / "fit.csv"
         self.t0 = time.perf_counter()
         self.seen: dict[int, float] = {}  # round -> when its [ROUND k] line was read
         self.fit_ends: list[float] = []  # when round k's rows reached fit.csv, k = 1, 2, ...
         self.pos, self.fit_size = 0, 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            self.read()
-            time.sleep(0.02)
-        self.read()
-
-    def read(self) -> None:
+    def poll(self) -> None:
         now = time.perf_counter() - self.t0
         try:
             size = self.fit.stat().st_size
@@ -102,14 +94,6 @@ class RoundClock:
             return
         for match in ROUND.finditer(text):
             self.seen.setdefault(int(match.group(1)), now)
-
-    def __enter__(self) -> "RoundClock":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def round_times(clock: RoundClock, wall: float, rounds: int) -> dict:

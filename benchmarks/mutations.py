@@ -226,7 +226,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sanity", action="store_true",
                         help="show where a scratch copy imports the packages from and exit")
     parser.add_argument("--skip-baseline", action="store_true",
-                        help="do not run the unmutated targets first (debugging only)")
+                        help="do not run the unmutated targets first (when they have just "
+                             "passed unmutated: .ci/run after the fast and slow tiers)")
     args = parser.parse_args(argv)
 
     problems = check_patches(MUTATIONS) + check_coverage(MUTATIONS) + check_placement(MUTATIONS)

@@ -121,11 +121,39 @@ def role(pid: int, launcher: int, cmd: str) -> str:
     return "other"
 
 
-class Sampler:
+class Poller:
+    """Calls :meth:`poll` every ``interval_s`` on a thread while in a ``with`` block, and
+    once more on leaving it (so the last state is seen)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.poll()
+            time.sleep(self.interval_s)
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.poll()
+
+
+class Sampler(Poller):
     """Samples the machine's used memory and every process of the run on a thread."""
 
     def __init__(self, launcher: int, interval_s: float) -> None:
-        self.launcher, self.interval_s = launcher, interval_s
+        super().__init__(interval_s)
+        self.launcher = launcher
         self.seen: set[int] = set()
         self.roles: dict[int, str] = {}
         self.names: dict[int, str] = {}  # pid -> its command line (the last one seen)
@@ -133,15 +161,8 @@ class Sampler:
         self.peak_used = 0
         self.peak_pss = (0, 0)  # (kb, processes)
         self.peak_role: dict[str, tuple[int, int]] = {}  # role or "actor <pid>" -> (pss, uss)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            self.sample()
-            time.sleep(self.interval_s)
-
-    def sample(self) -> None:
+    def poll(self) -> None:
         self.peak_used = max(self.peak_used, used_kb())
         pids = process_tree(self.launcher) if is_alive(self.launcher) else set()
         self.seen |= pids
@@ -166,14 +187,6 @@ class Sampler:
         for key, (pss, uss) in sums.items():
             old = self.peak_role.get(key, (0, 0))
             self.peak_role[key] = (max(old[0], pss), max(old[1], uss))
-
-    def __enter__(self) -> "Sampler":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def run_arm(name: str, tree: dict, out: Path, idle_kb: int, interval_s: float,
