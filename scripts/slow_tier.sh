@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The slow tier (`pytest -m slow`) as two pytest processes side by side, one per core.
+#
+# Most of a slow test's time is a federation's start-up and its waits (SuperLinks, Ray,
+# SuperNodes in network namespaces, a node's heartbeat running out), so two halves overlap
+# well on two cores. Half A is the deployment and namespace files and two more (listed
+# below; the halves took 613 / 772 s before test_console.py moved to A); half B is every
+# other slow test -- a new slow file lands in B by itself, nothing is left out. The
+# namespace tests pick random names and a random private /24 (tests/netns.py) and the
+# federations free loopback ports, so the halves cannot meet.
+#
+#   bash scripts/slow_tier.sh [PYTEST ARGS...]   # e.g. -x, or --durations=0
+#
+# Exits non-zero when either half fails; both halves' output is printed, A first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+A=(tests/test_netns_deployment.py tests/test_deployment.py tests/test_ray_cluster.py
+   tests/test_selffl.py tests/test_console.py)
+ignore=()
+for f in "${A[@]}"; do ignore+=(--ignore="$f"); done
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+t0=$(date +%s)
+( "$PY" -m pytest -q -m slow -p no:cacheprovider "$@" "${A[@]}" > "$logs/a" 2>&1
+  echo $? > "$logs/a.rc"; echo $(( $(date +%s) - t0 )) > "$logs/a.s" ) &
+( "$PY" -m pytest -q -m slow -p no:cacheprovider "$@" "${ignore[@]}" > "$logs/b" 2>&1
+  echo $? > "$logs/b.rc"; echo $(( $(date +%s) - t0 )) > "$logs/b.s" ) &
+wait
+rc=0
+for half in a b; do
+  echo "=== slow tier, half ${half^^} (exit $(cat "$logs/$half.rc"), $(cat "$logs/$half.s") s) ==="
+  cat "$logs/$half"
+  [ "$(cat "$logs/$half.rc")" = 0 ] || rc=1
+done
+exit $rc
