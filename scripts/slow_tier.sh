@@ -11,7 +11,8 @@
 #
 #   bash scripts/slow_tier.sh [PYTEST ARGS...]   # e.g. -x, or --durations=0
 #
-# Exits non-zero when either half fails; both halves' output is printed, A first.
+# Exits non-zero when either half fails; both halves' output is printed, A first (B's time is
+# read after A has ended). Ctrl-C or SIGTERM reaches both halves as a Ctrl-C.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -22,11 +23,12 @@ for f in "${A[@]}"; do ignore+=(--ignore="$f"); done
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 t0=$(date +%s)
-( "$PY" -m pytest -q -m slow -p no:cacheprovider "$@" "${A[@]}" > "$logs/a" 2>&1
-  echo $? > "$logs/a.rc"; echo $(( $(date +%s) - t0 )) > "$logs/a.s" ) &
-( "$PY" -m pytest -q -m slow -p no:cacheprovider "$@" "${ignore[@]}" > "$logs/b" 2>&1
-  echo $? > "$logs/b.rc"; echo $(( $(date +%s) - t0 )) > "$logs/b.s" ) &
-wait
+"$PY" -m pytest -q -m slow -p no:cacheprovider "$@" "${A[@]}" > "$logs/a" 2>&1 & pa=$!
+"$PY" -m pytest -q -m slow -p no:cacheprovider "$@" "${ignore[@]}" > "$logs/b" 2>&1 & pb=$!
+# Interrupted: hand both halves a Ctrl-C, so their fixtures stop what they started (by PID)
+trap 'kill -INT $pa $pb 2>/dev/null; wait $pa $pb; exit 130' INT TERM
+wait $pa; echo $? > "$logs/a.rc"; echo $(( $(date +%s) - t0 )) > "$logs/a.s"
+wait $pb; echo $? > "$logs/b.rc"; echo $(( $(date +%s) - t0 )) > "$logs/b.s"
 rc=0
 for half in a b; do
   echo "=== slow tier, half ${half^^} (exit $(cat "$logs/$half.rc"), $(cat "$logs/$half.s") s) ==="
