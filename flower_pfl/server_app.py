@@ -37,8 +37,8 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.server.history import History
 
+from flower_pfl import actor_queue, engine_wakeup, linkstate_lookup, registry, timing
 from flower_pfl import config as config_mod
-from flower_pfl import linkstate_lookup, registry, timing
 from flower_pfl.child import run_python
 from flower_pfl.strategies.nodes import message_threads
 
@@ -142,21 +142,32 @@ def poll_faster(grid: Grid, threads: int) -> None:
     """In simulation the grid is Flower's ``InMemoryGrid``: each message's thread looks for
     its reply every ``pull_interval`` seconds (0.1 by default), so a step (fit, evaluate)
     ends up to 0.1 s after its last reply.  With 20 clients, 10 ms (:func:`reply_poll_s`).
-    A deployment's grid (gRPC to the SuperLink) has no such attribute and is left alone."""
+    Only where the threads are not woken by the replies themselves
+    (``FLOWER_PFL_FLOWER_TICK=1``, :mod:`flower_pfl.engine_wakeup`).  A deployment's grid
+    (gRPC to the SuperLink) has no such attribute and is left alone."""
     if hasattr(grid, "pull_interval"):
         grid.pull_interval = reply_poll_s(threads)
 
 
 timing.install_server()  # nothing unless FLOWER_PFL_PHASES is set (flower_pfl.phases)
+# in the simulation's process, before its engine builds the actor pool and starts its threads:
+# the engine and the waiting threads woken by messages, each actor's next message queued
+engine_wakeup.install(engine_loaded_only=True)
+actor_queue.install(engine_loaded_only=True)
 app = ServerApp()
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Flower's compatibility loop (``start_grid``) over our server and strategy, with the
-    simulation's reply polling shortened first (:func:`poll_faster`) and its engine's
-    lookup of a node's messages by destination (:mod:`flower_pfl.linkstate_lookup`)."""
+    """Flower's compatibility loop (``start_grid``) over our server and strategy; in
+    simulation, its engine and waiting threads woken by messages
+    (:mod:`flower_pfl.engine_wakeup`; else the reply polling shortened, :func:`poll_faster`),
+    each actor's next message queued while it works (:mod:`flower_pfl.actor_queue`; both
+    installed when this module was imported, and each logs a line to flwr-run.log where it
+    took effect) and the engine's lookup of a node's messages by destination
+    (:mod:`flower_pfl.linkstate_lookup`)."""
     components = server_fn(context)
-    poll_faster(grid, message_threads(int(components.server.strategy.num_clients)))
+    if not (hasattr(grid, "pull_interval") and engine_wakeup.install()):  # InMemoryGrid
+        poll_faster(grid, message_threads(int(components.server.strategy.num_clients)))
     linkstate_lookup.install()  # the engine's per-node lookups: flower_pfl/linkstate_lookup.py
     start_grid(grid=grid, server=components.server, config=components.config)

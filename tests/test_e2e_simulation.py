@@ -17,9 +17,11 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from flower_pfl import config, registry
+from flower_pfl import actor_queue, config, engine_wakeup, registry
+from flower_pfl.running import inprocess
 from flower_pfl.running.launch import run_simulation, simulation_superlink
 from flower_pfl.running.procs import LaunchError, is_alive
 from flower_pfl.running.rayhead import shared_ray
@@ -124,3 +126,33 @@ def test_failed_run_is_reported_not_hidden(tmp_path, superlink):
     with pytest.raises(LaunchError, match="finished:failed"):
         run_simulation(cfg, path, [], tmp_path / "res", echo=False, timeout_s=300,
                        num_supernodes=6, superlink=superlink)
+
+
+def _client_rows(path: Path) -> list[dict[str, str]]:
+    with open(path) as fh:
+        return sorted(csv.DictReader(fh), key=lambda r: (int(r["round"]), int(r["partition-id"])))
+
+
+def test_the_engine_woken_and_queued_keeps_every_clients_metrics(tmp_path, superlink):
+    """flower_pfl.engine_wakeup and flower_pfl.actor_queue in a real run (half the clients
+    a round, FedAMP: personal state and a cloud model per client): the ServerApp installed
+    both, and every client's row equals that of the same configuration run in one process,
+    where no engine runs."""
+    tree = dict(TINY, strategy="fedamp", **{"fraction-fit": 0.5})
+    path = _write(tmp_path, tree)
+    cfg = config.load(path)
+    out = run_simulation(cfg, path, [], tmp_path / "ray", echo=False, timeout_s=600,
+                         superlink=superlink)
+    assert out.status == "finished:completed"
+    log = (tmp_path / "ray" / "flwr-run.log").read_text()
+    assert f"[flower-pfl] simulation engine: {engine_wakeup.WOKEN}" in log
+    assert f"[flower-pfl] simulation engine: {actor_queue.QUEUED}" in log
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each Ray actor (client-resources.num-cpus 1): the same sums
+    try:
+        inprocess.run(cfg, tmp_path / "plain")
+    finally:
+        torch.set_num_threads(threads)
+    ray_rows, plain_rows = (_client_rows(tmp_path / d / "clients.csv") for d in ("ray", "plain"))
+    assert len(ray_rows) == 3 * 4
+    assert ray_rows == plain_rows

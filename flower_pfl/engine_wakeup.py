@@ -1,0 +1,180 @@
+"""Flower's simulation engine and the ServerApp's waiting threads, woken by messages.
+
+In a simulation, one process runs the ServerApp, Flower's in-memory LinkState and the
+engine that hands messages to the ClientApp actors.  Two loops there poll the LinkState:
+
+1. the engine's extractor (``flwr/server/superlink/fleet/vce/vce_api.py``,
+   ``add_messages_to_queue``) asks for one pending message per node, for every node, then
+   sleeps 0.1 s (``f_stop.wait(0.1)``): a step's messages wait up to 0.1 s, 0.05 s on
+   average, before an actor sees the first of them -- twice a round (fit, evaluate) while
+   every actor is idle;
+2. each thread of the legacy round loop that waits for its reply
+   (``flwr/superlink/grid/inmemory_grid.py``, ``InMemoryGrid.send_and_receive``) looks
+   every ``pull_interval`` s (0.1 by default): the step ends up to that long after its
+   last reply, and a shorter interval costs each waiting thread that many looks a second.
+
+:func:`install` makes both wait on a signal instead, raised when a message is stored
+(``InMemoryLinkState.store_message_ins`` / ``store_message_res``, wrapped): the extractor
+passes again as soon as an instruction is stored, each waiting thread looks as soon as a
+reply is stored.  Flower's intervals stay as the longest wait (a stop is seen within
+0.1 s, as before).  What is looked up, and the order in which the extractor queues what it
+finds, is Flower's: the same calls, made at other moments.  So a client's messages, and
+its metrics, are the same (the strategies aggregate uploads sorted by partition).
+
+``FLOWER_PFL_FLOWER_TICK=1`` keeps Flower's polling (for measuring one against the other:
+benchmarks/round_limit.py ``--flower-tick``).  No Flower import at module level: the
+ServerApp imports this everywhere, and a deployment's ServerApp has no in-memory LinkState.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from logging import INFO
+from typing import Any, Callable, Iterable
+
+#: set to 1 to keep Flower's polling (0.1 s ticks)
+KEEP_FLOWER_ENV = "FLOWER_PFL_FLOWER_TICK"
+#: the longest the extractor waits between passes: Flower's tick
+EXTRACTOR_TICK_S = 0.1
+#: what the engine's extractor logs when it starts (flwr-run.log; not on the console)
+WOKEN = "woken by stored messages (flower_pfl/engine_wakeup.py)"
+
+
+class Signal:
+    """A counter that waiting threads watch: :meth:`raise_` bumps it and wakes them."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.count = 0
+
+    def raise_(self) -> None:
+        with self.cond:
+            self.count += 1
+            self.cond.notify_all()
+
+    def wait_past(self, seen: int, timeout: float) -> int:
+        """Wait until the count differs from ``seen`` (at most ``timeout`` s); the count."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.count != seen, timeout)
+            return self.count
+
+
+#: raised after an instruction is stored (the extractor waits on it)
+INSTRUCTIONS = Signal()
+#: raised after a reply is stored (the ServerApp's waiting threads wait on it)
+REPLIES = Signal()
+
+_flower: dict[str, Any] = {}  # what install() replaced: name -> Flower's own
+
+
+def _raising(method: Callable[..., Any], signal: Signal) -> Callable[..., Any]:
+    def store(self: Any, message: Any) -> Any:
+        try:
+            return method(self, message)
+        finally:
+            signal.raise_()
+
+    store.__name__ = method.__name__
+    store.__doc__ = f"Flower's ``{method.__qualname__}``, then the signal is raised."
+    return store
+
+
+def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Iterable[int],
+                          f_stop: threading.Event) -> None:
+    """Flower's extractor (``vce_api.add_messages_to_queue``): one pending message per node
+    into the engine's queue, pass after pass -- the next pass as soon as an instruction
+    was stored during this one, else after Flower's 0.1 s.  Logs :data:`WOKEN` once."""
+    from flwr.common.logger import log
+
+    log(INFO, "[flower-pfl] simulation engine: %s", WOKEN)
+    while not f_stop.is_set():
+        seen = INSTRUCTIONS.count  # before the pass: a message stored during it wakes the wait
+        for node_id in nodes_mapping:
+            for msg in state.get_message_ins(node_id=node_id, limit=1):
+                queue.put(msg)
+        INSTRUCTIONS.wait_past(seen, EXTRACTOR_TICK_S)
+
+
+def send_and_receive(self: Any, messages: Iterable[Any], *,
+                     timeout: float | None = None) -> Iterable[Any]:
+    """Flower's ``InMemoryGrid.send_and_receive``: push ``messages``, then pull their
+    replies until all are in or ``timeout`` s have passed -- looking again as soon as a
+    reply was stored, at the latest after ``pull_interval``."""
+    msg_ids = set(self.push_messages(messages))
+    del messages
+    end_time = time.time() + (timeout if timeout is not None else 0.0)
+    ret: list[Any] = []
+    while timeout is None or time.time() < end_time:
+        seen = REPLIES.count  # before the look: a reply stored during it wakes the wait
+        res_msgs = self.pull_messages(msg_ids)
+        ret.extend(res_msgs)
+        msg_ids.difference_update({msg.metadata.reply_to_message_id for msg in res_msgs})
+        if len(msg_ids) == 0:
+            break
+        wait = self.pull_interval
+        if timeout is not None:
+            wait = min(wait, max(0.0, end_time - time.time()))
+        REPLIES.wait_past(seen, wait)
+    return ret
+
+
+def install(engine_loaded_only: bool = False) -> bool:
+    """Wrap the LinkState's stores and put :func:`add_messages_to_queue` and
+    :func:`send_and_receive` in Flower's place, in this process (once; a no-op with
+    ``FLOWER_PFL_FLOWER_TICK=1`` or a Flower without these).  True when installed.
+
+    Must run before the engine starts its extractor thread (``vce_api.run_api`` looks the
+    function up when it starts it, after Ray and the actors are up): the ServerApp module
+    calls it when it is imported, with ``engine_loaded_only`` (only where Flower's
+    simulation has already imported its engine: the simulation process; a deployment's
+    ServerApp process is left alone and does not import it)."""
+    if os.environ.get(KEEP_FLOWER_ENV) == "1":
+        return False
+    if engine_loaded_only and "flwr.server.superlink.fleet.vce.vce_api" not in sys.modules:
+        return False
+    try:
+        from flwr.server.superlink.fleet.vce import vce_api
+        from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+        from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+    except ImportError:
+        return False
+    targets = [(vce_api, "add_messages_to_queue"), (InMemoryGrid, "send_and_receive"),
+               (InMemoryLinkState, "store_message_ins"), (InMemoryLinkState, "store_message_res")]
+    if any(not hasattr(owner, name) for owner, name in targets):
+        return False
+    if _flower:
+        return True
+    for owner, name in targets:
+        _flower[name] = (owner, getattr(owner, name))
+    vce_api.add_messages_to_queue = add_messages_to_queue
+    InMemoryGrid.send_and_receive = send_and_receive  # type: ignore[method-assign]
+    InMemoryLinkState.store_message_ins = _raising(  # type: ignore[method-assign]
+        _flower["store_message_ins"][1], INSTRUCTIONS)
+    InMemoryLinkState.store_message_res = _raising(  # type: ignore[method-assign]
+        _flower["store_message_res"][1], REPLIES)
+    return True
+
+
+def flowers_own(name: str) -> Callable[..., Any]:
+    """Flower's own function or method ``name`` (one of those :func:`install` replaces),
+    installed or not."""
+    if name in _flower:
+        return _flower[name][1]
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    for owner in (vce_api, InMemoryGrid, InMemoryLinkState):
+        if hasattr(owner, name):
+            return getattr(owner, name)
+    raise KeyError(name)
+
+
+def uninstall() -> None:
+    """Put Flower's own functions back (tests)."""
+    for name, (owner, original) in list(_flower.items()):
+        setattr(owner, name, original)
+    _flower.clear()
