@@ -149,11 +149,15 @@ class Poller:
 
 
 class Sampler(Poller):
-    """Samples the machine's used memory and every process of the run on a thread."""
+    """Samples the machine's used memory (every poll) and every process of the run (every
+    ``pss_every``-th poll and the last: reading each process' smaps_rollup costs the
+    sampler CPU that a timed run on 2 cores then lacks) on a thread."""
 
-    def __init__(self, launcher: int, interval_s: float) -> None:
+    def __init__(self, launcher: int, interval_s: float, pss_every: int = 1) -> None:
         super().__init__(interval_s)
         self.launcher = launcher
+        self.pss_every = max(1, pss_every)
+        self.polls = 0
         self.seen: set[int] = set()
         self.roles: dict[int, str] = {}
         self.names: dict[int, str] = {}  # pid -> its command line (the last one seen)
@@ -164,6 +168,9 @@ class Sampler(Poller):
 
     def poll(self) -> None:
         self.peak_used = max(self.peak_used, used_kb())
+        self.polls += 1
+        if (self.polls - 1) % self.pss_every and not self.stop.is_set():
+            return
         pids = process_tree(self.launcher) if is_alive(self.launcher) else set()
         self.seen |= pids
         sums: dict[str, list[int]] = {}
@@ -190,10 +197,10 @@ class Sampler(Poller):
 
 
 def run_arm(name: str, tree: dict, out: Path, idle_kb: int, interval_s: float,
-            timeout_s: float, app: Path = ROOT, watch=None) -> dict:
-    """One ``flower-pfl run`` of ``tree`` under the memory :class:`Sampler`; ``watch``: an
-    optional context manager (given the run's results folder) around the run, e.g. a
-    thread timing its rounds."""
+            timeout_s: float, app: Path = ROOT, watch=None, pss_every: int = 1) -> dict:
+    """One ``flower-pfl run`` of ``tree`` under the memory :class:`Sampler` (the processes'
+    PSS every ``pss_every``-th sample); ``watch``: an optional context manager (given the
+    run's results folder) around the run, e.g. a thread timing its rounds."""
     tree = json.loads(json.dumps(tree))
     tree["run-name"] = name
     path = out / f"{name}.yaml"
@@ -206,7 +213,7 @@ def run_arm(name: str, tree: dict, out: Path, idle_kb: int, interval_s: float,
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=app, env=env)
-    sampler = Sampler(proc.pid, interval_s)
+    sampler = Sampler(proc.pid, interval_s, pss_every)
     try:
         with sampler, (watch(out / name) if watch else contextlib.nullcontext()):
             output, _ = proc.communicate(timeout=timeout_s)

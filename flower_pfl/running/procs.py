@@ -43,17 +43,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, session id), from /proc (Linux)."""
+def proc_stats() -> dict[int, list[str]]:
+    """pid -> the fields of its /proc/PID/stat after the command name (``[0]`` is the
+    state, ``[1]`` the ppid, ``[3]`` the session, ``[11]``/``[12]`` utime/stime in clock
+    ticks), for every process now on the machine (Linux)."""
     table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            table[int(entry)] = (int(fields[1]), int(fields[3]))
-        except (OSError, IndexError, ValueError):
+                table[int(entry)] = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+    return table
+
+
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, session id), from /proc (Linux)."""
+    table = {}
+    for pid, fields in proc_stats().items():
+        try:
+            table[pid] = (int(fields[1]), int(fields[3]))
+        except (IndexError, ValueError):
             continue
     return table
 
