@@ -462,9 +462,12 @@ def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, t
     from flower_pfl import config
     from flower_pfl.running.procs import is_alive, process_tree
 
-    # 10 rounds, SIGTERM after the round-2 checkpoint: on an idle machine an MCLR round takes
-    # well under a second, and with 4 rounds the run could finish before the signal landed
-    path = _tiny_yaml(tmp_path, strategy, rounds=10)
+    # SIGTERM after the round-2 checkpoint line reaches the launcher's console.  That line
+    # comes through Flower's log stream, which can trail the ServerApp by several rounds of
+    # this tiny MCLR run (~0.1 s each on an idle machine); 40 rounds keep the run going
+    # well past the signal
+    rounds = 40
+    path = _tiny_yaml(tmp_path, strategy, rounds=rounds)
     results = tmp_path / "out" / "run"
     launcher = _cli("run", "--config", str(path))
     seen: set[int] = set()
@@ -486,18 +489,19 @@ def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, t
     stop.set()
     assert launcher.returncode == 128 + signal.SIGTERM, "".join(log[-30:]) + rest
     # the round in progress finished and was checkpointed; the hint names that checkpoint
-    stopped_after = int(re.search(r"SIGTERM: the run stopped after round (\d+) of 10",
-                                  rest).group(1))
+    stopped = re.search(rf"SIGTERM: the run stopped after round (\d+) of {rounds}", rest)
+    assert stopped, "".join(log[-30:]) + rest
+    stopped_after = int(stopped.group(1))
     assert f"Its checkpoint is after round {stopped_after}; continue with" in rest
     assert json.loads((results / "summary.json").read_text())["status"] == "stopped"
     assert len(seen) > 3 and not [p for p in seen if is_alive(p)], "processes left running"
     done = [int(r["round"]) for r in _read(results / "rounds.csv")]
-    assert 2 <= max(done) < 10, "the run finished before SIGTERM landed"
+    assert 2 <= max(done) == stopped_after < rounds, "the run finished before SIGTERM landed"
 
     resumed = _cli("run", "--resume", str(results), "--quiet")
     out = resumed.communicate(timeout=600)[0]
     assert resumed.returncode == 0, out[-3000:]
-    assert [int(r["round"]) for r in _read(results / "rounds.csv")] == list(range(1, 11))
+    assert [int(r["round"]) for r in _read(results / "rounds.csv")] == list(range(1, rounds + 1))
 
     # the same run, uninterrupted, in one process (same classes, seeds and one torch
     # thread per client as in the Ray actors)
@@ -508,9 +512,10 @@ def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, t
         inprocess.run(cfg, tmp_path / "ref", client_state_dir=tmp_path / "ref" / "cs")
     finally:
         torch.set_num_threads(threads)
-    got = {int(r["partition-id"]): r for r in _read(results / "clients.csv") if r["round"] == "10"}
+    last = str(rounds)
+    got = {int(r["partition-id"]): r for r in _read(results / "clients.csv") if r["round"] == last}
     want = {int(r["partition-id"]): r for r in _read(tmp_path / "ref" / "clients.csv")
-            if r["round"] == "10"}
+            if r["round"] == last}
     assert sorted(got) == sorted(want) == [0, 1, 2, 3]
     metric = "accuracy"
     for pid in want:
