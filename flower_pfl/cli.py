@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Sequence
 
 from flower_pfl import config as config_mod
-from flower_pfl import raynode, registry
+from flower_pfl import initial_model, raynode, registry
 from flower_pfl.config import APP_DIR
 from flower_pfl.matrix import MatrixError, load_matrix
 from flower_pfl.reliability import checkpoints, stop
@@ -322,12 +322,13 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
     console = RunConsole(cfg["rounds"], clients=cfg["clients"],
                          actors=None if ray_address else actor_estimate(cfg),
                          verbose=args.verbose, quiet=args.quiet)
+    initial = results_dir / initial_model.FILE  # read by the ServerApp, removed at the end
     try:
         if ray_address:
             check_ray_address(ray_address)
         tracking.require(cfg.values)
-        with console.own_warnings():
-            preflight_apart(cfg, results_dir)  # a child: this process never imports torch
+        with console.own_warnings():  # a child: this process never imports torch; the child
+            preflight_apart(cfg, results_dir, initial_out=initial)  # writes the initial model
     except Exception as exc:  # noqa: BLE001 - PreflightError, DataError, TrackingError
         print(f"flower-pfl: cannot start: {exc}", file=sys.stderr)
         return 2
@@ -350,7 +351,7 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
         with console:
             run_simulation(cfg, config_path, list(sets), results_dir, timeout_s=args.timeout,
                            echo=False, resume=resume_dir is not None, on_line=console.feed,
-                           ray_address=ray_address)
+                           ray_address=ray_address, initial_arrays=initial)
     except LaunchError as exc:
         print(f"flower-pfl: FAILED: {exc}", file=sys.stderr)
         return 1
@@ -362,6 +363,7 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
         return 128 + getattr(exc, "signum", signal.SIGINT)
     finally:
         stop.clear_stop(results_dir)
+        initial.unlink(missing_ok=True)
     summary = read_summary(results_dir) or {}
     console.summary(results_dir, console.elapsed(),
                     tracking.logdir_hint(cfg.values, results_dir)

@@ -37,7 +37,14 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.server.history import History
 
-from flower_pfl import actor_queue, engine_wakeup, linkstate_lookup, registry, timing
+from flower_pfl import (
+    actor_queue,
+    engine_wakeup,
+    initial_model,
+    linkstate_lookup,
+    registry,
+    timing,
+)
 from flower_pfl import config as config_mod
 from flower_pfl.child import run_python
 from flower_pfl.strategies.nodes import message_threads
@@ -108,8 +115,11 @@ def build_strategy(context: Context):
                                                  config_mod.APP_DIR)
         cfg = config_mod.load(path, str(rc.get("overrides", "")) or None)
     results_dir = str(rc.get("results-dir", "")) or None
+    # the preflight check's copy (flower-pfl run), else built in a child process here
+    initial = initial_model.read(str(rc.get("initial-arrays", "")) or None, cfg.values)
     strategy = registry.strategy_class(cfg.strategy)(
-        cfg, initial_arrays=initial_arrays_apart(cfg.values), results_dir=results_dir)
+        cfg, initial_arrays=initial if initial is not None else initial_arrays_apart(cfg.values),
+        results_dir=results_dir)
     strategy.cfg_travels = not rc.get("cfg")  # the clients read the same run config
     client_state = str(rc.get("client-state-dir", ""))
     if client_state and int(cfg["checkpoint-every"]) > 0:

@@ -53,10 +53,14 @@ class HasValues(Protocol):
 
 Configured = Union[HasValues, dict[str, Any]]  # a RunConfig or its values
 
-def preflight(cfg: Configured, results_dir: str | Path | None = None) -> None:
+def preflight(cfg: Configured, results_dir: str | Path | None = None,
+              initial_out: str | Path | None = None) -> None:
     """Everything that can be checked before training starts, each with a clear message:
     the output folder, the dataset files, every client's train and test split, and the
-    model against the data's shape and labels."""
+    model against the data's shape and labels.  With ``initial_out``, once every check has
+    passed, the run's initial model is written there for the ServerApp
+    (:func:`flower_pfl.initial_model.write`; not for the synthetic task, whose model has
+    nothing to check)."""
     if results_dir is not None:
         check_output_dir(results_dir)
     values = cfg if isinstance(cfg, dict) else cfg.values
@@ -94,6 +98,10 @@ def preflight(cfg: Configured, results_dir: str | Path | None = None) -> None:
         raise PreflightError(f"model '{values['model']}' gives {tuple(out.shape[1:])} outputs "
                              f"per sample but dataset '{values['data.dataset']}' has {labels} "
                              f"classes")
+    if initial_out is not None:
+        from flower_pfl import initial_model
+
+        initial_model.write(initial_out, values)
 
 
 #: the child of :func:`preflight_apart`: request (pickle) in, answer (JSON) out
@@ -104,14 +112,15 @@ _PREFLIGHT_CHILD = ("import sys\n"
 
 def preflight_child(request: str, answer: str) -> None:
     """The child's side of :func:`preflight_apart`: run :func:`preflight` on the pickled
-    ``(values, results_dir)`` and write ``{"error": message or None, "warnings": [...]}``."""
+    ``(values, results_dir, initial_out)`` and write ``{"error": message or None,
+    "warnings": [...]}``."""
     with open(request, "rb") as fh:
-        values, results_dir = pickle.load(fh)
+        values, results_dir, initial_out = pickle.load(fh)
     error = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            preflight(values, results_dir)
+            preflight(values, results_dir, initial_out)
         except Exception as exc:  # noqa: BLE001 - PreflightError, DataError, ...: its message
             error = str(exc)
     seen = [{"category": w.category.__name__, "message": str(w.message),
@@ -120,7 +129,8 @@ def preflight_child(request: str, answer: str) -> None:
 
 
 def preflight_apart(cfg: Configured, results_dir: str | Path | None = None,
-                    timeout_s: float | None = 900) -> None:
+                    timeout_s: float | None = 900,
+                    initial_out: str | Path | None = None) -> None:
     """:func:`preflight` in a child process (same interpreter, same ``sys.path``), so this
     process never imports torch: the child's error is raised here as a PreflightError with
     the same message, its warnings are warned again here."""
@@ -128,7 +138,8 @@ def preflight_apart(cfg: Configured, results_dir: str | Path | None = None,
     with tempfile.TemporaryDirectory(prefix="flower-pfl-preflight-") as tmp:
         request, answer = Path(tmp) / "request.pkl", Path(tmp) / "answer.json"
         request.write_bytes(pickle.dumps((values, None if results_dir is None
-                                          else str(results_dir))))
+                                          else str(results_dir),
+                                          None if initial_out is None else str(initial_out))))
         try:
             done = run_python(_PREFLIGHT_CHILD, str(request), str(answer), timeout_s=timeout_s)
         except subprocess.TimeoutExpired as exc:

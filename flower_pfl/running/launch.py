@@ -81,7 +81,8 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
                    results_dir: Path, app_dir: Path = APP_DIR, timeout_s: float | None = None,
                    echo: bool = True, num_supernodes: int | None = None, resume: bool = False,
                    on_line=None, superlink: tuple[dict, ProcessSet] | None = None,
-                   ray_address: str | None = None) -> RunOutcome:
+                   ray_address: str | None = None,
+                   initial_arrays: Path | None = None) -> RunOutcome:
     """Run ``cfg`` through ``flwr run`` in Ray simulation and stop everything it started.
 
     ``num_supernodes`` defaults to the YAML's ``clients`` (only tests set another value).
@@ -93,6 +94,8 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
     checks it: :func:`check_ray_address`).
     The outcome's ``pids`` are the processes this run started (a private SuperLink
     included, a shared one not).
+    ``initial_arrays``: the run's initial model as the preflight check wrote it
+    (:mod:`flower_pfl.initial_model`), for the ServerApp to read instead of building it.
     Raises LaunchError if the run did not reach ``finished:completed``.
     """
     from flower_pfl.reliability import stop
@@ -106,7 +109,8 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
         "results-dir": str(results_dir.resolve()), "resume": resume,
         # the clients' personal state lives in their (Ray) processes: mirror it here so that
         # checkpoints hold it and a resumed run gets it back
-        "client-state-dir": str((results_dir / "client-state").resolve())}
+        "client-state-dir": str((results_dir / "client-state").resolve()),
+        "initial-arrays": str(initial_arrays.resolve()) if initial_arrays else ""}
     try:
         with ExitStack() as stack:
             before: set[int] = set()
