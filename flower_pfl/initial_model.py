@@ -32,6 +32,9 @@ CONFIG_KEY = "configuration"
 #: where ``flower-pfl run`` has the preflight child write it: in the run's results folder,
 #: removed when the run ends
 FILE = ".initial-arrays.npz"
+#: what the ServerApp logs (flwr-run.log) when it read the file, and when it built the arrays
+READ = "read from the preflight check's file"
+BUILT = "built in a child process"
 
 
 def fingerprint(values: Mapping[str, Any]) -> str:

@@ -117,6 +117,8 @@ def build_strategy(context: Context):
     results_dir = str(rc.get("results-dir", "")) or None
     # the preflight check's copy (flower-pfl run), else built in a child process here
     initial = initial_model.read(str(rc.get("initial-arrays", "")) or None, cfg.values)
+    log(INFO, "[flower-pfl] initial model: %s",
+        initial_model.READ if initial is not None else initial_model.BUILT)
     strategy = registry.strategy_class(cfg.strategy)(
         cfg, initial_arrays=initial if initial is not None else initial_arrays_apart(cfg.values),
         results_dir=results_dir)

@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from flower_pfl import actor_queue, config, engine_wakeup, registry
+from flower_pfl import actor_queue, config, engine_wakeup, initial_model, registry
 from flower_pfl.running import inprocess
 from flower_pfl.running.launch import run_simulation, simulation_superlink
 from flower_pfl.running.procs import LaunchError, is_alive
@@ -147,6 +147,8 @@ def test_the_engine_woken_and_queued_keeps_every_clients_metrics(tmp_path, super
     log = (tmp_path / "ray" / "flwr-run.log").read_text()
     assert f"[flower-pfl] simulation engine: {engine_wakeup.WOKEN}" in log
     assert f"[flower-pfl] simulation engine: {actor_queue.QUEUED}" in log
+    # no preflight file without the launcher (run_simulation called directly): built apart
+    assert f"[flower-pfl] initial model: {initial_model.BUILT}" in log
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each Ray actor (client-resources.num-cpus 1): the same sums
     try:

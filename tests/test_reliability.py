@@ -502,6 +502,12 @@ def test_real_sigterm_leaves_nothing_and_resume_equals_uninterrupted(strategy, t
     out = resumed.communicate(timeout=600)[0]
     assert resumed.returncode == 0, out[-3000:]
     assert [int(r["round"]) for r in _read(results / "rounds.csv")] == list(range(1, rounds + 1))
+    # both launches' ServerApps read the initial model their preflight check wrote, and the
+    # launcher removed the file each time
+    from flower_pfl import initial_model
+    log_text = (results / "flwr-run.log").read_text()
+    assert log_text.count(f"[flower-pfl] initial model: {initial_model.READ}") == 2
+    assert not (results / initial_model.FILE).exists()
 
     # the same run, uninterrupted, in one process (same classes, seeds and one torch
     # thread per client as in the Ray actors)

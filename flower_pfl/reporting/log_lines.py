@@ -35,7 +35,7 @@ ROUND_LINE = re.compile(r"\[flower-pfl\] round (?P<round>\d+): personalized (?P<
 # our own INFO lines the console replaces (round lines, the summary); a checkpoint line
 # stays (where a stopped run resumes from)
 OURS_HIDDEN = re.compile(r"\[flower-pfl\] (strategy=|final per-round table|per-client table|"
-                         r"simulation engine:)")
+                         r"simulation engine:|initial model:)")
 # lines that are never worth a researcher's attention (all of them stay in flwr-run.log)
 NOISE = re.compile(
     r"Flower configuration not found|Using SuperLink:|Successfully installed |"
