@@ -11,7 +11,11 @@ and the data cache, round N the run's end: curves.png, summary):
   server's fit + evaluate wall time) minus the time spent inside the ClientApp, over the
   messages -- Flower's and Ray's transport (the Message and Context to and from the actor,
   the simulation engine's queues) and the actors' idle time while the server polls;
-* per server round: each phase's milliseconds.
+* per server round: each phase's milliseconds;
+* round 1: each actor's first message beside a later one (what the first pays: the data
+  cache, the partition, the model build), and what importing the ClientApp module costs a
+  fresh interpreter, by package (``python -X importtime``; an actor pays it before its
+  first message): ours (flower_pfl, clients, strategies) apart from torch's and Flower's.
 
     .venv/bin/python benchmarks/message_phases.py --rounds 5 [--strategy fedamp] [--tree DIR]
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -61,6 +66,56 @@ def back_to_back_gaps(client: list[dict]) -> list[float]:
     return gaps
 
 
+def first_messages(client: list[dict]) -> list[dict]:
+    """Each actor's (pid's) first message of the run."""
+    first: dict[int, dict] = {}
+    for r in client:
+        if "end" not in r:
+            continue
+        start = r["end"] - r["total_s"]
+        if r["pid"] not in first or start < first[r["pid"]]["end"] - first[r["pid"]]["total_s"]:
+            first[r["pid"]] = r
+    return list(first.values())
+
+
+#: the packages whose own import time is ours
+OURS = ("flower_pfl", "clients", "strategies")
+
+
+def import_seconds(stderr: str) -> dict[str, float]:
+    """``python -X importtime`` output summed by top-level package (each module's *self*
+    time, so that nothing counts twice): {package: seconds}."""
+    out: dict[str, float] = {}
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, _, name = (part.strip() for part in line[len("import time:"):].split("|"))
+        top = name.split(".")[0]
+        out[top] = out.get(top, 0.0) + int(self_us) / 1e6
+    return out
+
+
+def client_app_imports(tree: Path) -> dict[str, float]:
+    """Import the ClientApp module in a fresh interpreter (``tree`` first on its path, one
+    BLAS thread as an actor has) and return :func:`import_seconds`."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c",
+                           "import flower_pfl.client_app"], capture_output=True, text=True,
+                          env=env, cwd=tree, check=True)
+    return import_seconds(done.stderr)
+
+
+def print_imports(seconds: dict[str, float]) -> None:
+    total = sum(seconds.values())
+    ours = sum(v for k, v in seconds.items() if k in OURS)
+    named = {"ours (" + ", ".join(OURS) + ")": ours, "torch": seconds.get("torch", 0.0),
+             "flwr": seconds.get("flwr", 0.0)}
+    named["everything else (numpy, grpc, ray, stdlib, ...)"] = total - sum(named.values())
+    print(f"\nimporting flower_pfl.client_app in a fresh interpreter: {total:.2f} s")
+    for name, value in named.items():
+        print(f"   {name:<58}{value:>8.2f}{100 * value / total:>7.1f}%")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=5)
@@ -85,12 +140,15 @@ def main() -> None:
         res = run_arm(args.strategy, tree, Path(tmp), idle_baseline(2.0), 0.5, 900.0,
                       Path(args.tree))
         records = phases.read(out)
+    imports = client_app_imports(Path(args.tree))  # after the run: it has the cores alone
     print(f"\n{args.strategy}: {res['s_per_round']:.3f} s/round (timer on), wall {res['wall_s']} s")
     report(records, args.rounds, args.actors)
+    print_imports(imports)
     print(f"\nload average after: {os.getloadavg()}")
 
 
 def report(records: list[dict], rounds: int, actors: int) -> None:
+    every = [r for r in records if r["role"] == "client" and r["kind"] in ("train", "evaluate")]
     # rounds 2..N-1: round 1 pays the imports and caches, round N the run's end (figures)
     records = [r for r in records if 2 <= int(r.get("round") or 0) < rounds]
     client = [r for r in records if r["role"] == "client" and r["kind"] in ("train", "evaluate")]
@@ -114,6 +172,11 @@ def report(records: list[dict], rounds: int, actors: int) -> None:
               f"{1000 * statistics.mean(gaps):.2f} ms over {len(gaps)} gaps")
     print_table("server, per fit step", [r for r in server if r["kind"] == "fit"])
     print_table("server, per evaluate step", [r for r in server if r["kind"] == "evaluate"])
+    first = first_messages(every)
+    print_table("round 1: each actor's first message (data cache, partition, model build)",
+                first)
+    print_table("for comparison: the same kind of message in rounds 2..N-1",
+                [r for r in client if r["kind"] in {f["kind"] for f in first}])
 
 
 if __name__ == "__main__":

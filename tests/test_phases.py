@@ -65,3 +65,30 @@ def test_on_gives_identical_client_rows_and_phases_that_add_up(tmp_path, monkeyp
     assert all(r["phases"]["evaluation"] > 0 for r in evaluate)
     n, total, rows = phases.table(train)
     assert n == 8 and math.isclose(sum(share for _, _, share in rows), 1.0, rel_tol=1e-6)
+
+
+def test_message_phases_first_messages_and_import_times():
+    """benchmarks/message_phases.py's round-1 parts: each actor's earliest message (by
+    start = end - total, not by end), and ``-X importtime`` self times summed by top-level
+    package (a cumulative column counted would charge torch.nn twice)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import message_phases as mp
+
+    recs = [{"pid": 1, "kind": "train", "round": 1, "end": 10.0, "total_s": 5.0},   # 5.0
+            {"pid": 1, "kind": "evaluate", "round": 1, "end": 9.0, "total_s": 1.0},  # 8.0
+            {"pid": 2, "kind": "train", "round": 1, "end": 7.0, "total_s": 0.5},     # 6.5
+            {"pid": 2, "kind": "train", "round": 2, "end": 8.0, "total_s": 2.0}]     # 6.0
+    got = {r["pid"]: (r["end"], r["kind"]) for r in mp.first_messages(recs)}
+    assert got == {1: (10.0, "train"), 2: (8.0, "train")}
+    text = ("import time: self [us] | cumulative | imported package\n"
+            "import time:       120 |        120 |   _io\n"
+            "import time:      3000 |       5000 |     torch.nn\n"
+            "import time:      2000 |       7000 |   torch\n"
+            "import time:       500 |       7500 | flower_pfl.client_app\n"
+            "import time:        40 |         40 |   clients.base\n")
+    seconds = mp.import_seconds(text)
+    assert seconds == {"_io": 120e-6, "torch": 5000e-6, "flower_pfl": 500e-6,
+                       "clients": 40e-6}
