@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -31,6 +32,7 @@ from typing import Mapping, Sequence
 
 from flower_pfl.config import APP_DIR
 from flower_pfl.reporting.log_lines import strip_ansi
+from flower_pfl.running.app_stage import app_for_flwr_run
 
 
 class LaunchError(RuntimeError):
@@ -261,7 +263,8 @@ def flwr_run(run_config: Mapping[str, str | bool], workdir: Path, env: dict, pro
     """Run a federation through ``flwr run`` and return its final status.
 
     Writes ``run_config`` (the app's run-config keys: strings and booleans) to
-    ``workdir/run-config.toml``, runs ``flwr run APP FEDERATION --stream`` on the SuperLink
+    ``workdir/run-config.toml``, runs ``flwr run APP FEDERATION --stream`` (APP: ``app_dir``
+    staged by :func:`~flower_pfl.running.app_stage.app_for_flwr_run`) on the SuperLink
     that ``env`` names (``--federation-config`` where given), streams its log to ``log_path``
     (:func:`stream_run`: ``timeout_s``, the ``stall_s`` watchdog, ``on_line``), remembers
     the processes it started in ``procs`` and checks the run's FINAL status: a LaunchError
@@ -269,12 +272,15 @@ def flwr_run(run_config: Mapping[str, str | bool], workdir: Path, env: dict, pro
     are every process ``procs`` knows by then."""
     path = Path(workdir) / "run-config.toml"
     path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
-    cmd = [bin_path("flwr"), "run", str(app_dir), federation, "--stream"]
-    if federation_config is not None:
-        cmd += ["--federation-config", federation_config]
-    cmd += ["--run-config", str(path)]
-    run_id = stream_run(cmd, env, log_path, echo, timeout_s, procs, on_line=on_line,
-                        stall_s=stall_s, append=append)
+    with tempfile.TemporaryDirectory(prefix="flower-pfl-app-") as scratch:
+        # the app without its .venv & co., which Flower's bundle build would walk file by file
+        app = app_for_flwr_run(app_dir, Path(scratch))
+        cmd = [bin_path("flwr"), "run", str(app), federation, "--stream"]
+        if federation_config is not None:
+            cmd += ["--federation-config", federation_config]
+        cmd += ["--run-config", str(path)]
+        run_id = stream_run(cmd, env, log_path, echo, timeout_s, procs, on_line=on_line,
+                            stall_s=stall_s, append=append)
     procs.snapshot()
     status = run_status(run_id, env) if run_id else "unknown"
     if status != "finished:completed":
