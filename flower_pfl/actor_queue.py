@@ -32,11 +32,11 @@ actor's queue.  ``FLOWER_PFL_FLOWER_POOL=1`` keeps Flower's one-at-a-time pool.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from logging import INFO
 from typing import Any
+
+from flower_pfl.flower_patch import Replaced, wanted
 
 #: set to 1 to keep Flower's pool (one message per actor at a time)
 KEEP_FLOWER_ENV = "FLOWER_PFL_FLOWER_POOL"
@@ -102,15 +102,16 @@ def queue_pool(pool: Any, depth: int = DEPTH) -> Slots:
     return slots
 
 
-_flower: dict[str, Any] = {}  # what install() replaced on RayBackend: name -> Flower's own
+_replaced = Replaced()  # what install() put in place of RayBackend's own
 
 
 def build(self: Any, app_fn: Any) -> None:
     """Flower's ``RayBackend.build`` (the pool and its actors), then :func:`queue_pool`;
     logs :data:`QUEUED`."""
     from flwr.common.logger import log
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
-    _flower["build"](self, app_fn)
+    _replaced.flowers("build", RayBackend)(self, app_fn)
     self.slots = queue_pool(self.pool, DEPTH)
     log(INFO, "[flower-pfl] simulation engine: %s", QUEUED)
 
@@ -127,11 +128,9 @@ def install(engine_loaded_only: bool = False) -> bool:
     with ``FLOWER_PFL_FLOWER_POOL=1``, where Flower has no such backend, or -- with
     ``engine_loaded_only`` -- in a process where Flower's simulation engine is not loaded
     (a deployment's ServerApp).  True when installed."""
-    if os.environ.get(KEEP_FLOWER_ENV) == "1":
+    if not wanted(KEEP_FLOWER_ENV, engine_loaded_only):
         return False
-    if engine_loaded_only and "flwr.server.superlink.fleet.vce.vce_api" not in sys.modules:
-        return False
-    if _flower:
+    if _replaced:
         return True
     try:
         from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
@@ -140,28 +139,19 @@ def install(engine_loaded_only: bool = False) -> bool:
     if not isinstance(RayBackend.__dict__.get("num_workers"), property) \
             or not callable(RayBackend.__dict__.get("build")):
         return False
-    _flower["build"] = RayBackend.__dict__["build"]
-    _flower["num_workers"] = RayBackend.__dict__["num_workers"]
-    RayBackend.build = build  # type: ignore[method-assign]
-    RayBackend.num_workers = property(num_workers)  # type: ignore[assignment,method-assign]
+    _replaced.put(RayBackend, "build", build)
+    _replaced.put(RayBackend, "num_workers", property(num_workers))
     return True
 
 
 def flowers_own(name: str) -> Any:
     """Flower's own ``RayBackend`` attribute ``name`` (``build``, the ``num_workers``
     property), installed or not."""
-    if name in _flower:
-        return _flower[name]
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
-    return RayBackend.__dict__[name]
+    return _replaced.flowers(name, RayBackend)
 
 
 def uninstall() -> None:
     """Put Flower's methods back (tests)."""
-    if _flower:
-        from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-
-        for name, original in _flower.items():
-            setattr(RayBackend, name, original)
-        _flower.clear()
+    _replaced.undo()

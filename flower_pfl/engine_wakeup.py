@@ -28,12 +28,12 @@ ServerApp imports this everywhere, and a deployment's ServerApp has no in-memory
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 from logging import INFO
 from typing import Any, Callable, Iterable
+
+from flower_pfl.flower_patch import Replaced, wanted
 
 #: set to 1 to keep Flower's polling (0.1 s ticks)
 KEEP_FLOWER_ENV = "FLOWER_PFL_FLOWER_TICK"
@@ -67,7 +67,7 @@ INSTRUCTIONS = Signal()
 #: raised after a reply is stored (the ServerApp's waiting threads wait on it)
 REPLIES = Signal()
 
-_flower: dict[str, Any] = {}  # what install() replaced: name -> Flower's own
+_replaced = Replaced()  # what install() put in Flower's place
 
 
 def _raising(method: Callable[..., Any], signal: Signal) -> Callable[..., Any]:
@@ -131,9 +131,7 @@ def install(engine_loaded_only: bool = False) -> bool:
     calls it when it is imported, with ``engine_loaded_only`` (only where Flower's
     simulation has already imported its engine: the simulation process; a deployment's
     ServerApp process is left alone and does not import it)."""
-    if os.environ.get(KEEP_FLOWER_ENV) == "1":
-        return False
-    if engine_loaded_only and "flwr.server.superlink.fleet.vce.vce_api" not in sys.modules:
+    if not wanted(KEEP_FLOWER_ENV, engine_loaded_only):
         return False
     try:
         from flwr.server.superlink.fleet.vce import vce_api
@@ -143,38 +141,30 @@ def install(engine_loaded_only: bool = False) -> bool:
         return False
     targets = [(vce_api, "add_messages_to_queue"), (InMemoryGrid, "send_and_receive"),
                (InMemoryLinkState, "store_message_ins"), (InMemoryLinkState, "store_message_res")]
-    if any(not hasattr(owner, name) for owner, name in targets):
+    if any(name not in vars(owner) for owner, name in targets):
         return False
-    if _flower:
+    if _replaced:
         return True
-    for owner, name in targets:
-        _flower[name] = (owner, getattr(owner, name))
-    vce_api.add_messages_to_queue = add_messages_to_queue
-    InMemoryGrid.send_and_receive = send_and_receive  # type: ignore[method-assign]
-    InMemoryLinkState.store_message_ins = _raising(  # type: ignore[method-assign]
-        _flower["store_message_ins"][1], INSTRUCTIONS)
-    InMemoryLinkState.store_message_res = _raising(  # type: ignore[method-assign]
-        _flower["store_message_res"][1], REPLIES)
+    _replaced.put(vce_api, "add_messages_to_queue", add_messages_to_queue)
+    _replaced.put(InMemoryGrid, "send_and_receive", send_and_receive)
+    for name, signal in (("store_message_ins", INSTRUCTIONS), ("store_message_res", REPLIES)):
+        _replaced.put(InMemoryLinkState, name, _raising(vars(InMemoryLinkState)[name], signal))
     return True
 
 
 def flowers_own(name: str) -> Callable[..., Any]:
     """Flower's own function or method ``name`` (one of those :func:`install` replaces),
     installed or not."""
-    if name in _flower:
-        return _flower[name][1]
     from flwr.server.superlink.fleet.vce import vce_api
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
     for owner in (vce_api, InMemoryGrid, InMemoryLinkState):
-        if hasattr(owner, name):
-            return getattr(owner, name)
+        if name in vars(owner):
+            return _replaced.flowers(name, owner)  # type: ignore[no-any-return]
     raise KeyError(name)
 
 
 def uninstall() -> None:
     """Put Flower's own functions back (tests)."""
-    for name, (owner, original) in list(_flower.items()):
-        setattr(owner, name, original)
-    _flower.clear()
+    _replaced.undo()

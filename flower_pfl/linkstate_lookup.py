@@ -25,13 +25,14 @@ measuring one against the other: benchmarks/client_scale.py).
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from flower_pfl.flower_patch import Replaced, wanted
 
 #: set to 1 to keep Flower's own InMemoryLinkState.get_message_ins
 KEEP_FLOWER_ENV = "FLOWER_PFL_FLOWER_LOOKUP"
 
-_original: Any = None
+_replaced = Replaced()  # what install() put in Flower's place
 
 
 def get_message_ins(self: Any, node_id: int, limit: int | None, *,
@@ -64,24 +65,17 @@ def install() -> bool:
     """Put :func:`get_message_ins` on Flower's ``InMemoryLinkState`` (once; a no-op when
     ``FLOWER_PFL_FLOWER_LOOKUP=1`` or when this Flower has no such class).  True when the
     class now uses it."""
-    global _original
-    if os.environ.get(KEEP_FLOWER_ENV) == "1":
+    if not wanted(KEEP_FLOWER_ENV):
         return False
     try:
         from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     except ImportError:
         return False
     if InMemoryLinkState.get_message_ins is not get_message_ins:
-        _original = InMemoryLinkState.get_message_ins
-        InMemoryLinkState.get_message_ins = get_message_ins  # type: ignore[method-assign]
+        _replaced.put(InMemoryLinkState, "get_message_ins", get_message_ins)
     return True
 
 
 def uninstall() -> None:
     """Put Flower's own method back (tests)."""
-    global _original
-    if _original is not None:
-        from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-
-        InMemoryLinkState.get_message_ins = _original  # type: ignore[method-assign]
-        _original = None
+    _replaced.undo()
