@@ -6,7 +6,7 @@ The workload is a run that is mostly its fixed cost: FedAvg, FMNIST DNN, 20 clie
 classes each, 2 rounds, fraction-fit 0.2, 20,000 pooled images.  Each run starts once the
 1-minute load average is below 0.5 (waits up to 3 minutes); A runs before B in every pair.
 Per run: the wall time of the whole command and the machine's busy core-seconds over it
-(/proc/stat: user + nice + system + irq + softirq + steal, every process included).
+(``cpu_by_role.machine_busy_s``: /proc/stat's non-idle time, every process included).
 Prints every pair and the paired 95% interval of B - A.
 
     .venv/bin/python benchmarks/fixed_cost.py --pairs 5 --off FLOWER_PFL_FLOWER_APP=1
@@ -30,7 +30,10 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
+
+from cpu_by_role import machine_busy_s  # noqa: E402 - benchmarks/
 
 from flower_pfl.reporting.stats import paired_interval  # noqa: E402
 
@@ -38,14 +41,6 @@ WORKLOAD = {"strategy": "fedavg", "rounds": 2, "clients": 20, "model": "dnn", "s
             "eval-every": 1, "checkpoint-every": 0,
             "data": {"dataset": "fmnist", "partition": "pathological", "subsample": 20000},
             "train": {"epochs": 1, "batch-size": 10, "lr": 0.005}}
-
-
-def busy_core_s() -> float:
-    """The machine's busy core-seconds since boot (/proc/stat's first line)."""
-    with open("/proc/stat") as fh:
-        fields = fh.readline().split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_quiet(limit: float = 0.5, max_s: float = 180.0) -> float:
@@ -60,9 +55,9 @@ def one_run(tree: Path, config: Path, name: str, env: dict[str, str]) -> tuple[f
     cmd = [str(Path(sys.executable).parent / "flower-pfl"), "run", "--config", str(config),
            "--set", f"run-name={name}", "--quiet"]
     env = {**env, "PYTHONPATH": str(tree), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
-    busy, start = busy_core_s(), time.perf_counter()
+    busy, start = machine_busy_s(), time.perf_counter()
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
-    wall, core_s = time.perf_counter() - start, busy_core_s() - busy
+    wall, core_s = time.perf_counter() - start, machine_busy_s() - busy
     if done.returncode != 0:
         raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-2000:]}"
                          f"{done.stderr[-2000:]}")
