@@ -65,6 +65,7 @@ class PFLClient(NumPyClient):
         self.device = torch.device("cpu")
         self.spec: TrainSpec | None = None
         self.round = 0  # the server round of the message being answered (setup)
+        self.eval_steps = 0  # local SGD steps personal_model took in this evaluation
 
     # ------------------------------------------------------------------ subclass hooks
     def fit_round(self, parameters: NDArrays, config: Mapping[str, Scalar]
@@ -104,6 +105,7 @@ class PFLClient(NumPyClient):
 
     def evaluate(self, parameters: NDArrays, config: Mapping[str, Scalar]):
         self.setup(config)
+        self.eval_steps = 0  # local_train counts what personal_model trains (FT, Per-FedAvg)
         model = self.personal_model(parameters, config)
         loss, score = self.test(model)
         meta = self.state.get_values("meta") or {"fit-rounds": 0}
@@ -111,6 +113,8 @@ class PFLClient(NumPyClient):
         metrics: dict[str, Scalar] = {"partition-id": self.pid, metric: score,
                                       "num-train": self.data.num_train,
                                       "fit-rounds": int(meta["fit-rounds"])}
+        if int(meta["fit-rounds"]) == 0:  # the never-trained warning says what this is
+            metrics["evaluated"] = self.evaluated_model(parameters, model)
         # the device of its last accepted fit; one that has not trained yet: where it evaluated
         metrics.update(devices.select(meta) or devices.fit_report(self.device, peak=False))
         if config.get("eval-global") and parameters:
@@ -128,6 +132,22 @@ class PFLClient(NumPyClient):
         self.data = load_client_data(self.cfg.values, self.pid, self.data_root, self.device)
         self.spec = TrainSpec.from_config(self.cfg)
         self.round = int(config.get("round", 0))
+
+    def evaluated_model(self, parameters: NDArrays, model: NamedLayers) -> str:
+        """What a client without an accepted fit evaluated, as a phrase (``evaluate``'s
+        ``evaluated`` metric): the model the server sent, part of it (FedRep: the body; the
+        head at its initial values) or none (Local: the initial model), and the local SGD
+        steps its evaluation took (FedAvg-FT's fine-tuning, Per-FedAvg's personal steps),
+        counted where they ran (:meth:`local_train`)."""
+        sent, total = len(parameters or []), len(get_arrays(model))
+        what = ("its initial model (the server sent none)" if not sent else
+                "the model the server sent" if sent >= total else
+                f"the model the server sent ({sent} of its {total} arrays; the rest at their "
+                f"initial values)")
+        if not self.eval_steps:
+            return f"{what}, not a personalized one"
+        return (f"{what} after {self.eval_steps} local SGD step(s) on its own training data "
+                f"at evaluation (personalized there, though no fit of its was accepted)")
 
     def run_config_text(self, config: Mapping[str, Scalar]) -> str:
         """The run's validated configuration (JSON): from the run config, where flower-pfl's
@@ -175,9 +195,11 @@ class PFLClient(NumPyClient):
 
     def local_train(self, model: NamedLayers, regularizer=None, num_steps: int | None = None,
                     salt: int = 0, lr: float | None = None) -> dict[str, float]:
-        return train(model, self.data.x_train, self.data.y_train, self.spec,
-                     self.generator(salt), self.device, regularizer=regularizer,
-                     num_steps=num_steps, lr=lr, loss_fn=self.loss_fn())
+        out = train(model, self.data.x_train, self.data.y_train, self.spec,
+                    self.generator(salt), self.device, regularizer=regularizer,
+                    num_steps=num_steps, lr=lr, loss_fn=self.loss_fn())
+        self.eval_steps += int(out.get("local_steps", 0))  # read only by evaluate
+        return out
 
     def loss_fn(self):
         """The data loss of every local step: cross-entropy for images, the Gaussian NLL

@@ -43,8 +43,8 @@ from flower_pfl.matrix import MatrixError, load_matrix
 from flower_pfl.reliability import checkpoints, stop
 from flower_pfl.reliability.preflight import preflight_apart
 from flower_pfl.reporting import tracking
-from flower_pfl.reporting.console import BenchConsole, RunConsole
-from flower_pfl.reporting.results import default_results_dir, read_summary
+from flower_pfl.reporting.console import BenchConsole, RunConsole, summary_lines
+from flower_pfl.reporting.results import default_results_dir, mark_failed, read_summary
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.bench import run_bench
 from flower_pfl.running.launch import (
@@ -296,12 +296,15 @@ def deploy_command(args, cfg: config_mod.RunConfig) -> int:
                None if args.insecure else Path(args.certs),
                [g for g in args.gpus.split(",") if g], args.data_root, args.timeout)
     except LaunchError as exc:
-        print(f"flower-pfl: FAILED: {exc}", file=sys.stderr)
+        mark_failed(results_dir, exc)  # where the ServerApp could not say so itself
+        print("\n".join(summary_lines(results_dir)) + f"\nflower-pfl: FAILED: {exc}",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
+        stop.mark_stopped(results_dir)
         print("flower-pfl: stopped; every process of the deployment stopped", file=sys.stderr)
         return 128 + getattr(exc, "signum", signal.SIGINT)
-    print(f"flower-pfl: deployment run completed. Results: {results_dir}")
+    print("\n".join(summary_lines(results_dir)))  # status, coverage, final numbers
     return 0
 
 
@@ -352,7 +355,9 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
             run_simulation(cfg, config_path, list(sets), results_dir, timeout_s=args.timeout,
                            echo=False, resume=resume_dir is not None, on_line=console.feed,
                            ray_address=ray_address, initial_arrays=initial)
-    except LaunchError as exc:
+    except LaunchError as exc:  # summary.json: the ServerApp's error, else the launcher's
+        mark_failed(results_dir, exc)
+        console.summary(results_dir, console.elapsed())
         print(f"flower-pfl: FAILED: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # a second signal (procs.Terminated): stopped at once
@@ -361,6 +366,9 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
         print(f"flower-pfl: {name}; every process of the run stopped. "
               f"{resume_hint(results_dir)}", file=sys.stderr)
         return 128 + getattr(exc, "signum", signal.SIGINT)
+    except Exception as exc:  # the launcher's own failure: recorded too, then raised
+        mark_failed(results_dir, exc)
+        raise
     finally:
         stop.clear_stop(results_dir)
         initial.unlink(missing_ok=True)

@@ -13,6 +13,9 @@ Run config keys (pyproject.toml ``[tool.flwr.app.config]``):
 The legacy server loop always counts rounds from 1; :class:`ResumableServer` starts at
 the strategy's ``start_round`` instead, so a resumed run continues with the next round,
 and it ends the run early, with a checkpoint, when ``flower-pfl run`` asks it to stop.
+Whatever raises once the strategy exists (a resume, a round's RoundError, a checkpoint)
+ends the run ``failed`` in its summary.json, with the error's type and message
+(``ResultsWriter.record_outcome``), before Flower sees the exception.
 
 The ServerApp's strategies do their math in numpy; only the initial model needs torch (its
 seeded initialisation).  :func:`initial_arrays_apart` builds it in a short-lived child
@@ -127,7 +130,8 @@ def build_strategy(context: Context):
     if client_state and int(cfg["checkpoint-every"]) > 0:
         strategy.client_state_dir = Path(client_state)
     if _flag(rc.get("resume", False)):
-        strategy.resume()
+        with strategy.results.record_outcome():  # a failed resume: summary.json says so
+            strategy.resume()
     return cfg, strategy
 
 
@@ -179,7 +183,9 @@ def main(grid: Grid, context: Context) -> None:
     took effect) and the engine's lookup of a node's messages by destination
     (:mod:`flower_pfl.linkstate_lookup`)."""
     components = server_fn(context)
-    if not (hasattr(grid, "pull_interval") and engine_wakeup.install()):  # InMemoryGrid
-        poll_faster(grid, message_threads(int(components.server.strategy.num_clients)))
-    linkstate_lookup.install()  # the engine's per-node lookups: flower_pfl/linkstate_lookup.py
-    start_grid(grid=grid, server=components.server, config=components.config)
+    strategy = components.server.strategy
+    with strategy.results.record_outcome():  # raised: summary.json says failed, and why
+        if not (hasattr(grid, "pull_interval") and engine_wakeup.install()):  # InMemoryGrid
+            poll_faster(grid, message_threads(int(strategy.num_clients)))
+        linkstate_lookup.install()  # the engine's per-node lookups: flower_pfl/linkstate_lookup.py
+        start_grid(grid=grid, server=components.server, config=components.config)

@@ -16,13 +16,17 @@ and whether lower is better (``self.lower_is_better``) are decided once, in the 
 ``__init__`` (:func:`flower_pfl.reporting.results.metric_of`).  There is no centralised
 test set: :meth:`evaluate` returns None.
 
-Clients that never trained (no accepted upload yet: ``fit-rounds`` 0) evaluate the model
-the server sent them -- the global or initial model, not a personalized one.  Their
-``clients.csv`` rows say so (``trained`` 0); ``personal_*`` stay over ALL clients (the
-papers' metric, comparable with every earlier run), and ``personal_trained_*`` are the
-same statistics over the trained clients only (docs/reliability.md, "Clients that never
-trained").  In the last round one line names how many never trained, and one line per
-strategy says how often its own mechanism ran (strategies/mechanism.py).
+Clients that never trained (no accepted upload yet: ``fit-rounds`` 0) evaluate a model
+they never trained a round on: what the server sent them, part of it, or their initial
+model, as such or after the local steps their strategy takes at evaluation (FedAvg-FT's
+fine-tuning, Per-FedAvg's personal steps).  Each says which (its ``evaluated`` metric,
+``PFLClient.evaluated_model``); their ``clients.csv`` rows say ``trained`` 0;
+``personal_*`` stay over ALL clients that answered (the papers' metric, comparable with
+every earlier run), and ``personal_trained_*`` are the same statistics over the trained
+clients only (docs/reliability.md, "Clients that never trained").  In the last round one
+line names how many never trained and what they evaluated, one line per strategy says how
+often its own mechanism ran (strategies/mechanism.py), and a WARNING says how many clients
+the numbers cover where that is fewer than all (:mod:`flower_pfl.reporting.coverage`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from flower_pfl.learning import devices
 from flower_pfl.learning.metrics import summarize
+from flower_pfl.reporting.coverage import coverage_line
 from flower_pfl.strategies.federation import RoundError, TaggedProxy
 
 
@@ -98,7 +103,9 @@ class EvaluationReporting:
             f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
             self.num_clients - len(rows), devices.describe(rows))
         if server_round >= self.cfg["rounds"]:
-            self.report_run_end(rows, trained_stats)
+            self.report_run_end(rows, trained_stats, {
+                int(res.metrics["partition-id"]): str(res.metrics["evaluated"])
+                for _, res in results if "evaluated" in res.metrics})
             self.results.finish("completed")
             log(INFO, "[flower-pfl] final per-round table: %s", self.results.dir / "rounds.csv")
             log(INFO, "[flower-pfl] per-client table: %s", self.results.dir / "clients.csv")
@@ -111,21 +118,30 @@ class EvaluationReporting:
         loss = float(np.average([r["loss"] for r in rows], weights=[r["num-test"] for r in rows]))
         return loss, metrics
 
-    def report_run_end(self, rows: list[dict[str, Any]],
-                       trained: dict[str, float] | None) -> None:
-        """The last round: the clients that never trained, and the mechanism's count
-        (WARNING when it never ran), in the log and in summary.json."""
+    def report_run_end(self, rows: list[dict[str, Any]], trained: dict[str, float] | None,
+                       evaluated: dict[int, str] | None = None) -> None:
+        """The last round: the clients that never trained and what they evaluated
+        (``evaluated``: partition-id -> the client's own phrase), the mechanism's count
+        (WARNING when it never ran), in the log and in summary.json; a WARNING where the
+        numbers cover fewer than all clients."""
         m, untrained = self.metric, [r for r in rows if not r["trained"]]
+        what = untrained_evaluated(untrained, evaluated or {})
         if untrained:
             log(WARNING, "[flower-pfl] %d of %d clients never trained (partition-id(s) %s): "
-                "their %s is the model the server sent, not a personalized one (clients.csv: "
-                "trained 0); personalized mean over the %d trained clients %s, over all %.4f",
+                "their %s is %s (clients.csv: trained 0); personalized mean over the %d "
+                "trained clients %s, over all %.4f",
                 len(untrained), len(rows), [r["partition-id"] for r in untrained][:20], m,
+                "; ".join(what if len(what) == 1 else [f"{k} (partition-id(s) {v[:20]})"
+                                                       for k, v in what.items()]),
                 len(rows) - len(untrained),
                 f"{trained['mean']:.4f}" if trained else "n/a (none trained)",
                 self.eval_history[-1]["mean"])
         self.results.set_summary("untrained_clients",
                                  sorted(r["partition-id"] for r in untrained))
+        self.results.set_summary("untrained_evaluated", what)
+        line = coverage_line(self.results.coverage())
+        if line:
+            log(WARNING, "[flower-pfl] %s", line)
         if self.mechanism is not None:
             count = self.mechanism_count
             log(WARNING if count.used == 0 else INFO, "[flower-pfl] %s",
@@ -141,6 +157,18 @@ class EvaluationReporting:
         return server_round % self.cfg["eval-every"] == 0 or server_round >= self.cfg["rounds"]
 
 
+def untrained_evaluated(untrained: list[dict[str, Any]], said: dict[int, str]
+                        ) -> dict[str, list[int]]:
+    """What the never-trained clients evaluated -> their partition-ids (a client that did
+    not say: named as such, never guessed)."""
+    out: dict[str, list[int]] = {}
+    for r in untrained:
+        pid = int(r["partition-id"])
+        out.setdefault(said.get(pid, "a model it never trained a round on (its client does "
+                                     "not say which)"), []).append(pid)
+    return out
+
+
 def client_row(res: EvaluateRes, metric: str) -> dict[str, Any]:
     """One client's evaluation answer as a ``clients.csv`` row."""
     m = res.metrics
@@ -148,7 +176,7 @@ def client_row(res: EvaluateRes, metric: str) -> dict[str, Any]:
                            "loss": float(res.loss), "num-test": int(res.num_examples),
                            "num-train": int(m.get("num-train", 0)),
                            "fit-rounds": int(m.get("fit-rounds", 0))}
-    # 0: never trained -- its metric is the model the server sent (global/initial), not its own
+    # 0: never trained -- its metric is of a model it never trained a round on (``evaluated``)
     row["trained"] = int(row["fit-rounds"] > 0)
     if f"global_{metric}" in m:
         row[f"global_{metric}"] = float(m[f"global_{metric}"])

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flower_pfl.reporting import compare as cmp
+from flower_pfl.reporting.console import summary_lines
+from flower_pfl.reporting.results import read_summary, run_coverage
 from flower_pfl.running.deploy import Deployment, key_registered, make_ca, make_node_key
 from flower_pfl.running.procs import is_alive
 
@@ -52,7 +55,9 @@ def test_secure_deployment_refuses_a_stranger_survives_a_restart_and_a_node_lost
     - a node whose key was never registered is refused (it would claim partition 2 as well),
       and the SuperLink, asked, tells its key from a registered one;
     - partition 3's machine dies in round 2 and never comes back: its rounds are failures,
-      not the end of the run (the others' metrics are all there);
+      not the end of the run (the others' metrics are all there), and the run says how many
+      clients each round and the final metrics cover, the same in summary.json, rounds.csv,
+      the console's closing lines and `flower-pfl compare`;
     - partition 1's machine goes down in round 3 and comes back with the same key and disk:
       it keeps its identity and its personal state (fit-rounds keeps counting)."""
     rounds = 5
@@ -99,3 +104,21 @@ def test_secure_deployment_refuses_a_stranger_survives_a_restart_and_a_node_lost
     assert int(last[1]["fit-rounds"]) >= rounds - 1, last[1]
     state = tmp_path / "work" / "client-state" / "b"
     assert [p.name for p in state.glob("run-*/partition-*")] == ["partition-1"]
+    # coverage: completed, over 3 of 4 clients from round 2 on, said the same way everywhere
+    res = tmp_path / "res"
+    summary = read_summary(res)
+    cov = summary["coverage"]
+    assert summary["status"] == "completed" and cov == run_coverage(res)
+    assert cov["final_clients_covered"] == 3 and cov["final_missing"] == [3]
+    assert not cov["complete"] and set(range(3, rounds + 1)) <= set(cov["rounds_short"])
+    assert cov["fit_failed"] >= 1 and cov["fit_accepted"] + cov["fit_failed"] == \
+        cov["fit_sampled"]
+    with open(res / "rounds.csv") as fh:
+        evaluated = {int(r["round"]): int(r["clients_evaluated"]) for r in csv.DictReader(fh)}
+    assert all(evaluated[r] == 3 for r in range(3, rounds + 1))
+    coverage = next(ln for ln in summary_lines(res) if ln.startswith("  coverage: "))
+    assert coverage.startswith("  coverage: final metrics over 3 of 4 clients (partition-id(s) "
+                               "[3] missing)")
+    table = cmp.compare([res], tmp_path / "cmp").table  # completed: compared, not refused
+    assert f"| 3/4, fit {cov['fit_accepted']}/{cov['fit_sampled']} |" in table
+    assert coverage.strip() in table

@@ -209,6 +209,9 @@ def test_round_fails_clearly_below_min_fit_answers(tmp_path):
     with pytest.raises(RoundError, match=r"round 1: 2 valid update\(s\) from 4 sampled client"
                                          r"\(s\), fewer than min-fit-answers = 3"):
         inprocess.run(cfg, tmp_path, manager=inprocess.make_federation(4, proxy_cls=FaultyProxy))
+    summary = json.loads((tmp_path / "summary.json").read_text())  # the record says so too
+    assert summary["status"] == "failed" and summary["error"]["type"] == "RoundError"
+    assert summary["error"]["message"].startswith("round 1: 2 valid update(s) from 4 sampled")
 
 
 # ---------------------------------------------------------------- checkpoint/resume

@@ -16,9 +16,13 @@ Choices:
   A metric some run did not record (``global_mean`` of ``local``) is refused, naming the
   runs and the metrics all of them share.
 * Runs of an accuracy and runs of an error (mse: lower is better) are not compared.
-* A run that did not complete, or completed with failed clients, is refused (its numbers
-  are not its configuration's); ``allow_unfinished`` compares it at its last evaluated
-  round, its row marked.  A run with no evaluated round is always refused.
+* A run that did not complete (stopped, failed -- its error named -- or still running) is
+  refused; ``allow_unfinished`` compares it at its last evaluated round, its row marked.
+  A run with no evaluated round is always refused.  A completed run whose numbers cover
+  fewer than all clients (a node lost, clients failed) is compared as what it is: every
+  row's ``clients`` column says how many clients its final metrics cover (and its fits,
+  where some failed: :func:`~flower_pfl.reporting.coverage.coverage_cell`), and the runs
+  list gives its coverage line (docs/reliability.md "Coverage").
 * Labels: the strategy, then every configuration key whose value differs between the runs
   (``key=value``; a hyper-parameter only between runs of the same strategy); the folder's
   name where that label would be longer than MAX_LABEL characters; the folder's name added
@@ -36,14 +40,15 @@ from typing import Any, Mapping, Sequence
 
 from flower_pfl.hyper import did_you_mean
 from flower_pfl.learning.metrics import STAT_KEYS
+from flower_pfl.reporting.coverage import coverage_cell, coverage_line
 from flower_pfl.reporting.results import (
     TRAINED_KEYS,
-    client_failures,
     last_evaluation,
     lower_is_better,
     read_json,
     read_summary,
     read_values,
+    run_coverage,
     run_metric,
 )
 from flower_pfl.reporting.tables import COLUMNS, cell_numbers, number_cells, settings_line
@@ -80,6 +85,7 @@ class Run:
     metric: str
     numbers: dict[str, float]
     unfinished: str = ""  # why it is not a finished run ("" for a finished one)
+    coverage: dict[str, Any] | None = None  # how many clients its numbers cover
     label: str = ""
     differs: list[str] = field(default_factory=list)  # key=value that tell it apart
 
@@ -120,15 +126,19 @@ def not_a_run(path: Path) -> str | None:
             f"writes: summary.json, rounds.csv, clients.csv, config.json){hint}")
 
 
-def unfinished_reason(run_dir: Path, summary: Mapping[str, Any], planned: Any) -> str:
-    """Why a run with evaluated rounds is not a finished one ("" where it is)."""
+def unfinished_reason(summary: Mapping[str, Any], planned: Any) -> str:
+    """Why a run is not a finished one ("" where it is): its status, the round it got to,
+    a failed run's error, the way on for a stopped one."""
     status = summary.get("status")
-    last = summary["rounds"][-1]["round"]
-    if status != "completed":
-        return (f"status '{status}' after round {last} of {planned or '?'}"
-                + (" (`flower-pfl run --resume` continues it)" if status == "stopped" else ""))
-    failed = client_failures(run_dir)
-    return f"completed with failed clients ({failed})" if failed else ""
+    if status == "completed":
+        return ""
+    rounds = summary.get("rounds") or []
+    why = (f"status '{status}' after round {rounds[-1]['round']} of {planned or '?'}" if rounds
+           else f"status '{status}'")
+    error = summary.get("error")
+    if isinstance(error, dict):
+        why += f": {error.get('type')}: {str(error.get('message'))[:300]}"
+    return why + (" (`flower-pfl run --resume` continues it)" if status == "stopped" else "")
 
 
 def load_run(path: Path) -> Run:
@@ -143,14 +153,15 @@ def load_run(path: Path) -> Run:
     conf = read_json(path / "config.json")
     values = read_values(path)
     if not summary.get("rounds"):
-        raise CompareError(f"{path}: no evaluated round yet (status "
-                           f"'{summary.get('status')}'): nothing to compare")
+        status = unfinished_reason(summary, None) or "status 'completed'"
+        raise CompareError(f"{path}: no evaluated round ({status}): nothing to compare")
     numbers = cell_numbers(path, finished_only=False)
     assert numbers is not None  # it has rounds
     return Run(dir=path, summary=summary, values=values,
                hyper=dict(conf.get("hyper") or {}) if isinstance(conf, dict) else {},
                metric=run_metric(path), numbers=numbers,
-               unfinished=unfinished_reason(path, summary, values.get("rounds")))
+               unfinished=unfinished_reason(summary, values.get("rounds")),
+               coverage=run_coverage(path))
 
 
 def _show(value: Any) -> str:
@@ -250,6 +261,11 @@ def records(runs: Sequence[Run], metrics: Sequence[str]) -> tuple[list[dict[str,
                                **run.numbers}
         if run.unfinished:
             rec["unfinished"] = run.unfinished
+        cov = run.coverage or {}
+        rec["clients"] = coverage_cell(cov)
+        for key in ("final_clients_covered", "fit_accepted", "fit_sampled", "fit_failed"):
+            if key in cov:
+                rec[key] = cov[key]
         for key, _ in extra:
             value = final.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):
@@ -272,18 +288,21 @@ def table_md(runs: Sequence[Run], recs: Sequence[Mapping[str, Any]],
         lines += [settings_line(common), ""]
     lines += ["Differs between the runs: " + (", ".join(f"`{k}`" for k in differing)
                                               if differing else "the strategy only"), ""]
-    lines += ["| run | rounds | " + " | ".join(h for _, h in columns) + " |",
-              "|---" * (len(columns) + 2) + "|"]
+    lines += ["| run | rounds | " + " | ".join(h for _, h in columns) + " | clients |",
+              "|---" * (len(columns) + 3) + "|"]
     for run, rec in zip(runs, recs):
         done = f"{int(rec['rounds'])}/{run.values.get('rounds', '?')}"
         if run.unfinished:
             done += f" ({run.summary.get('status')})"
         lines.append(f"| {run.label} | {done} | " + " | ".join(number_cells(rec, columns))
-                     + " |")
-    lines += ["", "Runs:", ""]
+                     + f" | {rec['clients']} |")
+    lines += ["", "`clients`: how many of the configured clients the final metrics cover "
+              "(`, fit accepted/sampled` where client fits failed).", "", "Runs:", ""]
     for run in runs:
+        covered = coverage_line(run.coverage)
         lines.append(f"- `{run.label}`: {run.dir} ({run.summary.get('status')}"
-                     + (f": {run.unfinished}" if run.unfinished else "") + ")")
+                     + (f": {run.unfinished}" if run.unfinished else "")
+                     + (f"; {covered}" if covered else "") + ")")
     return "\n".join(lines) + "\n"
 
 
@@ -306,8 +325,9 @@ def compare(paths: Sequence[str | Path], out: str | Path, metrics: Sequence[str]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table)
-    fields = ["label", "dir", "strategy", "status", "unfinished", "rounds"] + [c for c, _ in
-                                                                               columns]
+    fields = (["label", "dir", "strategy", "status", "unfinished", "rounds"]
+              + [c for c, _ in columns] + ["clients", "final_clients_covered", "fit_accepted",
+                                           "fit_sampled", "fit_failed"])
     with open(out / "table.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore", restval="")
         w.writeheader()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from flower_pfl.reporting.console_output import Output, RoundTracker, follow_round
+from flower_pfl.reporting.coverage import coverage_line
 from flower_pfl.reporting.log_lines import classify, fmt_metric, fmt_s, format_round
 from flower_pfl.reporting.results import lower_is_better, read_summary, run_metric
 from flower_pfl.warnings_once import first_time
@@ -34,8 +35,10 @@ from flower_pfl.warnings_once import first_time
 
 def summary_lines(results_dir: Path, wall_s: float | None = None,
                   tensorboard: Path | None = None) -> list[str]:
-    """The closing summary of a finished run, from its ``summary.json``; the last lines
-    give the final and the best personalized (and global) numbers."""
+    """The closing summary of a run, from its ``summary.json``: its status (a failed
+    run's error), how many clients its numbers cover where that is fewer than all
+    (:func:`~flower_pfl.reporting.coverage.coverage_line`); the last lines give the final
+    and the best personalized (and global) numbers."""
     results_dir = Path(results_dir)
     summary = read_summary(results_dir) or {}
     rounds = summary.get("rounds") or []
@@ -44,8 +47,14 @@ def summary_lines(results_dir: Path, wall_s: float | None = None,
              f"round(s){wall}",
              f"  results: {results_dir}/ (rounds.csv, clients.csv, summary.json, curves.png, "
              f"flwr-run.log)"]
+    error = summary.get("error")
+    if isinstance(error, dict):
+        lines.append(f"  error: {error.get('type')}: {str(error.get('message'))[:1000]}")
     if tensorboard is not None:
         lines.append(f"  TensorBoard: tensorboard --logdir {tensorboard}")
+    covered = coverage_line(summary.get("coverage"))
+    if covered:
+        lines.append(f"  {covered}")
     if not rounds:
         return lines
     metric = run_metric(results_dir)
@@ -155,7 +164,7 @@ class RunConsole:
         self.out.stop()
         for text in summary_lines(results_dir, wall_s, tensorboard):
             self.print(text, style="bold" if text.startswith(("  personalized", "  global"))
-                       else None)
+                       else "yellow" if text.startswith(("  coverage", "  error")) else None)
 
 
 class BenchConsole:

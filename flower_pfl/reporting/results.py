@@ -2,20 +2,28 @@
 
 * ``config.json``   -- the validated configuration of the run
 * ``rounds.csv``    -- a row per evaluation round: statistics of the personalized (and the
-                       global model's) metric over ALL clients
+                       global model's) metric over ALL clients that answered, how many
+                       did (``clients_evaluated``) and that round's fit (``fit_accepted``
+                       of ``fit_sampled``; :mod:`flower_pfl.reporting.coverage`)
 * ``clients.csv``   -- a row per client per evaluation round (``device`` of its last fit;
-                       ``trained`` 0 = never trained: its metric is the server's model)
+                       ``trained`` 0 = no accepted fit yet: its metric is of a model it
+                       never trained a round on; summary.json ``untrained_evaluated`` says
+                       which)
 * ``fit.csv``       -- a row per accepted upload (:meth:`ResultsWriter.log_fit`): round,
                        partition-id, num-examples, the device it trained on, the client's
                        numeric fit metrics; ``failures.csv`` a row per failed message
 * ``server.csv``    -- per-round server-side quantities a strategy logs (e.g. FedACS delta)
-* ``summary.json``  -- everything above plus BMTA, rewritten after every round
+* ``summary.json``  -- everything above plus BMTA and ``coverage``, rewritten after every
+                       round; ``status`` running, completed, stopped or failed (then
+                       ``error``: type and message; :meth:`ResultsWriter.record_outcome`,
+                       :func:`mark_failed`)
 * ``<name>.npy/.png``, ``curves.png``, ``tensorboard/`` -- a strategy's matrices, the
                        run's curves, TensorBoard events (:mod:`flower_pfl.reporting.tracking`)
 
 Everything is appended/rewritten as it happens (a crash loses nothing already measured).
 Reading a run back: :func:`read_summary`, :func:`read_values`, :func:`read_rows`,
-:func:`run_metric`, :func:`client_failures`, beside the writer so both know one layout.
+:func:`run_metric`, :func:`run_coverage`, :func:`client_failures`, beside the writer so
+both know one layout.
 
 The per-client metric is decided here only: :func:`metric_of` names it (``accuracy``, or
 the synthetic task's ``mse``), :func:`lower_is_better` its direction, :func:`run_metric`
@@ -30,8 +38,9 @@ import io
 import json
 import time
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -40,12 +49,17 @@ from flower_pfl.atomic import atomic_write_text
 from flower_pfl.learning import devices
 from flower_pfl.learning.metrics import STAT_KEYS, best_mean
 from flower_pfl.reporting import tracking
+from flower_pfl.reporting.coverage import client_failures as client_failures  # re-exported
+from flower_pfl.reporting.coverage import coverage_record
+from flower_pfl.reporting.coverage import run_coverage as run_coverage  # (bench, tables)
 
 if TYPE_CHECKING:
     from flower_pfl.config import RunConfig
 
 #: statistics of the trained clients only in rounds.csv (``personal_trained_<key>``)
 TRAINED_KEYS = ("mean", "weighted_mean", "worst10_mean")
+#: characters of a failed run's error message kept in summary.json
+MAX_ERROR = 4000
 
 
 def default_results_dir(cfg: RunConfig) -> Path:
@@ -93,6 +107,13 @@ class ResultsWriter:
         row.update({f"personal_{k}": personal[k] for k in STAT_KEYS})
         if global_ is not None:
             row.update({f"global_{k}": global_[k] for k in STAT_KEYS})
+        row["clients_evaluated"] = len(clients)  # coverage: k of the configured n
+        fit = next((r for r in reversed(self.server_rows) if r.get("round") == server_round),
+                   None)
+        if fit is not None and "fit_ok" in fit:  # this round's fit (server.csv: every round)
+            row["fit_accepted"] = int(fit["fit_ok"])
+            row["fit_sampled"] = int(fit.get("sampled", int(fit["fit_ok"])
+                                             + int(fit.get("fit_failed", 0))))
         if trained_clients is not None:
             row["personal_trained_clients"] = int(trained_clients)
             for k in TRAINED_KEYS:
@@ -164,8 +185,12 @@ class ResultsWriter:
                                              server_round),
                           untrained=untrained(self.last_clients))
 
-    def finish(self, status: str) -> None:
+    def finish(self, status: str, error: BaseException | None = None) -> None:
+        """The run's end: ``status`` (completed, stopped, failed) and, for a failed run,
+        ``error`` recorded as ``{"type", "message"}`` in summary.json."""
         self.status = status
+        if error is not None:
+            self.extra["error"] = error_record(error)
         self.write_summary()
         if self.tracker is not None:
             self.tracker.close()
@@ -174,6 +199,23 @@ class ResultsWriter:
                 self.write_curves()
             except Exception as exc:  # a figure must never turn a finished run into a failure
                 (self.dir / "curves.error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+
+    @contextmanager
+    def record_outcome(self) -> Iterator[None]:
+        """Around everything a run does after this writer exists (the ServerApp's round
+        loop, the in-process loop): an exception that ends the run ends it ``failed`` with
+        its type and message in summary.json, whatever the status was (a run that raises
+        after its last round did not complete); KeyboardInterrupt ends a running one
+        ``stopped``.  The exception goes on."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            if self.status == "running":
+                self.finish("stopped")
+            raise
+        except BaseException as exc:
+            self.finish("failed", exc)
+            raise
 
     def write_curves(self) -> Path:
         """``curves.png``: this run's accuracy (personalized mean, worst-10%, top-10%; the
@@ -189,6 +231,18 @@ class ResultsWriter:
                                 f"{values.get('data.partition', '')}, "
                                 f"{values.get('clients', '')} clients")
 
+    def coverage(self) -> dict[str, Any] | None:
+        """How many clients the rounds held so far cover (:func:`coverage_record` of them);
+        None without a configured client count."""
+        clients = self.config.get("values", {}).get("clients")
+        if clients is None:
+            return None
+        return coverage_record(
+            int(clients), {int(r["round"]): int(r["clients_evaluated"])
+                           for r in self.rounds if "clients_evaluated" in r},
+            [c["partition-id"] for c in self.last_clients] if self.last_clients else None,
+            self.server_rows)
+
     def write_summary(self) -> None:
         """Rewrite ``summary.json`` from the rounds held (after every round; after a resume
         has rewound them)."""
@@ -196,6 +250,9 @@ class ResultsWriter:
                                    "server": self.server_rows,
                                    "elapsed_s": round(time.time() - self.started, 3),
                                    **self.extra}
+        coverage = self.coverage()
+        if coverage is not None:
+            summary["coverage"] = coverage
         if self.rounds:
             last = self.rounds[-1]
             summary["final"] = {k: v for k, v in last.items() if k != "round"}
@@ -203,6 +260,31 @@ class ResultsWriter:
             if "global_mean" in last:
                 summary["global_bmta"] = self._best("global_mean")
         _write_json(self.dir / "summary.json", summary)
+
+
+def error_record(error: BaseException | str) -> dict[str, str]:
+    """``{"type": ..., "message": ...}`` of what ended a run (up to MAX_ERROR characters)."""
+    if isinstance(error, str):
+        kind, message = "error", error
+    else:
+        kind, message = type(error).__name__, str(error)
+    cut = len(message) - MAX_ERROR
+    return {"type": kind, "message": message if cut <= 0
+            else f"{message[:MAX_ERROR]} ... ({cut} more characters)"}
+
+
+def mark_failed(run_dir: Path, error: BaseException | str) -> bool:
+    """The launcher's record of a run that failed where the ServerApp could not say so
+    (killed, timed out, failed before or after its rounds): ``status: failed`` and
+    ``error`` in the summary.json of a run still marked ``running``.  A status the
+    ServerApp wrote (its own error is the precise one) is left alone.  True: marked."""
+    path = Path(run_dir) / "summary.json"
+    summary = read_json(path)
+    if not isinstance(summary, dict) or summary.get("status") != "running":
+        return False
+    summary.update(status="failed", error=error_record(error))
+    _write_json(path, summary)
+    return True
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -378,23 +460,3 @@ def run_metric(run_dir: Path) -> str:
         return metric_of(read_values(run_dir))
     rows = read_rows(run_dir, "clients")
     return "mse" if rows and "mse" in rows[0] else "accuracy"
-
-
-def client_failures(run_dir: Path) -> str | None:
-    """Why a completed run's numbers are not its configuration's, or None.
-
-    A run can reach ``completed`` while clients failed (e.g. Ray killed workers for memory):
-    the strategy then trains with fewer clients than configured and evaluates fewer than all.
-    Such a run is not its setting (the bench gives it no number and reruns it)."""
-    if not (Path(run_dir) / "config.json").is_file():
-        return None
-    n = int(read_values(run_dir).get("clients", 0))
-    fit_failed = sum(int(float(r.get("fit_failed") or 0)) for r in read_rows(run_dir, "server"))
-    per_round: dict[str, int] = {}
-    for r in read_rows(run_dir, "clients"):
-        per_round[r["round"]] = per_round.get(r["round"], 0) + 1
-    short = {k: v for k, v in per_round.items() if v < n}
-    if not fit_failed and not short:
-        return None
-    return (f"{fit_failed} failed client fit(s); {len(short)} evaluation round(s) with fewer "
-            f"than all {n} clients")

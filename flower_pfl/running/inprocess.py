@@ -142,7 +142,8 @@ def run(cfg: RunConfig, results_dir: str | Path, manager: SimpleClientManager | 
     server); ``on_round(strategy, server_round)`` is called after each round (tests);
     ``cfg_travels``: whether every message carries the configuration (default: only when the
     caller brings its own ``manager``; the federation built here has it in its run config,
-    as ``flower-pfl run`` gives it to the clients)."""
+    as ``flower-pfl run`` gives it to the clients).  An exception (a RoundError, a test's
+    own) ends the run ``failed`` in its summary.json, with the error, and is raised."""
     if cfg_travels is None:
         cfg_travels = manager is not None
     manager = manager or make_federation(
@@ -152,10 +153,17 @@ def run(cfg: RunConfig, results_dir: str | Path, manager: SimpleClientManager | 
     strategy.cfg_travels = cfg_travels
     if client_state_dir is not None and int(cfg["checkpoint-every"]) > 0:
         strategy.client_state_dir = Path(client_state_dir)
+    with strategy.results.record_outcome():  # as the ServerApp: raised -> status failed
+        _rounds(strategy, manager, rounds or cfg["rounds"], resume, on_round)
+    return strategy
+
+
+def _rounds(strategy, manager: SimpleClientManager, last: int, resume: bool, on_round) -> None:
+    """The legacy round loop of :func:`run` (``ResumableServer.fit``'s, in one process)."""
     if resume:
         strategy.resume()
     parameters = strategy.initialize_parameters(manager)
-    for server_round in range(strategy.start_round, (rounds or cfg["rounds"]) + 1):
+    for server_round in range(strategy.start_round, last + 1):
         fit_ins = strategy.configure_fit(server_round, parameters, manager)
         results, failures = _call_all(fit_ins, "fit")
         new_parameters, _ = strategy.aggregate_fit(server_round, results, failures)
@@ -167,9 +175,8 @@ def run(cfg: RunConfig, results_dir: str | Path, manager: SimpleClientManager | 
             strategy.aggregate_evaluate(server_round, evals, failures)
         if on_round is not None:
             on_round(strategy, server_round)
-        if strategy.after_round(server_round, rounds or cfg["rounds"]):
+        if strategy.after_round(server_round, last):
             break  # as flower_pfl.server_app.ResumableServer: the last round, or a stop
-    return strategy
 
 
 #: what :func:`try_strategy` runs on: a few clients of a small real FMNIST subset
