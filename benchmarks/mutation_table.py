@@ -9,15 +9,19 @@ turned off while the code runs) or ``subtle`` (the mechanism still runs, one det
 wrong: a sign, a factor of 2, a norm for a squared norm, two similar variables swapped, an
 axis); ``--kind`` of benchmarks/mutations.py selects one.
 :func:`check_patches` checks that every patch still applies (its ``old`` text occurs
-exactly once in its file, the names are unique) and :func:`check_coverage` that every
-registered strategy is covered by at least one mutation and that no mutation names an
-unknown strategy, :func:`check_placement` that each entry is in its paper's file;
+exactly once in its file, the names are unique), :func:`check_coverage` that every
+registered strategy is covered by at least one mutation of its own paper's file and that no
+mutation names an unknown strategy, :func:`check_targets` that every target names a fast test
+that exists (read from the test files, not imported), :func:`check_placement` that each
+entry is in its paper's file;
 benchmarks/mutations.py runs them before anything else, tests/test_registry.py in the fast
 tier.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -94,16 +98,77 @@ def check_patches(mutations, root: Path = ROOT) -> list[str]:
 
 
 def check_coverage(mutations) -> list[str]:
-    """Every registered strategy must be covered by at least one mutation."""
+    """Every registered strategy must be covered by at least one mutation of its own paper's
+    file (``<catalog module>.yaml``): a shared ``core.yaml`` entry that lists it (e.g. one
+    that switches off a mechanism of every strategy) does not test its own idea."""
     sys.path.insert(0, str(ROOT))
     from flower_pfl import registry
 
     covered = {s for m in mutations for s in m.strategies}
+    own = {s for m in mutations for s in m.strategies
+           if m.table == f"{registry.CATALOG_MODULE.get(s)}.yaml"}
     problems = [f"strategy {s!r} is registered but no mutation covers it (add one to "
                 f"benchmarks/data/mutations/<its catalog module>.yaml)"
                 for s in sorted(set(registry.REGISTRY) - covered)]
+    problems += [f"strategy {s!r} is covered only by shared entries, none of its own paper's "
+                 f"(add one to benchmarks/data/mutations/{registry.CATALOG_MODULE.get(s)}.yaml)"
+                 for s in sorted((set(registry.REGISTRY) & covered) - own)]
     problems += [f"mutation covers {s!r}, which is not a registered strategy"
                  for s in sorted(covered - set(registry.REGISTRY))]
+    return problems
+
+
+def _marked_slow(decorators) -> bool:
+    return any("mark.slow" in ast.unparse(d) for d in decorators)
+
+
+def fast_tests(path: Path) -> tuple[set[str], set[str]]:
+    """The test functions of the test file ``path`` (``name`` or ``Class::name``), read
+    without importing it: (those the fast tier selects, those marked slow -- by their own
+    decorator, their class's or the module's ``pytestmark``)."""
+    tree = ast.parse(path.read_text())
+    module_slow = any(isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)
+        and "mark.slow" in ast.unparse(n.value) for n in tree.body)
+    fast: set[str] = set()
+    slow: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.name.startswith("test"):
+            (slow if module_slow or _marked_slow(node.decorator_list) else fast).add(node.name)
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                        item.name.startswith("test"):
+                    name = f"{node.name}::{item.name}"
+                    hidden = module_slow or _marked_slow(node.decorator_list) or \
+                        _marked_slow(item.decorator_list)
+                    (slow if hidden else fast).add(name)
+    return fast, slow
+
+
+def check_targets(mutations, root: Path = ROOT) -> list[str]:
+    """Every target must select a fast test: its file exists, a node id names a test
+    function defined there (parameter ids in brackets aside), and that test -- or, for a
+    file target, at least one of its tests -- is not marked slow (the suite runs
+    ``-m "not slow"``: a target that selects nothing would not be a killer)."""
+    problems = []
+    for m in mutations:
+        for target in m.tests:
+            file, _, node = target.partition("::")
+            path = root / file
+            if not path.is_file():
+                problems.append(f"{m.name}: target {target}: {file} does not exist")
+                continue
+            fast, slow = fast_tests(path)
+            name = re.sub(r"\[.*\]$", "", node)
+            if not node and not fast:
+                problems.append(f"{m.name}: target {target} has no fast test")
+            elif node and name in slow:
+                problems.append(f"{m.name}: target {target} is marked slow (the suite runs "
+                                f"-m 'not slow')")
+            elif node and name not in fast:
+                problems.append(f"{m.name}: target {target}: no test {name!r} in {file}")
     return problems
 
 

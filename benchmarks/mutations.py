@@ -53,6 +53,7 @@ from benchmarks.mutation_table import (  # noqa: E402
     check_coverage,
     check_patches,
     check_placement,
+    check_targets,
     load_mutations,
 )
 
@@ -161,17 +162,23 @@ def run_one(mutation: Mutation, python: str, parent: Path, source: Path) -> dict
         rc, out, seconds = run_pytest(python, scratch, mutation.tests)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if rc == 0:
-        status, by = "survived", "**SURVIVED**"
-    elif rc in (1, 2):  # a test failed / an error while collecting or running
-        status = "killed"
-        by = first_failure(out) or f"error: {last_line(out)}"
-    elif rc == -1:
-        status, by = "error", f"**TIMEOUT** after {TIMEOUT_S} s"
-    else:
-        status, by = "error", f"**pytest exit {rc}**: {last_line(out)}"
+    status, by = classify(rc, out)
     return {"mutation": mutation, "status": status, "by": by, "seconds": seconds,
             "output": out}
+
+
+def classify(rc: int, out: str) -> tuple[str, str]:
+    """(status, killed-by) of a mutation whose targets' pytest exited ``rc`` with output
+    ``out``: only a failing test (1) or an error while collecting or running (2) kills it;
+    0 is a survivor, and anything else -- 5, no test ran; 3, 4, pytest itself; -1, the
+    timeout -- is an error, which fails the suite as a survivor does."""
+    if rc == 0:
+        return "survived", "**SURVIVED**"
+    if rc in (1, 2):  # a test failed / an error while collecting or running
+        return "killed", first_failure(out) or f"error: {last_line(out)}"
+    if rc == -1:
+        return "error", f"**TIMEOUT** after {TIMEOUT_S} s"
+    return "error", f"**pytest exit {rc}**: {last_line(out)}"
 
 
 def baseline_targets(mutations) -> list[str]:
@@ -230,7 +237,8 @@ def main(argv=None) -> int:
                              "passed unmutated: .ci/run after the fast and slow tiers)")
     args = parser.parse_args(argv)
 
-    problems = check_patches(MUTATIONS) + check_coverage(MUTATIONS) + check_placement(MUTATIONS)
+    problems = (check_patches(MUTATIONS) + check_coverage(MUTATIONS) + check_targets(MUTATIONS)
+                + check_placement(MUTATIONS))
     if problems:
         print("mutation suite: " + "\n".join(problems), file=sys.stderr)
         return 2
@@ -273,7 +281,10 @@ def main(argv=None) -> int:
             return 0
         baseline_s = 0.0
         targets = baseline_targets(selected)
-        missing = uncollected(args.python, scratch, targets)
+        # every target, not the baseline's union: a node id inside a file that is another
+        # mutation's target would hide there
+        missing = uncollected(args.python, scratch,
+                              list(dict.fromkeys(t for m in selected for t in m.tests)))
         if missing:
             print("these targets select no test (renamed, or marked slow; a mutation needs a "
                   "fast test that kills it): " + ", ".join(missing), file=sys.stderr)

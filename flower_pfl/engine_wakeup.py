@@ -161,7 +161,7 @@ def flowers_own(name: str) -> Callable[..., Any]:
 
     for owner in (vce_api, InMemoryGrid, InMemoryLinkState):
         if name in vars(owner):
-            return _replaced.flowers(name, owner)  # type: ignore[no-any-return]
+            return _replaced.flowers(name, owner)
     raise KeyError(name)
 
 

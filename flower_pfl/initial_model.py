@@ -49,7 +49,8 @@ def write(path: str | os.PathLike[str], values: Mapping[str, Any]) -> None:
 
     arrays = {f"arr_{i}": a for i, a in enumerate(initial_arrays(dict(values)))}
     arrays[CONFIG_KEY] = np.array(fingerprint(values))
-    atomic_write(path, lambda fh: np.savez(fh, **arrays), mode="wb")
+    # allow_pickle=False: float arrays and one str array, read back with allow_pickle=False
+    atomic_write(path, lambda fh: np.savez(fh, allow_pickle=False, **arrays), mode="wb")
 
 
 def read(path: str | os.PathLike[str] | None, values: Mapping[str, Any]

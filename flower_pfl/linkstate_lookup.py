@@ -39,7 +39,8 @@ def get_message_ins(self: Any, node_id: int, limit: int | None, *,
                     run_id: int | None = None) -> list[Any]:
     """``InMemoryLinkState.get_message_ins`` with the messages for ``node_id`` selected
     before Flower's per-message checks (see the module docstring)."""
-    from flwr.server.superlink.linkstate import in_memory_linkstate
+    # the clock Flower's in_memory_linkstate reads (it imports this `now`)
+    from flwr.supercore.date import now
 
     if limit is not None and limit < 1:
         raise AssertionError("`limit` must be >= 1")
@@ -55,7 +56,7 @@ def get_message_ins(self: Any, node_id: int, limit: int | None, *,
                 found.append(msg)
             if limit and len(found) == limit:
                 break
-    delivered_at = in_memory_linkstate.now().isoformat()
+    delivered_at = now().isoformat()
     for msg in found:
         msg.metadata.delivered_at = delivered_at
     return found

@@ -13,12 +13,17 @@ What a page names, and how it is checked:
   ``key`` under a heading that says "hyper-parameter"): the backticked keys of a row whose
   first cell is a registered strategy are that strategy's keys; the backticked first cells of
   a ``key`` table are keys of a strategy the page names in backticks.
+
+Every Markdown file of the repository (README.md, docs/, benchmarks/data/mutations/README.md,
+the result folders' notes) links only to files that exist and, in a Markdown file, to
+headings that exist (GitHub's anchors): :func:`broken_links`.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from functools import lru_cache
 from pathlib import Path
 
@@ -135,6 +140,62 @@ def hyper_problems(text: str) -> list[str]:
                 problems.append(f"hyper-parameter table: {first[0]!r} is not a key of any "
                                 f"strategy the page names ({sorted(on_page)})")
     return problems
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading's text: lower case, punctuation dropped but
+    ``-`` and ``_``, spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors of ``text``'s headings (outside code blocks); a repeated heading's
+    second anchor gets ``-1`` as on GitHub."""
+    out: set[str] = set()
+    for line in FENCE.sub("", text).splitlines():
+        if line.startswith("#"):
+            slug = anchor(line.lstrip("#"))
+            n = 0
+            while (f"{slug}-{n}" if n else slug) in out:
+                n += 1
+            out.add(f"{slug}-{n}" if n else slug)
+    return out
+
+
+def broken_links(text: str, page: Path) -> list[str]:
+    """The relative links of the Markdown ``text`` of ``page`` (``[x](target)``, images
+    too, code blocks aside) whose file does not exist, or whose ``#anchor`` is no heading
+    of the Markdown file linked; ``http(s):``/``mailto:`` links are not followed."""
+    problems = []
+    for target in LINK.findall(FENCE.sub("", text)):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):
+            continue
+        path, _, frag = target.partition("#")
+        dest = (page.parent / path) if path else page
+        if path and not dest.exists():
+            problems.append(f"{page.name}: link ({target}): {path} does not exist")
+        elif frag and dest.suffix == ".md" and frag not in anchors(
+                text if dest == page else dest.read_text()):
+            problems.append(f"{page.name}: link ({target}): no heading #{frag} in {dest.name}")
+    return problems
+
+
+def markdown_files() -> list[Path]:
+    """Every Markdown file git tracks or would add (not the ignored ones)."""
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "*.md"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.split()
+    return [ROOT / f for f in out]
+
+
+def test_every_relative_link_of_every_markdown_file_resolves():
+    files = markdown_files()
+    assert ROOT / "README.md" in files and ROOT / "docs" / "RESULTS.md" in files
+    problems = [p for f in files if f.is_file() for p in broken_links(f.read_text(), f)]
+    assert problems == []
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

@@ -28,7 +28,6 @@ from flower_pfl.running.rayhead import shared_ray
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.message_passing import MessagePassingStrategy
 
-pytestmark = pytest.mark.slow
 
 TINY = {"strategy": "local", "rounds": 3, "clients": 4, "fraction-fit": 1.0, "model": "mclr",
         "eval-every": 1, "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 3000}}
@@ -74,6 +73,7 @@ def test_every_family_has_a_representative():
     assert "fedamp" in reps or "fedacs" in reps or "heurfedamp" in reps  # message passing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", representatives())
 def test_flwr_run_simulation_end_to_end(strategy, tmp_path, superlink):
     path = _write(tmp_path, TINY)
@@ -108,6 +108,7 @@ def test_flwr_run_simulation_end_to_end(strategy, tmp_path, superlink):
         assert all(float(r["sigma0_sq"]) >= 0 for r in server)
 
 
+@pytest.mark.slow
 def test_private_superlink_run_stops_everything(tmp_path, monkeypatch):
     """`flower-pfl run`'s own path: a private SuperLink and Ray, stopped with the run."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -118,6 +119,7 @@ def test_private_superlink_run_stops_everything(tmp_path, monkeypatch):
     assert out.pids and not any(is_alive(p) for p in out.pids), "processes left running"
 
 
+@pytest.mark.slow
 def test_failed_run_is_reported_not_hidden(tmp_path, superlink):
     # 6 SuperNodes for a 4-client configuration: the ServerApp refuses, the run fails,
     # and the launcher must say so (flwr run itself exits 0) and still clean up.
@@ -133,6 +135,7 @@ def _client_rows(path: Path) -> list[dict[str, str]]:
         return sorted(csv.DictReader(fh), key=lambda r: (int(r["round"]), int(r["partition-id"])))
 
 
+@pytest.mark.slow
 def test_the_engine_woken_and_queued_keeps_every_clients_metrics(tmp_path, superlink):
     """flower_pfl.engine_wakeup and flower_pfl.actor_queue in a real run (half the clients
     a round, FedAMP: personal state and a cloud model per client): the ServerApp installed
