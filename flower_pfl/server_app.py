@@ -130,6 +130,7 @@ def build_strategy(context: Context):
     if client_state and int(cfg["checkpoint-every"]) > 0:
         strategy.client_state_dir = Path(client_state)
     if _flag(rc.get("resume", False)):
+        strategy.results.adopt_earlier_rounds()  # until the checkpoint's list replaces them
         with strategy.results.record_outcome():  # a failed resume: summary.json says so
             strategy.resume()
     return cfg, strategy

@@ -319,6 +319,10 @@ def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path)
                          **{"checkpoint-every": 1, "data.subsample": 2000, "train.lr": 0.1})
     with pytest.raises(ResumeError, match=r"different configuration \(differs in: train.lr\)"):
         inprocess.run(other, tmp_path, resume=True)
+    # the refused resume is recorded as failed, beside the two rounds the first launch ran
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "ResumeError" in summary["error"]["type"]
+    assert [r["round"] for r in summary["rounds"]] == [1, 2]
 
 
 # ------------------------------------------------------------- stop, resume, extend

@@ -84,6 +84,9 @@ class ResultsWriter:
         self.lower_is_better = lower_is_better(self.metric)
         self.last_clients: list[dict[str, Any]] = []  # the last evaluated round's rows
         self.extra: dict[str, Any] = {}  # set_summary: end-of-run entries of summary.json
+        # an earlier launch's evaluated rounds (a run about to resume): kept until
+        # adopt_earlier_rounds(), so a resume that fails does not leave a summary without them
+        self._earlier_rounds = _summary_rounds(self.dir / "summary.json")
         _write_json(self.dir / "config.json", config)
         self.tracker = tracking.open_tracker(self.config.get("values", {}), self.dir,
                                              self.metric)
@@ -200,6 +203,14 @@ class ResultsWriter:
             except Exception as exc:  # a figure must never turn a finished run into a failure
                 (self.dir / "curves.error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
 
+    def adopt_earlier_rounds(self) -> None:
+        """Before a resume: summary.json lists the rounds the earlier launch recorded
+        (the checkpoint's own list replaces them once it is read), so a resume that fails
+        ends ``failed`` beside the rounds that did run, not beside an empty list."""
+        if not self.rounds and self._earlier_rounds:
+            self.rounds = list(self._earlier_rounds)
+            self.write_summary()
+
     @contextmanager
     def record_outcome(self) -> Iterator[None]:
         """Around everything a run does after this writer exists (the ServerApp's round
@@ -285,6 +296,16 @@ def mark_failed(run_dir: Path, error: BaseException | str) -> bool:
     summary.update(status="failed", error=error_record(error))
     _write_json(path, summary)
     return True
+
+
+def _summary_rounds(path: Path) -> list[dict[str, Any]]:
+    """The ``rounds`` list of an existing summary.json; [] when there is none or it cannot
+    be read (a damaged file is not a reason to stop a run)."""
+    try:
+        rounds = json.loads(path.read_text()).get("rounds", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [dict(r) for r in rounds if isinstance(r, dict)] if isinstance(rounds, list) else []
 
 
 def _write_json(path: Path, obj: Any) -> None:

@@ -161,6 +161,7 @@ def run(cfg: RunConfig, results_dir: str | Path, manager: SimpleClientManager | 
 def _rounds(strategy, manager: SimpleClientManager, last: int, resume: bool, on_round) -> None:
     """The legacy round loop of :func:`run` (``ResumableServer.fit``'s, in one process)."""
     if resume:
+        strategy.results.adopt_earlier_rounds()  # until the checkpoint's list replaces them
         strategy.resume()
     parameters = strategy.initialize_parameters(manager)
     for server_round in range(strategy.start_round, last + 1):
