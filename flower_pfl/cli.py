@@ -41,7 +41,7 @@ from flower_pfl import initial_model, raynode, registry
 from flower_pfl.config import APP_DIR
 from flower_pfl.matrix import MatrixError, load_matrix
 from flower_pfl.reliability import checkpoints, stop
-from flower_pfl.reliability.preflight import preflight_apart
+from flower_pfl.reliability.preflight import PreflightError, check_before_start, preflight_apart
 from flower_pfl.reporting import tracking
 from flower_pfl.reporting.console import BenchConsole, RunConsole, summary_lines
 from flower_pfl.reporting.results import default_results_dir, mark_failed, read_summary
@@ -201,7 +201,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flower_pfl.learning.shards import partition_command
 
         return partition_command(cfg.values, args.out, args.config, args.set or [])
-    if args.command == "validate":
+    if args.command == "validate":  # what `run` checks before it starts, nothing created
+        try:
+            preflight_apart(cfg, default_results_dir(cfg))
+        except Exception as exc:  # noqa: BLE001 - PreflightError
+            print(f"flower-pfl: {args.config} is valid, but `flower-pfl run` cannot start it "
+                  f"here: {exc}", file=sys.stderr)
+            return 2
         print(f"{args.config}: OK (strategy {cfg.strategy}, {cfg['clients']} clients, "
               f"{cfg['rounds']} rounds)")
         return 0
@@ -290,6 +296,11 @@ def deploy_command(args, cfg: config_mod.RunConfig) -> int:
               file=sys.stderr)
         return 2
     results_dir = default_results_dir(cfg)
+    try:  # SuperNodes on this machine: its device, folders and the data sizes, before any start
+        check_before_start(cfg, "deployment", results_dir)
+    except PreflightError as exc:
+        print(f"flower-pfl: cannot start: {exc}", file=sys.stderr)
+        return 2
     stop_on_signals()
     try:
         deploy(Path(args.config), args.set or [], results_dir, cfg["clients"],
@@ -331,7 +342,8 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
             check_ray_address(ray_address)
         tracking.require(cfg.values)
         with console.own_warnings():  # a child: this process never imports torch; the child
-            preflight_apart(cfg, results_dir, initial_out=initial)  # writes the initial model
+            preflight_apart(cfg, results_dir, initial_out=initial,  # writes the initial model
+                            scope="cluster" if ray_address else "simulation")
     except Exception as exc:  # noqa: BLE001 - PreflightError, DataError, TrackingError
         print(f"flower-pfl: cannot start: {exc}", file=sys.stderr)
         return 2
@@ -445,6 +457,9 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
             records = run_bench(matrix, out, args.superlink, False, args.timeout, only,
                                 log=console.log, ray=args.ray, retries=args.retries,
                                 progress=console)
+    except PreflightError as exc:  # bench.check_cells: before any cell, folder or process
+        print(f"flower-pfl bench: cannot start: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("flower-pfl bench: interrupted; processes stopped (rerun to resume)",
               file=sys.stderr)

@@ -299,9 +299,21 @@ def _cross_checks(values: Mapping[str, Any]) -> list[str]:
     mx = values["data.synthetic-samples-max"]
     if mx is not None and mx < values["data.synthetic-samples"]:
         problems.append(f"'data.synthetic-samples-max' = {mx} is below 'data.synthetic-samples'")
-    if values["data.partition"] == "pathological" and values["data.classes-per-client"] > 10 \
-            and values["data.dataset"] in ("fmnist", "mnist", "cifar10"):
-        problems.append("'data.classes-per-client' cannot exceed the 10 classes of the dataset")
+    from flower_pfl.learning.data import NUM_CLASSES  # numpy only, no torch
+
+    classes = NUM_CLASSES.get(values["data.dataset"])
+    if values["data.partition"] == "pathological" and classes is not None \
+            and values["data.classes-per-client"] > classes:
+        problems.append(f"'data.classes-per-client' = {values['data.classes-per-client']} "
+                        f"exceeds the {classes} classes of {values['data.dataset']}")
+    if values["data.partition"] == "practical":
+        if classes is not None and values["data.groups"] > classes:
+            problems.append(f"'data.groups' = {values['data.groups']} exceeds the {classes} "
+                            f"classes of {values['data.dataset']} (each group needs its own "
+                            f"dominant classes)")
+        if values["data.groups"] > values["clients"]:
+            problems.append(f"'data.groups' = {values['data.groups']} exceeds 'clients' = "
+                            f"{values['clients']} (each group needs a client)")
     if values["min-fit-clients"] > values["clients"]:
         problems.append(f"'min-fit-clients' = {values['min-fit-clients']} exceeds 'clients' = "
                         f"{values['clients']}")

@@ -562,3 +562,29 @@ def test_a_cell_yaml_that_is_not_a_run_is_not_done(tmp_path):
     for text in ("abc\n", "[1, 2]\n", "a: [\n", bench.cell_yaml(cell)):
         (cell.dir / "cell.yaml").write_text(text)
         assert bench.cell_state(cell) == ("done" if text == bench.cell_yaml(cell) else "todo")
+
+
+def test_a_cell_whose_launch_fails_is_recorded_failed_not_running(tmp_path, monkeypatch):
+    # the launch dies after the ServerApp wrote its first summary.json ('running'), as a
+    # killed or timed-out `flwr run` does: the cell's record must say failed, with the error
+    from flower_pfl.reporting.results import ResultsWriter
+    from flower_pfl.running.procs import LaunchError
+
+    def dies(cfg, path, sets, results_dir, **_):
+        ResultsWriter(Path(results_dir), {"values": dict(cfg.values)})  # status: running
+        raise LaunchError("the run's watchdog fired after 5 s")
+
+    monkeypatch.setattr(bench, "run_simulation", dies)
+    spec = {"name": "dies", "set": {"rounds": 1, "clients": 4, "model": "mclr",
+                                    "data": {"subsample": 2000}},
+            "strategies": ["fedavg"], "seeds": [0]}
+    path = tmp_path / "dies.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    records = bench.run_bench(matrix.load_matrix(path), out, superlink="private", retries=0,
+                              log=lambda s, **_: None)
+    assert [r["status"] for r in records] == ["failed"]
+    (summary,) = [json.loads(p.read_text()) for p in out.rglob("summary.json")]
+    assert summary["status"] == "failed"
+    assert summary["error"] == {"type": "LaunchError",
+                                "message": "the run's watchdog fired after 5 s"}

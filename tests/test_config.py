@@ -47,6 +47,15 @@ def test_defaults_fill_missing_keys_and_hyper():
     ({"hyper": {"fedavgft": {}}}, "'hyper.fedavgft': unknown strategy (did you mean 'fedavg-ft'?)"),
     ({"min-fit-clients": 30, "clients": 20}, "'min-fit-clients' = 30 exceeds 'clients' = 20"),
     ({"client-resources": {"num-gpus": -0.5}}, "'client-resources.num-gpus' = -0.5"),
+    # the data's classes, judged for every dataset (was: the 10-class ones only)
+    ({"data": {"dataset": "cifar100", "partition": "pathological", "classes-per-client": 101}},
+     "'data.classes-per-client' = 101 exceeds the 100 classes of cifar100"),
+    ({"data": {"dataset": "emnist", "partition": "pathological", "classes-per-client": 63}},
+     "'data.classes-per-client' = 63 exceeds the 62 classes of emnist"),
+    ({"data": {"partition": "practical", "groups": 11}, "clients": 20},
+     "'data.groups' = 11 exceeds the 10 classes of fmnist"),
+    ({"data": {"partition": "practical", "groups": 5}, "clients": 4, "min-fit-clients": 2},
+     "'data.groups' = 5 exceeds 'clients' = 4"),
 ])
 def test_bad_input_gives_one_clear_error(tree, needle):
     with pytest.raises(ConfigError) as info:
@@ -165,3 +174,13 @@ def test_strategy_listing_tells_every_variant_apart(columns, monkeypatch, capsys
     for prior in ("lg", "meg", "mh", "mh-lookahead"):
         assert shown[f"pfedbred-{prior}"].startswith(f"prior {prior}:")
     assert "hyper 'prior'" in shown["pfedbred"] and "mu = w" in shown["pfedme"]
+
+
+@pytest.mark.parametrize("tree", [
+    {"data": {"dataset": "cifar100", "partition": "pathological", "classes-per-client": 100}},
+    {"data": {"dataset": "emnist", "partition": "pathological", "classes-per-client": 62}},
+    {"data": {"partition": "practical", "groups": 10}, "clients": 10},
+    {"data": {"partition": "dirichlet", "groups": 50}},  # groups only matter for practical
+])
+def test_class_and_group_counts_at_their_limit_are_valid(tree):
+    config.validate(tree, source="ok.yaml")

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import warnings
+
 import numpy as np
 import pytest
 
+from flower_pfl import config, matrix
 from flower_pfl.learning import client_data, data, partitions
+from flower_pfl.reporting.log_lines import translate_warning
 from tests.conftest import small_config
 
 
@@ -192,3 +198,99 @@ def test_a_data_root_with_another_copy_is_read_not_the_cached_default(tmp_path):
     x_sub, y_sub = data.load_pooled("fmnist", root=str(root), cache_dir=cache)
     assert len(x_full) == 70000 and len(x_sub) == len(y_sub) == 400
     assert (x_sub[:300] == x_full[:300]).all()  # the same images, in the same order
+
+
+# ------------------------------------------------ pathological: every class where possible
+def _pathological(clients, k, **more):
+    return small_config(clients=clients, **{"data.partition": "pathological",
+                                            "data.classes-per-client": k, **more}).values
+
+
+def _unused_note(labels, cfg):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        part = partitions.make_partition(labels, cfg)
+    notes = [translate_warning(str(w.message)) for w in caught if "NOT be used" in str(w.message)]
+    return part, notes
+
+
+def test_pathological_6x2_covers_all_10_classes(labels):
+    """6 clients x 2 classes >= 10 classes: flwr-datasets' rule (client i: i, i+1) left 7-9
+    to nobody; by hand, client i holds 2i, 2i+1 (mod 10)."""
+    hand = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [0, 1]]
+    assert partitions.pathological_classes(6, 2, 10) == hand
+    cfg = _pathological(6, 2)
+    part, notes = _unused_note(labels, cfg)
+    assert notes == []  # no class left out, so no note
+    held = [sorted(set(_client_labels(part, labels, i).tolist())) for i in range(6)]
+    assert held == hand
+    _check_disjoint(part, len(labels))
+    # class 2 wholly with client 1; class 0 halved between clients 0 and 5 (array_split)
+    pool = np.concatenate(part.train + part.test)
+    in_pool = np.bincount(labels[pool], minlength=10)
+    assert (_client_labels(part, labels, 1) == 2).sum() == in_pool[2]
+    c0, c5 = ((_client_labels(part, labels, i) == 0).sum() for i in (0, 5))
+    assert c0 + c5 == in_pool[0] and abs(int(c0) - int(c5)) <= 1
+    again = partitions.make_partition(labels, cfg)  # deterministic in the seed
+    assert all(np.array_equal(a, b) for a, b in zip(part.train + part.test,
+                                                    again.train + again.test))
+    other = partitions.make_partition(labels, dict(cfg, seed=1))
+    assert [sorted(set(_client_labels(other, labels, i).tolist())) for i in range(6)] == hand
+    assert not np.array_equal(other.train[0], part.train[0])
+
+
+def test_pathological_keeps_flwr_datasets_rule_where_it_covered(labels, monkeypatch):
+    """Where client i: i..i+k-1 already covered every class (clients + k - 1 >= 10: every
+    built-in config) the assignment, the partition and its cache key are unchanged."""
+    for n, k in ((100, 2), (50, 2), (20, 3), (9, 2), (4, 2), (3, 3)):
+        assert partitions.pathological_classes(n, k, 10) == [[(i + j) % 10 for j in range(k)]
+                                                               for i in range(n)], (n, k)
+    cfg = _pathological(20, 3, **{"data.subsample": 10000})  # PLGU's configs/ setting
+    ours = partitions.make_partition(labels, cfg)
+    from flwr_datasets.partitioner import PathologicalPartitioner
+
+    monkeypatch.setattr(partitions, "_pathological_partitioner", lambda n, k, seed:
+                        PathologicalPartitioner(num_partitions=n, partition_by="label",
+                                                num_classes_per_partition=k,
+                                                class_assignment_mode="deterministic",
+                                                seed=seed))
+    theirs = partitions.make_partition(labels, cfg)
+    assert all(np.array_equal(a, b) for a, b in zip(ours.train + ours.test,
+                                                    theirs.train + theirs.test))
+
+    def old_key(values):
+        blob = json.dumps({k: values[k] for k in partitions.PARTITION_KEYS}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    assert partitions.partition_key(cfg) == old_key(cfg)
+    assert partitions.partition_key(_pathological(6, 2)) != old_key(_pathological(6, 2))
+
+
+def test_no_shipped_config_or_matrix_changes_its_pathological_partition(tmp_path):
+    root = config.APP_DIR
+    trees = [config.load(p).values for p in sorted((root / "configs").glob("*.yaml"))]
+    for path in sorted((root / "benchmarks").glob("*.yaml")):
+        trees += [config.validate(c.tree, c.key).values
+                  for c in matrix.load_matrix(path).cells(tmp_path) if c.tree is not None]
+    patho = [v for v in trees if v["data.partition"] == "pathological"]
+    assert len(patho) >= 10  # FedACS, PLGU, pFedBreD configs, FedAMP Table 2, pFedBreD Table 1
+    assert not [v for v in patho if partitions.covering_changed(v, 10)]
+
+
+def test_the_note_of_a_truly_impossible_pathological_case_names_its_cause(labels):
+    _, notes = _unused_note(labels, _pathological(4, 2))  # 4 x 2 = 8 < 10 classes
+    assert notes == ["note: the pathological partition gives classes [5, 6, 7, 8, 9] to no "
+                     "client (clients x classes-per-client does not cover every class)"]
+
+
+def test_a_partition_refusal_names_data_subsample(labels):
+    cfg = small_config(clients=20, **{"data.subsample": 250})  # Dirichlet, 10 samples each
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flwr-datasets' retries
+        with pytest.raises(data.DataError, match=r"partition 'dirichlet' failed for 20 clients "
+                           r"on 250 samples: .* raise 'data.subsample' \(now 250\)\."):
+            partitions.make_partition(labels, cfg.values)
+    cfg = small_config(clients=10, **{"data.partition": "iid", "data.subsample": 15})
+    with pytest.raises(data.DataError, match=r"received 1 samples .*raise 'data.subsample' "
+                                             r"\(now 15\)"):
+        partitions.make_partition(labels, cfg.values)

@@ -120,3 +120,20 @@ def test_cuda_reports_travel_to_fit_csv_clients_csv_and_the_round_line(tmp_path,
         "| devices cpu x2, cuda:0 (NVIDIA Fake) x2, GPU peak 2.0 MiB")
     assert s.eval_history and s.eval_history[-1]["mean"] > 0
 
+
+
+# ------------------------------------------------- this machine's CUDA devices (preflight)
+def test_cuda_devices_counts_and_says_why_there_is_none(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert devices.cuda_devices() == (3, "")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert devices.cuda_devices() == (0, f"torch {torch.__version__} is built without CUDA")
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert devices.cuda_devices() == (0, "CUDA_VISIBLE_DEVICES='' hides every CUDA device")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert devices.cuda_devices() == (0, f"torch {torch.__version__} finds no CUDA device")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert devices.cuda_devices() == (0, f"torch {torch.__version__} finds no CUDA device")

@@ -47,6 +47,10 @@ FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                 "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 NUM_CLASSES = {"fmnist": 10, "mnist": 10, "emnist": 62, "cifar10": 10, "cifar100": 100}
+#: pooled (train + test) samples of each dataset as torchvision ships it (EMNIST: the
+#: "byclass" split); a data.root may hold fewer
+POOLED_SIZE = {"fmnist": 70_000, "mnist": 70_000, "emnist": 814_255, "cifar10": 60_000,
+               "cifar100": 60_000}
 # (mean, std) per channel, used to normalise images to roughly zero mean / unit variance.
 NORMALIZATION = {
     "fmnist": ((0.2860,), (0.3530,)),

@@ -113,3 +113,25 @@ def describe(reports: Iterable[Mapping[str, Any]]) -> str:
     if peaks:
         text += f", GPU peak {max(peaks):.1f} MiB"
     return text or "none"
+
+
+def cuda_devices() -> tuple[int, str]:
+    """``(count, why_none)``: how many CUDA devices torch can train on in this process
+    (``torch.cuda.device_count()``; 0 where ``torch.cuda.is_available()`` is False) and,
+    when none, why in words -- torch built without CUDA, ``CUDA_VISIBLE_DEVICES`` hiding
+    every device, or no device found.  ``why_none`` is ``""`` when ``count > 0``.  Imports
+    torch: the launcher calls it in a child (:mod:`flower_pfl.reliability.preflight`)."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        count = int(torch.cuda.device_count())
+        if count > 0:
+            return count, ""
+    if torch.version.cuda is None:
+        return 0, f"torch {torch.__version__} is built without CUDA"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 0, f"CUDA_VISIBLE_DEVICES={visible!r} hides every CUDA device"
+    return 0, f"torch {torch.__version__} finds no CUDA device"

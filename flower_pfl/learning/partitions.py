@@ -3,7 +3,8 @@
 Deterministic in ``seed`` (see :mod:`flower_pfl.learning.data` for the whole recipe):
 
 * the pooled labels are split among ``clients`` partitions: ``iid``, ``dirichlet`` (alpha)
-  and ``pathological`` (k classes per client) through flwr-datasets' partitioners;
+  and ``pathological`` (k classes per client, every class used where ``clients * k``
+  allows: :func:`pathological_classes`) through flwr-datasets' partitioners;
   ``practical`` (FedAMP section 7 groups) by :func:`practical_partition`;
 * each client's samples are shuffled and split into a local train and a local test part
   (``data.test-fraction``), so each client's test set follows its own label distribution;
@@ -113,7 +114,52 @@ def assigned_indices(part: Any, first: np.ndarray, n: int) -> list[np.ndarray]:
     return [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(1, n)]
 
 
-def _flwr_partition(labels: np.ndarray, cfg: Mapping[str, Any], seed: int) -> list[np.ndarray]:
+def pathological_classes(num_clients: int, k: int, num_classes: int) -> list[list[int]]:
+    """The class indices (into the sorted classes) each client holds in ``pathological``.
+
+    flwr-datasets' "deterministic" rule -- client i holds classes i, i+1, ..., i+k-1 (mod
+    C) -- covers every class when ``num_clients + k - 1 >= C``, and is kept there (the
+    built-in configs: 100 x 2, 50 x 2, 20 x 3).  Below that it leaves classes to no client
+    even where ``num_clients * k >= C`` would cover them all (6 x 2 of 10 classes: 7-9
+    unused); there client i holds classes i*k, ..., i*k+k-1 (mod C), which covers every
+    class.  With ``num_clients * k < C`` no rule can; the shifted one is kept.  No seed:
+    the seed shuffles the samples."""
+    if num_clients + k - 1 >= num_classes or num_clients * k < num_classes:
+        return [[(i + j) % num_classes for j in range(k)] for i in range(num_clients)]
+    return [[(i * k + j) % num_classes for j in range(k)] for i in range(num_clients)]
+
+
+def covering_changed(cfg: Mapping[str, Any], num_classes: int) -> bool:
+    """Whether :func:`pathological_classes` departs from flwr-datasets' rule for ``cfg``
+    (a ``pathological`` partition of ``num_classes`` classes that rule under-covers)."""
+    n, k = int(cfg["clients"]), int(cfg["data.classes-per-client"])
+    return cfg["data.partition"] == "pathological" and n + k - 1 < num_classes <= n * k
+
+
+def _pathological_partitioner(n: int, k: int, seed: int) -> Any:
+    """flwr-datasets' PathologicalPartitioner ("deterministic") with the class assignment of
+    :func:`pathological_classes`."""
+    from flwr_datasets import partitioner as fp
+
+    class Covering(fp.PathologicalPartitioner):  # type: ignore[misc]
+        def _determine_partition_id_to_unique_labels(self) -> None:
+            super()._determine_partition_id_to_unique_labels()  # its checks and its rule
+            classes = self._unique_labels
+            for pid, picks in enumerate(pathological_classes(n, k, len(classes))):
+                self._partition_id_to_unique_labels[pid] = [classes[c] for c in picks]
+
+    return Covering(num_partitions=n, partition_by="label", num_classes_per_partition=k,
+                    class_assignment_mode="deterministic", seed=seed)
+
+
+def _subsample_hint(cfg: Mapping[str, Any], pooled: int) -> str:
+    """``, or raise 'data.subsample' (now N of M)`` where a subsample is what limits."""
+    sub = cfg["data.subsample"]
+    return f", or raise 'data.subsample' (now {sub})" if sub and sub <= pooled else ""
+
+
+def _flwr_partition(labels: np.ndarray, cfg: Mapping[str, Any], seed: int,
+                    pooled: int | None = None) -> list[np.ndarray]:
     from datasets import Dataset
     from flwr_datasets import partitioner as fp
 
@@ -126,21 +172,20 @@ def _flwr_partition(labels: np.ndarray, cfg: Mapping[str, Any], seed: int) -> li
                                        alpha=cfg["data.alpha"],
                                        min_partition_size=cfg["data.min-samples"],
                                        self_balancing=False, seed=seed)
-    else:
-        # "deterministic": client i holds classes i, i+1, ..., i+k-1 (mod C), so every class
-        # is used and each client has exactly k classes.
-        part = fp.PathologicalPartitioner(num_partitions=n, partition_by="label",
-                                          num_classes_per_partition=cfg["data.classes-per-client"],
-                                          class_assignment_mode="deterministic", seed=seed)
+    else:  # each client exactly k classes, every class used where k * clients allows
+        part = _pathological_partitioner(n, cfg["data.classes-per-client"], seed)
     part.dataset = Dataset.from_dict({"label": labels.tolist(),
                                       "idx": np.arange(len(labels)).tolist()})
     try:
         first = np.asarray(part.load_partition(0)["idx"], dtype=np.int64)
         return [first] + assigned_indices(part, first, n)
     except ValueError as exc:
+        fix = {"dirichlet": "lower 'clients' or 'data.min-samples', raise 'data.alpha'",
+               "pathological": "lower 'clients' or 'data.classes-per-client'",
+               "iid": "lower 'clients'"}[kind]
         raise DataError(f"partition '{kind}' failed for {n} clients on {len(labels)} samples: "
-                        f"{exc}. Lower 'clients', 'data.min-samples' or raise 'data.alpha'."
-                        ) from exc
+                        f"{exc}. To fix: {fix}"
+                        f"{_subsample_hint(cfg, pooled or len(labels))}.") from exc
 
 
 @dataclass(frozen=True)
@@ -168,13 +213,14 @@ def make_partition(labels: np.ndarray, cfg: Mapping[str, Any]) -> Partition:
         parts = practical_partition(sub, cfg["clients"], cfg["data.groups"],
                                     cfg["data.dominant-share"], rng, cfg["data.min-samples"])
     else:
-        parts = _flwr_partition(sub, cfg, seed)
+        parts = _flwr_partition(sub, cfg, seed, len(labels))
     train, test = [], []
     cap = cfg["data.max-train-samples"]
     for client, local in enumerate(parts):
         if len(local) < 2:
-            raise DataError(f"client {client} received {len(local)} samples; lower 'clients' "
-                            f"or raise 'data.subsample'")
+            raise DataError(f"client {client} received {len(local)} samples (2 needed: a train "
+                            f"and a test one); lower 'clients'"
+                            f"{_subsample_hint(cfg, len(labels))}")
         local = pool[rng.permutation(local)]
         n_test = max(1, int(round(len(local) * cfg["data.test-fraction"])))
         tr, te = local[n_test:], local[:n_test]
@@ -182,14 +228,23 @@ def make_partition(labels: np.ndarray, cfg: Mapping[str, Any]) -> Partition:
             tr = tr[:cap]
         if len(tr) == 0 or len(te) == 0:
             raise DataError(f"the partition leaves client {client} with {len(tr)} training and "
-                            f"{len(te)} test sample(s); lower 'clients' or raise 'data.subsample'")
+                            f"{len(te)} test sample(s); lower 'clients' or change "
+                            f"'data.test-fraction'{_subsample_hint(cfg, len(labels))}")
         train.append(np.sort(tr))
         test.append(np.sort(te))
     return Partition(train, test)
 
 
 def partition_key(cfg: Mapping[str, Any]) -> str:
-    blob = json.dumps({k: cfg[k] for k in PARTITION_KEYS}, sort_keys=True)
+    """The cache name (16 hex digits) of ``cfg``'s partition: a hash of
+    :data:`PARTITION_KEYS`' values, plus a mark where :func:`pathological_classes` departs
+    from the rule the older caches and shards were made with (no other key changed)."""
+    from flower_pfl.learning.data import NUM_CLASSES
+
+    blob_of = {k: cfg[k] for k in PARTITION_KEYS}
+    if covering_changed(cfg, NUM_CLASSES.get(cfg["data.dataset"], 0)):
+        blob_of["pathological-classes"] = "every class covered"
+    blob = json.dumps(blob_of, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -1,47 +1,59 @@
-"""The run checked before anything starts: the output folder, the data and the model.
+"""The run checked before anything starts: this machine, the folders, the data, the model.
 
-:func:`preflight` checks that the output folder is writable, the dataset files load, the
-partition leaves every client a train and a test split, and the model takes the data's
-samples and has an output per class; each failure is a :class:`PreflightError` whose
-message names the cause and the setting that fixes it.
+Two stages, each refusal one line that names the setting (``'device' = 'cuda': ...``):
 
-The launcher runs it in a short-lived child process (:func:`preflight_apart`): checking
-the model imports torch, which costs a process ~280 MB of private memory even on a CPU
-run, and the launcher lives as long as the run.  The child's error comes back with the
-same message; its Python warnings are raised again in the launcher.
+1. :func:`check_before_start` judges what needs no data (no torch but the CUDA probe):
+   this machine can host the clients (:func:`machine_problems`: ``device: cuda`` and
+   ``client-resources.num-gpus`` need a CUDA device torch can use; ``num-cpus`` at most the
+   machine's cores, else Ray places no client and Flower stops with "ActorPool is empty");
+   TensorBoard is installed where ``tracking`` asks for it (:func:`tracking_problems`);
+   the folders a run writes can be written (:func:`path_problems`: the results folder,
+   ``tracking-dir``, ``cache-dir`` -- judged without creating anything, so a refused run
+   leaves no folder); the data sizes fit the clients (:func:`size_problems`:
+   ``data.subsample`` against ``clients`` and ``data.min-samples``).
+2. :func:`preflight`: stage 1, then the dataset files load, the partition leaves every
+   client a train and a test split, and the model takes the data's samples and has an
+   output per class.  Only then is the results folder made (for the initial model).
+
+Which machine facts apply depends on where the clients run, the ``scope``:
+
+* ``simulation``: Ray on this machine (``flower-pfl run``, ``bench``): every check;
+* ``cluster``: Ray clients on a cluster's nodes (``run --ray-address``): no device or
+  resource check here (a worker may have the GPU this head lacks);
+* ``deployment``: SuperNodes started on this machine (``flower-pfl deploy``): the device
+  check; Ray's client resources do not apply;
+* ``remote``: a SuperLink elsewhere (``flower-pfl submit``): no machine check -- the nodes
+  cannot be seen from here; ``flower-pfl supernode --gpu`` checks its own device.
+
+The launcher runs :func:`preflight` in a short-lived child process
+(:func:`preflight_apart`): checking the model imports torch, which costs a process ~280 MB
+of private memory even on a CPU run, and the launcher lives as long as the run.  The
+child's error comes back with the same message; its Python warnings are raised again in
+the launcher.
 """
 
 from __future__ import annotations
 
 import builtins
 import json
+import os
 import pickle
 import subprocess
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Union
 
 from flower_pfl.atomic import atomic_write_text
 from flower_pfl.child import run_python
 
+#: where the clients run (module docstring): which machine checks apply
+SCOPES = ("simulation", "cluster", "deployment", "remote")
+
 
 class PreflightError(RuntimeError):
     """The run cannot start: the message names the cause (data, model, output folder)."""
-
-
-def check_output_dir(results_dir: str | Path) -> None:
-    path = Path(results_dir)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise PreflightError(f"the output directory {path} is not writable "
-                             f"({exc.strerror or exc}); set 'output-dir' (or 'run-name') to a "
-                             f"folder you can write") from exc
-
 
 
 class HasValues(Protocol):
@@ -53,17 +65,236 @@ class HasValues(Protocol):
 
 Configured = Union[HasValues, dict[str, Any]]  # a RunConfig or its values
 
-def preflight(cfg: Configured, results_dir: str | Path | None = None,
-              initial_out: str | Path | None = None) -> None:
-    """Everything that can be checked before training starts, each with a clear message:
-    the output folder, the dataset files, every client's train and test split, and the
-    model against the data's shape and labels.  With ``initial_out``, once every check has
-    passed, the run's initial model is written there for the ServerApp
-    (:func:`flower_pfl.initial_model.write`; not for the synthetic task, whose model has
-    nothing to check)."""
-    if results_dir is not None:
-        check_output_dir(results_dir)
+
+# ------------------------------------------------------------------- this machine
+@dataclass(frozen=True)
+class Machine:
+    """What this machine offers a simulation's clients: ``cpus`` (``os.cpu_count()``, what
+    Ray counts), ``gpus`` (CUDA devices torch can use; -1: not probed) and, with none, why
+    (``why_no_gpu``, from :func:`flower_pfl.learning.devices.cuda_devices`)."""
+
+    cpus: int
+    gpus: int = -1
+    why_no_gpu: str = ""
+
+
+def needs_cuda(values: Mapping[str, Any], scope: str = "simulation") -> bool:
+    """Whether judging ``values`` in ``scope`` needs this machine's CUDA devices (only
+    ``device: cuda`` or a GPU share for Ray's clients do)."""
+    gpu_share = scope == "simulation" and float(values["client-resources.num-gpus"]) > 0
+    return scope in ("simulation", "deployment") and (values["device"] == "cuda" or gpu_share)
+
+
+def this_machine(probe_cuda: bool = True) -> Machine:
+    """This process's :class:`Machine`; ``probe_cuda`` imports torch (not in a launcher:
+    :func:`this_machine_apart`)."""
+    cpus = os.cpu_count() or 1
+    if not probe_cuda:
+        return Machine(cpus)
+    from flower_pfl.learning.devices import cuda_devices
+
+    gpus, why = cuda_devices()
+    return Machine(cpus, gpus, why)
+
+
+_MACHINE_CHILD = ("import dataclasses, json\n"
+                  "from flower_pfl.reliability.preflight import this_machine\n"
+                  "print(json.dumps(dataclasses.asdict(this_machine())))\n")
+
+
+def this_machine_apart(probe_cuda: bool = True, timeout_s: float = 300) -> Machine:
+    """:func:`this_machine` with the CUDA probe in a child process (torch stays out of
+    this one; ~2 s, so only where :func:`needs_cuda`)."""
+    if not probe_cuda:
+        return this_machine(False)
+    done = run_python(_MACHINE_CHILD, timeout_s=timeout_s)
+    try:
+        return Machine(**json.loads(done.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError, TypeError) as exc:
+        raise PreflightError(f"could not probe this machine's CUDA devices (exit "
+                             f"{done.returncode}): {done.stderr[-2000:]}") from exc
+
+
+def machine_problems(values: Mapping[str, Any], machine: Machine,
+                     scope: str = "simulation") -> list[str]:
+    """One line per setting this machine cannot serve in ``scope`` (pure: the machine is
+    given).  Ray places a client where ``num-cpus`` cores and ``num-gpus`` of a GPU are
+    free (Flower: ``floor(CPUs / num-cpus)``, with GPUs ``min(that, floor(GPUs /
+    num-gpus))`` actors, none without a GPU)."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope {scope!r}: one of {SCOPES}")
+    problems = []
+    no_gpu = machine.gpus == 0
+    if scope in ("simulation", "deployment") and values["device"] == "cuda" and no_gpu:
+        problems.append(f"'device' = 'cuda': {machine.why_no_gpu or 'no CUDA device'} on this "
+                        f"machine; set device: auto (CUDA where there is one) or cpu")
+    if scope != "simulation":
+        return problems
+    share = float(values["client-resources.num-gpus"])
+    if share > 0 and no_gpu:
+        problems.append(f"'client-resources.num-gpus' = {share:g}: "
+                        f"{machine.why_no_gpu or 'no CUDA device'} on this machine, so Ray "
+                        f"can place no client (Flower: 'ActorPool is empty'); set it to 0")
+    elif share > machine.gpus > 0:
+        problems.append(f"'client-resources.num-gpus' = {share:g} exceeds this machine's "
+                        f"{machine.gpus} GPU(s), so Ray can place no client; set at most "
+                        f"{machine.gpus}")
+    cpus = int(values["client-resources.num-cpus"])
+    if cpus > machine.cpus:
+        problems.append(f"'client-resources.num-cpus' = {cpus} exceeds this machine's "
+                        f"{machine.cpus} CPU core(s), so Ray can place no client; set at "
+                        f"most {machine.cpus}")
+    return problems
+
+
+# ------------------------------------------------------------------------ folders
+def _unwritable(path: Path) -> str | None:
+    """Why a folder could not be made or written at ``path`` (None: it can), judged
+    without creating it: the nearest existing folder on its way must take a file."""
+    path = Path(path).expanduser().absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"no write permission in {existing}"
+    try:
+        with tempfile.TemporaryFile(dir=existing):  # a nameless file: nothing left behind
+            pass
+    except OSError as exc:
+        return f"cannot create a file in {existing}: {exc.strerror or exc}"
+    return None
+
+
+def check_output_dir(results_dir: str | Path) -> None:
+    """PreflightError where the results folder cannot be made or written (nothing is
+    created)."""
+    raise_problems(output_problems(results_dir))
+
+
+def _output_problem(path: Path, why: str) -> str:
+    return (f"the output directory {path} is not writable ({why}); set 'output-dir' (or "
+            f"'run-name') to a folder you can write")
+
+
+def output_problems(results_dir: str | Path | None) -> list[str]:
+    """The line of :func:`check_output_dir` where the results folder cannot be made or
+    written ([] where it can, or with no folder given)."""
+    why = None if results_dir is None else _unwritable(Path(results_dir))
+    return [] if why is None else [_output_problem(Path(str(results_dir)), why)]
+
+
+def path_problems(values: Mapping[str, Any], results_dir: str | Path | None = None
+                  ) -> list[str]:
+    """One line per folder the run would write but cannot: the results folder (where
+    given), ``tracking-dir`` (TensorBoard on), ``cache-dir`` (``FLOWER_PFL_CACHE`` or
+    ``~/.cache/flower-pfl`` when null).  Creates nothing."""
+    problems = output_problems(results_dir)
+    if values.get("tracking") == "tensorboard" and values.get("tracking-dir"):
+        why = _unwritable(Path(values["tracking-dir"]))
+        if why is not None:
+            problems.append(f"'tracking-dir' = {values['tracking-dir']}: not writable ({why}); "
+                            f"set it to a folder you can write, or null (<results>/tensorboard)")
+    from flower_pfl.learning.data import default_cache_dir
+
+    cache = values.get("cache-dir")
+    why = _unwritable(Path(cache) if cache else default_cache_dir())
+    if why is not None:
+        key = (f"'cache-dir' = {cache}" if cache else
+               f"'cache-dir' = null ({default_cache_dir()}, FLOWER_PFL_CACHE or ~/.cache)")
+        problems.append(f"{key}: not writable ({why}); set cache-dir to a folder you can write")
+    return problems
+
+
+# ---------------------------------------------------------------------- data sizes
+def size_problems(values: Mapping[str, Any]) -> list[str]:
+    """One line per data size that cannot give every client its samples, judged before the
+    data is read: each client needs a train and a test sample (2 of the pooled samples);
+    Dirichlet, ``data.min-samples`` each.  The pooled count is ``data.subsample`` or the
+    dataset's size (:data:`flower_pfl.learning.data.POOLED_SIZE`; a ``data.root`` holding
+    fewer is judged when the partition is made)."""
+    from flower_pfl.learning.data import POOLED_SIZE
+
+    dataset = values["data.dataset"]
+    if dataset not in POOLED_SIZE:  # the synthetic task: samples per client, no pool
+        return []
+    clients, sub = int(values["clients"]), values["data.subsample"]
+    pooled = min(int(sub), POOLED_SIZE[dataset]) if sub else POOLED_SIZE[dataset]
+    key = f"'data.subsample' = {sub}" if sub and sub < POOLED_SIZE[dataset] else \
+        f"'clients' = {clients} ({dataset} has {POOLED_SIZE[dataset]} samples)"
+    need = 2 * clients
+    if values["data.partition"] == "dirichlet":
+        need = max(need, clients * int(values["data.min-samples"]))
+    if pooled >= need:
+        return []
+    why = ("a train and a test sample each" if need == 2 * clients else
+           f"'data.min-samples' = {values['data.min-samples']} each (Dirichlet)")
+    fix = (f"raise data.subsample to at least {need} or lower 'clients'" if key[1:5] == "data"
+           else "lower 'clients'")
+    if need > 2 * clients:
+        fix += " or 'data.min-samples'"
+    return [f"{key} cannot give {clients} clients {why}: {need} samples needed; {fix}"]
+
+
+def start_problems(values: Mapping[str, Any], scope: str = "simulation",
+                   results_dir: str | Path | None = None, machine: Machine | None = None
+                   ) -> list[str]:
+    """Every problem of stage 1 (module docstring), one line each; ``machine`` defaults
+    to :func:`this_machine` (the CUDA probe in-process, only where :func:`needs_cuda`).
+    Scope ``remote`` judges no folder here either (the SuperLink's and nodes' are theirs)."""
+    if machine is None:
+        machine = this_machine(needs_cuda(values, scope))
+    here = [] if scope == "remote" else tracking_problems(values) + path_problems(values,
+                                                                               results_dir)
+    return machine_problems(values, machine, scope) + here + size_problems(values)
+
+
+def tracking_problems(values: Mapping[str, Any]) -> list[str]:
+    """The line for ``tracking: tensorboard`` without the TensorBoard package here (the
+    ServerApp writes the events; judged without importing torch or TensorBoard)."""
+    import importlib.util
+
+    if values.get("tracking") != "tensorboard" or importlib.util.find_spec("tensorboard"):
+        return []
+    return ["'tracking' = 'tensorboard': the TensorBoard package is not installed here: pip "
+            "install 'flower-pfl[tensorboard]' (or pip install tensorboard), or set "
+            "tracking: none"]
+
+
+def check_before_start(cfg: Configured, scope: str = "simulation",
+                       results_dir: str | Path | None = None,
+                       machine: Machine | None = None) -> None:
+    """Stage 1 (module docstring) from a launcher: the CUDA probe, where needed, in a
+    child (:func:`this_machine_apart`).  Raises PreflightError whose message is the one
+    problem's line, or ``N settings cannot work here:`` and a line per problem."""
     values = cfg if isinstance(cfg, dict) else cfg.values
+    if machine is None:
+        machine = this_machine_apart(needs_cuda(values, scope))
+    raise_problems(start_problems(values, scope, results_dir, machine))
+
+
+def raise_problems(problems: list[str]) -> None:
+    """PreflightError of ``problems`` (one: its line; several: a line each); none: return."""
+    if len(problems) == 1:
+        raise PreflightError(problems[0])
+    if problems:
+        raise PreflightError(f"{len(problems)} settings cannot work here:\n  - "
+                             + "\n  - ".join(problems))
+
+
+# ------------------------------------------------------------------------ preflight
+def preflight(cfg: Configured, results_dir: str | Path | None = None,
+              initial_out: str | Path | None = None, scope: str = "simulation") -> None:
+    """Everything that can be checked before training starts, each with a clear message:
+    stage 1 (:func:`start_problems` in ``scope``; the CUDA probe in this process), the
+    dataset files, every client's train and test split, and the model against the data's
+    shape and labels.  Creates nothing until every check has passed; then, with
+    ``initial_out``, the run's initial model is written there (its folder made) for the
+    ServerApp (:func:`flower_pfl.initial_model.write`; not for the synthetic task, whose
+    model has nothing to check).  Raises PreflightError."""
+    values = cfg if isinstance(cfg, dict) else cfg.values
+    raise_problems(start_problems(values, scope, results_dir))
     from flower_pfl.learning import data as data_mod
     from flower_pfl.learning.partitions import get_partition
 
@@ -101,6 +332,7 @@ def preflight(cfg: Configured, results_dir: str | Path | None = None,
     if initial_out is not None:
         from flower_pfl import initial_model
 
+        Path(initial_out).parent.mkdir(parents=True, exist_ok=True)
         initial_model.write(initial_out, values)
 
 
@@ -112,15 +344,15 @@ _PREFLIGHT_CHILD = ("import sys\n"
 
 def preflight_child(request: str, answer: str) -> None:
     """The child's side of :func:`preflight_apart`: run :func:`preflight` on the pickled
-    ``(values, results_dir, initial_out)`` and write ``{"error": message or None,
+    ``(values, results_dir, initial_out, scope)`` and write ``{"error": message or None,
     "warnings": [...]}``."""
     with open(request, "rb") as fh:
-        values, results_dir, initial_out = pickle.load(fh)
+        values, results_dir, initial_out, scope = pickle.load(fh)
     error = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            preflight(values, results_dir, initial_out)
+            preflight(values, results_dir, initial_out, scope)
         except Exception as exc:  # noqa: BLE001 - PreflightError, DataError, ...: its message
             error = str(exc)
     seen = [{"category": w.category.__name__, "message": str(w.message),
@@ -130,16 +362,23 @@ def preflight_child(request: str, answer: str) -> None:
 
 def preflight_apart(cfg: Configured, results_dir: str | Path | None = None,
                     timeout_s: float | None = 900,
-                    initial_out: str | Path | None = None) -> None:
+                    initial_out: str | Path | None = None, scope: str | None = None) -> None:
     """:func:`preflight` in a child process (same interpreter, same ``sys.path``), so this
     process never imports torch: the child's error is raised here as a PreflightError with
-    the same message, its warnings are warned again here."""
+    the same message, its warnings are warned again here.  ``scope`` (:data:`SCOPES`;
+    ``run`` passes ``cluster`` with ``--ray-address``): by default ``cluster`` where this
+    process joins an existing Ray cluster (``RAY_ADDRESS``), else ``simulation``."""
+    if scope is None:
+        from flower_pfl.raynode import joined_cluster
+
+        scope = "cluster" if joined_cluster() else "simulation"
     values = dict(cfg if isinstance(cfg, dict) else cfg.values)
     with tempfile.TemporaryDirectory(prefix="flower-pfl-preflight-") as tmp:
         request, answer = Path(tmp) / "request.pkl", Path(tmp) / "answer.json"
         request.write_bytes(pickle.dumps((values, None if results_dir is None
                                           else str(results_dir),
-                                          None if initial_out is None else str(initial_out))))
+                                          None if initial_out is None else str(initial_out),
+                                          scope)))
         try:
             done = run_python(_PREFLIGHT_CHILD, str(request), str(answer), timeout_s=timeout_s)
         except subprocess.TimeoutExpired as exc:

@@ -43,7 +43,13 @@ from flower_pfl import config as config_mod
 from flower_pfl.config import APP_DIR
 from flower_pfl.matrix import Cell, Matrix
 from flower_pfl.reporting.log_lines import fmt_s
-from flower_pfl.reporting.results import SERIES, client_failures, read_json, read_summary
+from flower_pfl.reporting.results import (
+    SERIES,
+    client_failures,
+    mark_failed,
+    read_json,
+    read_summary,
+)
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.launch import federation_config, run_simulation, simulation_superlink
 from flower_pfl.running.procs import LaunchError, ProcessSet, RunOutcome, flwr_run
@@ -143,6 +149,30 @@ def prepare(cell: Cell) -> tuple[config_mod.RunConfig, Path]:
     path = cell.dir / "cell.yaml"
     path.write_text(cell_yaml(cell))
     return config_mod.load(path), path
+
+
+def check_cells(cells: Sequence[Cell], out: Path | None = None) -> None:
+    """The cells' settings this machine cannot run, judged before anything starts
+    (:func:`flower_pfl.reliability.preflight.check_before_start` in scope ``simulation``:
+    the device and client resources, the folders each cell writes, the data sizes; the CUDA
+    probe once, in a child, where a cell needs it).  Raises PreflightError: one line per
+    problem with the cells it concerns; ``out`` (the bench's folder) where it cannot be
+    made or written."""
+    from flower_pfl.reliability import preflight
+
+    values = {c.key: config_mod.validate(yaml.safe_load(cell_yaml(c)), c.key).values
+              for c in cells if c.tree is not None}
+    probe = any(preflight.needs_cuda(v) for v in values.values())
+    machine = preflight.this_machine_apart(probe) if values else None
+    found: dict[str, list[str]] = {}
+    for key, v in values.items():
+        for line in preflight.start_problems(v, "simulation", None, machine):
+            found.setdefault(line, []).append(key)
+    lines = [f"{line} [cell(s) {', '.join(keys[:3])}"
+             f"{f' and {len(keys) - 3} more' if len(keys) > 3 else ''}]"
+             for line, keys in found.items()]
+    lines = preflight.output_problems(out) + lines
+    preflight.raise_problems(lines)
 
 
 def run_on(superlink: tuple[dict, ProcessSet], cfg: config_mod.RunConfig, path: Path,
@@ -260,10 +290,11 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
     (a :class:`~flower_pfl.reporting.console.BenchConsole`) is told which cell runs
     (``cell(k, key, rounds)``), gets every output line of its run (``feed``) and the
     cells done (``cells_done(k, eta)``)."""
-    out.mkdir(parents=True, exist_ok=True)
     cells = matrix.cells(out)
     states = {c.key: cell_state(c) for c in cells}
     todo = to_run(cells, states, only or {})
+    check_cells(todo, out)  # before any folder, SuperLink or Ray: a refused bench leaves nothing
+    out.mkdir(parents=True, exist_ok=True)
     n = len(cells)
     log(f"[bench] {matrix.name}: {n} cells ({sum(s == 'done' for s in states.values())} done, "
         f"{sum(s == 'not registered' for s in states.values())} not registered, {len(todo)} to run)"
@@ -311,9 +342,11 @@ def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool =
                 except config_mod.ConfigError as exc:  # deterministic: retrying cannot help
                     status = "failed"
                     (cell.dir / "bench-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+                    mark_failed(cell.dir, exc)  # a summary.json left 'running' says so too
                 except (LaunchError, OSError) as exc:  # e.g. Ray's start timed out under load
                     status = "failed"
                     (cell.dir / "bench-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+                    mark_failed(cell.dir, exc)
                     retry = True
                     if shared is not None:  # a failed run may leave a simulation behind
                         stack.close()

@@ -186,6 +186,9 @@ def resume_config(results_dir: Path, config_path: Path | None = None,
 
     from flower_pfl.reliability import checkpoints
 
+    if not results_dir.is_dir():
+        raise config_mod.ConfigError(f"--resume {results_dir}: no such folder (give the "
+                                     f"results folder of the run to continue)")
     folder = checkpoints.latest_checkpoint(results_dir)
     if folder is None:
         raise config_mod.ConfigError(
