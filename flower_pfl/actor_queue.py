@@ -1,105 +1,383 @@
-"""Each ClientApp actor is handed its next message while it still works on the current one.
+"""Each ClientApp actor is handed its next message while it still works on the current one;
+a lost actor is replaced and its messages sent once more.
 
 Flower's Ray backend (``flwr/server/superlink/fleet/vce/backend/raybackend.py``,
 ``RayBackend``; its pool ``flwr/simulation/ray_transport/ray_actor.py``, ``BasicActorPool``)
-runs one engine worker thread per actor (``vce_api.run_api``: ``backend.num_workers``).
-A thread takes a message, submits it to an idle actor, waits for the reply (``ray.get``),
-stores the client's updated context and the reply, and only then takes and submits the next
-message.  Meanwhile the actor idles: the reply's and the next message's (de)serialisation
-in the simulation process (which also runs the ServerApp, under one GIL), Ray's transfer
-and the context's update -- about 9 ms per message on 2 cores (docs/BENCHMARKS.md (a)).
+runs one engine worker thread per actor (``vce_api.run_api``: ``backend.num_workers``): it
+submits a message to an idle actor, waits for the reply (``ray.get``), stores the reply and
+the client's context, and only then submits the next one.  Meanwhile the actor idles (the
+(de)serialisation in the simulation process, under one GIL with the ServerApp; Ray's
+transfer) -- about 9 ms per message on 2 cores (docs/BENCHMARKS.md (a)).
 
 :func:`install` gives the engine :data:`DEPTH` worker threads per actor and makes the pool
 hand each submission to the actor with the fewest messages in flight (ties: the pool's
-order), never more than :data:`DEPTH` at once: while an actor runs one message, its next
-one is already submitted (Ray queues an actor's calls and runs them one at a time, in
-order).  Nothing else changes:
+order), never more than :data:`DEPTH` at once: Ray queues an actor's calls and runs them
+in order, so its next message is there when it finishes one.  Nothing else changes: a node
+never has two messages in flight (the engine takes one per node at a time), so a client's
+context is read and written as before; which actor ran a client's message was never fixed,
+and results do not depend on it (tests/test_e2e_simulation.py: a Ray run equals the same
+run in one process, client by client).  Flower's ``clientapp_runtime`` metric now includes
+the time a message waited in its actor's queue.
 
-* a node never has two messages in flight (the engine takes one message per node at a
-  time, and the server sends a node its next message only after its reply), so each
-  client's context is read and written as before;
-* which actor ran a client's message was never fixed (whichever was idle first), and a
-  client's results do not depend on it (tests/test_e2e_simulation.py compares a Ray run
-  with the same run in one process, client by client).
+**A lost actor** (process killed, node gone: Ray raises ``RayActorError`` --
+``ActorDiedError``; an ``ActorUnavailableError`` is given up on the same way -- for each
+message it held).  Flower's pool gives a dead actor back after the failure
+(``RayBackend.process_message``'s ``except``): every later message sent to it fails too.
+Ours (:class:`Keeper`): the first message to meet the loss drops the actor (here and from
+``pool.pool``) and kills it; each message it held is sent once more, to a live actor (the
+same message and context; the lost attempt's staged client state is dropped by the
+client's transaction, ``clients/state.py``); one that meets a lost actor on its second try
+fails for that client and round only (an error reply, as Flower's engine makes one, with no
+traceback).  A new actor is started in the background where the live Ray nodes have room
+(:func:`capacity`) and joins once it answers (:data:`READY_TIMEOUT_S`).  One WARNING line
+(:meth:`Loss.line`) once the held messages are settled, a second if the new actor came
+later.  No actor left and none starting: every message fails at once (a clear stop).
 
-Where a step has fewer messages than actors the least-loaded choice still spreads them
-over the actors.  At a step's end one actor may hold one more queued message than the
-other, as it could before (the last message went to the first idle actor).  Flower's
-per-run ``clientapp_runtime`` metric now includes the time a message waited in its
-actor's queue.  ``FLOWER_PFL_FLOWER_POOL=1`` keeps Flower's one-at-a-time pool.
-:class:`Slots` (which actor next) imports nothing of Flower or Ray.
+``FLOWER_PFL_FLOWER_POOL=1`` keeps Flower's pool, lost actors and all.  :class:`Slots`,
+:class:`Loss` and :class:`Keeper` import nothing of Flower or Ray (tests: fake actors).
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import threading
-from logging import INFO
-from typing import Any
+from dataclasses import dataclass, field
+from logging import ERROR, INFO, WARNING
+from typing import Any, Callable, Mapping, Sequence
 
 from flower_pfl.flower_patch import Replaced, wanted
 
-#: set to 1 to keep Flower's pool (one message per actor at a time)
+#: set to 1 to keep Flower's pool (one message per actor at a time, lost actors kept)
 KEEP_FLOWER_ENV = "FLOWER_PFL_FLOWER_POOL"
 #: messages in flight per actor: the one it runs and the next one
 DEPTH = 2
 #: what the backend logs once its pool queues (flwr-run.log; not on the console)
 QUEUED = f"{DEPTH} messages in flight per actor (flower_pfl/actor_queue.py)"
+#: seconds a new actor has to answer (its process up, its imports) before it is killed
+READY_TIMEOUT_S = 300.0
+#: how a lost actor's lines start (WARNING: on the console)
+LOST = "[flower-pfl] actor died:"
+
+
+class ActorLost(RuntimeError):
+    """A message lost on its second try, or with no actor left: an error reply for it."""
+
+
+class NoActorLeft(ActorLost):
+    """Every actor of the pool was lost and no new one is starting."""
 
 
 class Slots:
     """Which of ``actors`` gets the next message: the one with the fewest in flight (ties:
-    the first in ``actors``), each at most ``depth`` at once.  Thread-safe."""
+    the first in ``actors``), each at most ``depth`` at once.  Actors can be dropped
+    (lost) and added (replacements; :meth:`reserve` first).  Thread-safe."""
 
-    def __init__(self, actors: list[Any], depth: int = DEPTH) -> None:
+    def __init__(self, actors: Sequence[Any], depth: int = DEPTH) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, not {depth}")
         self.actors = list(actors)
         self.depth = depth
         self.in_flight = [0] * len(self.actors)
-        self.lock = threading.Lock()
+        self.starting = 0  # replacements reserved, not yet added
+        self.cond = threading.Condition()
 
-    def take(self) -> Any:
-        with self.lock:
-            if not self.actors:
-                raise RuntimeError("the actor pool is empty")
-            i = min(range(len(self.actors)), key=self.in_flight.__getitem__)
-            if self.in_flight[i] >= self.depth:
-                raise RuntimeError(f"every actor already has {self.depth} messages in flight")
-            self.in_flight[i] += 1
-            return self.actors[i]
+    def _index(self, actor: Any) -> int | None:
+        return next((k for k, a in enumerate(self.actors) if a is actor), None)
 
-    def give_back(self, actor: Any) -> None:
-        with self.lock:
-            i = next(k for k, a in enumerate(self.actors) if a is actor)
+    def take(self, wait: bool = False) -> Any:
+        """The next actor, its count taken.  With ``wait``, blocks while every actor is
+        full (or only replacements are left, starting); raises :class:`NoActorLeft` when
+        there is no actor and none starting, ``RuntimeError`` when full and not ``wait``."""
+        with self.cond:
+            while True:
+                if not self.actors and not self.starting:
+                    raise NoActorLeft("the actor pool is empty: every ClientApp actor was "
+                                      "lost and none could be started")
+                if self.actors:
+                    i = min(range(len(self.actors)), key=self.in_flight.__getitem__)
+                    if self.in_flight[i] < self.depth:
+                        self.in_flight[i] += 1
+                        return self.actors[i]
+                if not wait:
+                    raise RuntimeError(f"every actor already has {self.depth} messages in "
+                                       f"flight" if self.actors else "no actor ready yet")
+                self.cond.wait()
+
+    def give_back(self, actor: Any) -> bool:
+        """Count one message of ``actor`` done; False when ``actor`` was dropped meanwhile
+        (nothing to count)."""
+        with self.cond:
+            i = self._index(actor)
+            if i is None:
+                return False
             if self.in_flight[i] < 1:
                 raise RuntimeError("an actor was given back more often than it was taken")
             self.in_flight[i] -= 1
+            self.cond.notify_all()
+            return True
+
+    def drop(self, actor: Any) -> int | None:
+        """Remove a lost ``actor``; the messages it held (None: it was not in the pool)."""
+        with self.cond:
+            i = self._index(actor)
+            if i is None:
+                return None
+            del self.actors[i]
+            held = self.in_flight.pop(i)
+            self.cond.notify_all()  # waiting takers: maybe none is left
+            return held
+
+    def reserve(self, room: int) -> bool:
+        """Reserve a place for a new actor if the pool (live and starting) is below
+        ``room``; True when reserved (then :meth:`add`)."""
+        with self.cond:
+            if len(self.actors) + self.starting >= room:
+                return False
+            self.starting += 1
+            return True
+
+    def add(self, actor: Any) -> None:
+        """A reserved new ``actor`` joins (None: it did not start, the place is freed)."""
+        with self.cond:
+            self.starting -= 1
+            if actor is not None:
+                self.actors.append(actor)
+                self.in_flight.append(0)
+            self.cond.notify_all()
+
+    def size(self) -> tuple[int, int]:  # (live actors, replacements starting)
+        with self.cond:
+            return len(self.actors), self.starting
 
     def free(self) -> int:
-        with self.lock:
+        with self.cond:
             return sum(self.depth - n for n in self.in_flight)
 
 
-def queue_pool(pool: Any, depth: int = DEPTH) -> Slots:
-    """Make Flower's ``BasicActorPool`` ``pool`` hand out its actors through :class:`Slots`
-    (up to ``depth`` messages in flight each); its actors stay in ``pool.pool``, the list
-    Flower's ``terminate_all_actors`` walks.  The slots, for inspection."""
-    slots = Slots(pool.pool, depth)
+@dataclass
+class Loss:
+    """One lost actor: what became of the ``held`` messages it had in flight when it was
+    dropped, and whether a new actor replaced it (None: not decided yet)."""
 
-    def submit(actor_fn: Any, job: tuple[Any, Any, str, Any]) -> Any:
-        actor = slots.take()
-        app, message, cid, context = job
-        future = actor_fn(actor, app, message, cid, context)
-        pool._future_to_actor[future] = actor  # Flower's own map, as its submit keeps it
+    what: str
+    held: int
+    answered: int = 0        # came back although their actor was dropped meanwhile
+    retried_ok: int = 0      # sent again, answered
+    retried_failed: int = 0  # sent again, failed (lost again, raised, or no actor left)
+    not_retried: int = 0     # was itself a second try: failed
+    replaced: bool | None = None
+    live: Callable[[], int] = lambda: 0  # actors in the pool now
+    said: tuple[bool, bool] = (False, False)  # (the messages', the replacement's) logged
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def settle(self, log: Callable[[str], None], **counts: Any) -> None:
+        """Add ``counts`` (field=increment; ``replaced``=value).  Logs :meth:`line` once
+        every held message is settled, and the replacement's line if decided only later."""
+        with self.lock:
+            for name, value in counts.items():
+                setattr(self, name, value if name == "replaced" else getattr(self, name) + value)
+            settled = self.answered + self.retried_ok + self.retried_failed + self.not_retried
+            if settled < self.held or self.said[1] or (self.said[0] and self.replaced is None):
+                return
+            text = self.line(messages=not self.said[0])
+            self.said = (True, self.replaced is not None)
+        log(text)
+
+    def line(self, messages: bool = True) -> str:
+        """``[flower-pfl] actor died: 1 actor replaced; 2 messages retried on live actors (2
+        answered, 0 failed), 0 failed on a second try; 2 actor(s) in the pool
+        (ActorDiedError, pid 81, 10.0.0.2)`` (without the messages' part: ``messages``)."""
+        new = {True: "1 actor replaced", None: "a new actor starting",
+               False: "not replaced (no room on the live Ray nodes, or the new actor did "
+                      "not start)"}[self.replaced]
+        retried = self.retried_ok + self.retried_failed
+        late = f", {self.answered} answered before the loss was seen" if self.answered else ""
+        told = (f"; {retried} message{'' if retried == 1 else 's'} retried on live actors "
+                f"({self.retried_ok} answered, {self.retried_failed} failed), "
+                f"{self.not_retried} failed on a second try{late}") if messages else ""
+        return f"{LOST} {new}{told}; {self.live()} actor(s) in the pool ({self.what})"
+
+
+def describe(ex: BaseException) -> str:
+    """``ActorDiedError, pid 81, 10.0.0.2``: the error's type and, where Ray's message
+    names them, the lost actor's pid and ip."""
+    found = (re.search(rf"^\s*{key}: (\S+)\s*$", str(ex), re.M) for key in ("pid", "ip"))
+    return ", ".join([type(ex).__name__] + [label + m.group(1) for label, m in
+                                            zip(("pid ", ""), found) if m])
+
+
+def capacity(nodes: Sequence[Mapping[str, Any]], client_resources: Mapping[str, float]) -> int:
+    """How many actors of ``client_resources`` (``num_cpus``, ``num_gpus``) the live
+    nodes of ``nodes`` (``ray.nodes()``: ``Alive``, ``Resources``) hold, counted per node
+    as Flower's ``pool_size_from_resources`` counts (a dead node counts 0)."""
+    total, cpus = 0, float(client_resources.get("num_cpus", 1) or 0)
+    gpus = float(client_resources.get("num_gpus", 0) or 0)
+    for node in (n for n in nodes if n.get("Alive", True) and n.get("Resources")):
+        res = node["Resources"]
+        n = int(res.get("CPU", 0) / cpus) if cpus > 0 else 0
+        total += min(n, int(res.get("GPU", 0) / gpus)) if gpus > 0 else n
+    return total
+
+
+class Keeper:
+    """A pool whose lost actors are dropped, replaced where there is room, and whose
+    messages on them are sent once more (module docstring, "A lost actor").
+
+    ``pool``: Flower's ``BasicActorPool`` (``pool``, ``num_actors``, ``_future_to_actor``,
+    ``create_actor_fn``); ``ops``, what it does with Ray (:func:`ray_ops`): ``get(future)``
+    -> ``(cid, message, context)``, ``is_lost(exc)``, ``kill(actor)``, ``room()`` (actors
+    the live nodes hold), ``ready(actor)`` (False: it did not answer in time), ``spawn(fn)``
+    (in the background), ``warn(text)``."""
+
+    def __init__(self, pool: Any, slots: Slots, ops: Any) -> None:
+        self.pool, self.slots, self.ops = pool, slots, ops
+        self.jobs: dict[Any, tuple[Any, Any, Loss | None]] = {}  # future -> (fn, job, retry of)
+        self.losses: list[tuple[Any, Loss]] = []
+        self.lock = threading.Lock()
+        self.empty_said = False
+
+    def submit(self, actor_fn: Any, job: tuple[Any, Any, str, Any],
+               retry_of: Loss | None = None) -> Any:
+        """``job`` on the actor :class:`Slots` picks (waits for a free one); its future."""
+        actor = self.slots.take(wait=True)
+        try:
+            future = actor_fn(actor, *job)
+        except BaseException:
+            self.slots.give_back(actor)
+            raise
+        with self.lock:
+            self.pool._future_to_actor[future] = actor  # Flower's own map, as its submit keeps
+            self.jobs[future] = (actor_fn, job, retry_of)
         return future
 
-    def add_actor_back_to_pool(future: Any) -> None:
-        slots.give_back(pool._future_to_actor.pop(future))
+    def _forget(self, future: Any) -> tuple[Any, Any, Any, Loss | None]:
+        with self.lock:
+            return (self.pool._future_to_actor.pop(future, None),
+                    *self.jobs.pop(future, (None, None, None)))
 
-    pool.submit = submit
-    pool.add_actor_back_to_pool = add_actor_back_to_pool
-    pool.is_actor_available = lambda: slots.free() > 0
-    return slots
+    def give_back(self, future: Any) -> None:
+        """One message fewer on the actor of ``future`` (Flower's ``add_actor_back_to_pool``;
+        a no-op for a future already settled)."""
+        actor = self._forget(future)[0]
+        if actor is not None and not self.slots.give_back(actor):  # dropped meanwhile
+            with self.lock:
+                loss = next(loss for a, loss in self.losses if a is actor)
+            loss.settle(self.ops.warn, answered=1)
+
+    def fetch(self, future: Any) -> tuple[Any, Any]:
+        """(reply, context) of ``future`` (Flower's ``fetch_result_and_return_actor_to_pool``);
+        where its actor was lost, the same job once more on a live actor.  Raises
+        :class:`ActorLost` when that fails too (or no actor is left), the ClientApp's
+        error as Flower does (the caller gives the actor back)."""
+        actor = self.pool._future_to_actor.get(future)
+        retry_of = self.jobs.get(future, (None, None, None))[2]
+        try:
+            _, out, context = self.ops.get(future)
+        except Exception as ex:
+            if not self.ops.is_lost(ex):
+                if retry_of is not None:
+                    retry_of.settle(self.ops.warn, retried_failed=1)
+                raise
+            _, actor_fn, job, _ = self._forget(future)
+            loss = self.lose(actor, ex)
+            if retry_of is not None or actor_fn is None:
+                loss.settle(self.ops.warn, not_retried=1)
+                if retry_of is not None:
+                    retry_of.settle(self.ops.warn, retried_failed=1)
+                raise ActorLost(f"the ClientApp actor was lost ({describe(ex)}) on the "
+                                f"message's second try") from None
+            try:
+                again = self.submit(actor_fn, job, retry_of=loss)
+            except NoActorLeft:
+                loss.settle(self.ops.warn, retried_failed=1)
+                raise
+            return self.fetch(again)
+        self.give_back(future)
+        if retry_of is not None:
+            retry_of.settle(self.ops.warn, retried_ok=1)
+        return out, context
+
+    def lose(self, actor: Any, ex: BaseException) -> Loss:
+        """The :class:`Loss` of ``actor``; the first time: drop it (here and from Flower's
+        pool), kill it, and start a replacement in the background."""
+        with self.lock:
+            known = [loss for a, loss in self.losses if a is actor]
+            if known:
+                return known[0]
+            loss = Loss(describe(ex), held=max(self.slots.drop(actor) or 0, 1),
+                        live=lambda: self.slots.size()[0])
+            self.losses.append((actor, loss))
+            if any(a is actor for a in self.pool.pool):
+                self.pool.pool[:] = [a for a in self.pool.pool if a is not actor]
+                self.pool.num_actors -= 1
+        self.ops.kill(actor)
+        self.ops.spawn(lambda: self.replace(loss))
+        return loss
+
+    def replace(self, loss: Loss) -> None:
+        """Start a new actor if the live nodes have room for one more; it joins the pool
+        once it answers.  Settles ``loss.replaced``."""
+        replaced = reserved = False
+        actor = None
+        try:
+            reserved = self.slots.reserve(self.ops.room())
+            if reserved:
+                actor = self.pool.create_actor_fn()
+                replaced = bool(self.ops.ready(actor))
+                if replaced:
+                    with self.lock:
+                        self.pool.pool.append(actor)
+                        self.pool.num_actors += 1
+                else:
+                    self.ops.kill(actor)
+        except Exception as ex:  # noqa: BLE001 -- Ray's state calls; the run goes on without
+            self.ops.warn(f"{LOST} starting a new actor failed: {type(ex).__name__}: {ex}")
+        if reserved:
+            self.slots.add(actor if replaced else None)
+        if not replaced and self.slots.size() == (0, 0) and not self.empty_said:
+            self.empty_said = True
+            self.ops.warn(f"{LOST} no ClientApp actor left and none could be started: "
+                          f"every message from now on fails")
+        loss.settle(self.ops.warn, replaced=replaced)
+
+
+def ray_ops(pool: Any) -> Any:
+    """:class:`Keeper`'s ``ops`` with Ray and Flower's log."""
+    from types import SimpleNamespace
+
+    import ray
+    from flwr.common.logger import log
+
+    def kill(actor: Any) -> None:
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(actor, no_restart=True)
+
+    def ready(actor: Any) -> bool:
+        try:
+            return bool(ray.get(actor.__ray_ready__.remote(), timeout=READY_TIMEOUT_S))
+        except Exception:  # noqa: BLE001 -- GetTimeoutError, RayActorError: not started
+            return False
+
+    return SimpleNamespace(
+        get=ray.get, is_lost=lambda ex: isinstance(ex, ray.exceptions.RayActorError),
+        kill=kill, room=lambda: capacity(ray.nodes(), pool.client_resources), ready=ready,
+        spawn=lambda fn: threading.Thread(target=fn, daemon=True).start(),
+        warn=lambda text: log(WARNING, "%s", text))
+
+
+def queue_pool(pool: Any, depth: int = DEPTH, ops: Any = None) -> Keeper:
+    """Make Flower's ``BasicActorPool`` ``pool`` hand out its actors through :class:`Slots`
+    (up to ``depth`` messages in flight each) and keep going when one is lost
+    (:class:`Keeper`; ``ops``: Ray's, :func:`ray_ops`, when None); its actors stay in
+    ``pool.pool``, the list Flower's ``terminate_all_actors`` walks.  The keeper, for
+    inspection (``.slots``)."""
+    keeper = Keeper(pool, Slots(pool.pool, depth), ops if ops is not None else ray_ops(pool))
+    pool.submit = keeper.submit
+    pool.add_actor_back_to_pool = keeper.give_back
+    pool.fetch_result_and_return_actor_to_pool = keeper.fetch
+    pool.is_actor_available = lambda: keeper.slots.free() > 0
+    return keeper
 
 
 _replaced = Replaced()  # what install() put in place of RayBackend's own
@@ -112,8 +390,48 @@ def build(self: Any, app_fn: Any) -> None:
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
     _replaced.flowers("build", RayBackend)(self, app_fn)
-    self.slots = queue_pool(self.pool, DEPTH)
+    self.keeper = queue_pool(self.pool, DEPTH)
     log(INFO, "[flower-pfl] simulation engine: %s", QUEUED)
+
+
+def run_remote(actor: Any, app_fn: Any, message: Any, cid: str, context: Any) -> Any:
+    return actor.run.remote(app_fn, message, cid, context)  # as Flower's process_message
+
+
+def error_reply(message: Any, ex: ActorLost) -> Any:
+    """The error reply the engine makes of an exception (``vce_api.worker``), one line."""
+    from flwr.app import Message
+    from flwr.app.error import Error
+    from flwr.common.constant import ErrorCode
+
+    return Message(Error(code=ErrorCode.UNKNOWN, reason=f"{type(ex)}:<'{ex}'>"),
+                   reply_to=message)
+
+
+def process_message(self: Any, message: Any, context: Any) -> tuple[Any, Any]:
+    """Flower's ``RayBackend.process_message`` (submit, fetch, the actor back; the
+    ClientApp's exception raised), except that a message whose actor was lost is sent once
+    more (:meth:`Keeper.fetch`) and one that still cannot run gets an error reply, with
+    ``context`` unchanged, instead of an exception (the engine would log its traceback)."""
+    from flwr.common.constant import PARTITION_ID_KEY
+    from flwr.common.logger import log
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    if self.pool is None or self.app_fn is None or not hasattr(self, "keeper"):
+        return _replaced.flowers("process_message", RayBackend)(self, message, context)
+    job = (self.app_fn, message, str(context.node_config[PARTITION_ID_KEY]), context)
+    future = None
+    try:
+        future = self.pool.submit(run_remote, job)
+        return self.pool.fetch_result_and_return_actor_to_pool(future)
+    except ActorLost as ex:
+        return error_reply(message, ex), context
+    except Exception:
+        log(ERROR, "An exception was raised when processing a message by %s",
+            type(self).__name__)
+        if future is not None:
+            self.pool.add_actor_back_to_pool(future)
+        raise
 
 
 def num_workers(self: Any) -> int:
@@ -121,13 +439,16 @@ def num_workers(self: Any) -> int:
     return DEPTH * (self.pool.num_actors if self.pool else 0)
 
 
+NAMES = ("build", "num_workers", "process_message")  #: what :func:`install` replaces
+
+
 def install(engine_loaded_only: bool = False) -> bool:
-    """Put :func:`build` and :func:`num_workers` on Flower's ``RayBackend`` in this process
-    (the class itself: the engine builds its backend's pool, and counts its worker
-    threads, seconds after it created the backend, which starts Ray first).  Once; a no-op
-    with ``FLOWER_PFL_FLOWER_POOL=1``, where Flower has no such backend, or -- with
-    ``engine_loaded_only`` -- in a process where Flower's simulation engine is not loaded
-    (a deployment's ServerApp).  True when installed."""
+    """Put :func:`build`, :func:`num_workers` and :func:`process_message` on Flower's
+    ``RayBackend`` in this process (the class itself: the engine builds its backend's
+    pool, and counts its worker threads, seconds after it created the backend, which
+    starts Ray first).  Once; a no-op with ``FLOWER_PFL_FLOWER_POOL=1``, where Flower has
+    no such backend, or -- with ``engine_loaded_only`` -- in a process where Flower's
+    simulation engine is not loaded (a deployment's ServerApp).  True when installed."""
     if not wanted(KEEP_FLOWER_ENV, engine_loaded_only):
         return False
     if _replaced:
@@ -136,17 +457,19 @@ def install(engine_loaded_only: bool = False) -> bool:
         from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
     except ImportError:
         return False
-    if not isinstance(RayBackend.__dict__.get("num_workers"), property) \
-            or not callable(RayBackend.__dict__.get("build")):
+    own = RayBackend.__dict__
+    if not isinstance(own.get("num_workers"), property) or not callable(own.get("build")) \
+            or not callable(own.get("process_message")):
         return False
     _replaced.put(RayBackend, "build", build)
     _replaced.put(RayBackend, "num_workers", property(num_workers))
+    _replaced.put(RayBackend, "process_message", process_message)
     return True
 
 
 def flowers_own(name: str) -> Any:
-    """Flower's own ``RayBackend`` attribute ``name`` (``build``, the ``num_workers``
-    property), installed or not."""
+    """Flower's own ``RayBackend`` attribute ``name`` (one of :data:`NAMES`: ``build``,
+    the ``num_workers`` property, ``process_message``), installed or not."""
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
     return _replaced.flowers(name, RayBackend)

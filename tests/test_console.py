@@ -381,3 +381,16 @@ def test_real_run_verbose_shows_flowers_log(tmp_path):
     assert "[ROUND 1]" in out.stdout and "History (metrics, distributed, evaluate)" in out.stdout
     assert "\x1b[" not in out.stdout  # piped
     assert "  personalized accuracy: final " in out.stdout.splitlines()[-2]
+
+
+def test_rays_worker_death_line_becomes_one_note_naming_the_pid():
+    from flower_pfl.reporting.log_lines import classify
+
+    raw = ("\x1b[33m(raylet)\x1b[0m A worker died or was killed while executing a task by an "
+           "unexpected system error. To troubleshoot the problem, check the logs for the dead "
+           "worker. RayTask ID: ffff Worker ID: 01ab Node ID: 9c Worker IP address: 192.0.2.2 "
+           "Worker port: 10003 Worker PID: 8270 Worker exit type: SYSTEM_ERROR")
+    kind, text = classify(raw)
+    assert kind == "note"
+    assert text.startswith("note: Ray: worker process 8270 died")
+    assert classify("A worker pool was resized")[0] != "note"  # not every Ray line

@@ -45,6 +45,9 @@ NOISE = re.compile(
 CLASSES_UNUSED = re.compile(r"Classes: (\[[^\]]*\]) will NOT be used")
 STARTED = re.compile(r"Successfully started run (\d+)")
 ROUND_START = re.compile(r"\[ROUND (\d+)\]")
+# Ray's line for a ClientApp actor's process that died (the actor queue's own 'actor died' line
+# says what became of its messages; Ray's full message stays in flwr-run.log)
+RAY_WORKER_DIED = re.compile(r"\(raylet\) A worker died or was killed .*Worker PID: (\d+)")
 
 
 def strip_ansi(text: str) -> str:
@@ -57,6 +60,10 @@ def translate_warning(text: str) -> str | None:
     if m:
         return (f"note: the pathological partition gives classes {m.group(1)} to no client "
                 f"(clients x classes-per-client does not cover every class)")
+    m = RAY_WORKER_DIED.search(text)
+    if m:
+        return (f"note: Ray: worker process {m.group(1)} died (Ray's message: flwr-run.log; "
+                f"its messages: the 'actor died' line)")
     return None
 
 
