@@ -24,18 +24,38 @@ extreme logs one WARNING naming ``hyper.fedacs.pick-ratio``.
 Eq. 4 weights by s_ij; we drop non-positive similarities (``attention.fedacs_weights``)
 even when delta < 0 (possible for a low pick-ratio with opposed models): a negative
 weight would make u_i a non-convex combination -- pushed AWAY from a dissimilar model
-and, when the weights sum to ~0, unbounded.  See docs/algorithms/fedacs.md.
+and, when the weights sum to ~0, unbounded.  Recorded: server.csv ``dropped_nonpositive``
+(pairs of the round's sampled clients with delta < s_ij <= 0, which eq. 4 would select),
+one INFO line the first round it happens, and the run's total in the end-of-run
+mechanism line and summary.json (``fedacs``).  See docs/algorithms/fedacs.md.
+
+A newcomer whose initial model has cos <= 0 to every stored model has no similarity to
+weight the consensus by: an all-zero initial model (``model: scalar`` starts at theta = 0)
+has cosine 0 to everything.  It starts from the plain mean of the stored models
+(``attention.consensus_weights``); server.csv ``consensus_uniform`` counts the round's
+sampled newcomers that did, one WARNING says it once (with the cause), and the run's
+total (fit and evaluation) goes to the mechanism line and summary.json.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from logging import INFO
 
-from flower_pfl.algorithms.attention import consensus_weights, fedacs_weights, quantile_threshold
+import numpy as np
+from flwr.common.logger import log
+
+from flower_pfl.algorithms.attention import (
+    consensus_fallback,
+    consensus_weights,
+    fedacs_dropped,
+    fedacs_weights,
+    quantile_threshold,
+)
 from flower_pfl.catalog import fedacs as catalog
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
+from flower_pfl.warnings_once import first_time
 
 
 def selection_share(xi: np.ndarray, rows: np.ndarray, peers: np.ndarray,
@@ -65,10 +85,16 @@ class FedACS(MessagePassingStrategy):
     """
 
     mechanism = Mechanism("FedACS", *CLOUD)
+    #: run totals for the end-of-run record: {"dropped_nonpositive": pairs,
+    #: "consensus_uniform": never-trained client-rounds, fit or evaluation, given the
+    #: plain mean of the stored models}
+    checkpointed = ("fedacs_counts",)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.delta = float("inf")  # delta^k of the round (set by attention)
+        self.fedacs_counts = {"dropped_nonpositive": 0, "consensus_uniform": 0}
+        self._round_uniform = 0  # newcomer rows of the last attention() call given the mean
 
     def threshold(self) -> float:
         """delta^k over the similarity matrix of the stored models."""
@@ -84,8 +110,19 @@ class FedACS(MessagePassingStrategy):
         self.delta = self.threshold()
         xi = fedacs_weights(cosine, rows, peers, self.delta)
         newcomers = ~self.matrix.seen[rows]
+        self._round_uniform = 0
         if newcomers.any() and peers.any():
             xi[newcomers] = consensus_weights(cosine[newcomers], peers)
+            self._round_uniform = int(consensus_fallback(cosine[newcomers], peers).sum())
+            if self._round_uniform:
+                self.fedacs_counts["consensus_uniform"] += self._round_uniform
+                self.warn_once(
+                    "consensus-uniform", "[flower-pfl] fedacs round %d: %d never-trained "
+                    "client(s) start from the plain mean of the %d stored models: the initial "
+                    "model has cosine <= 0 to every one of them (an all-zero initial model, "
+                    "e.g. model: scalar, has cosine 0 to everything), so there is no "
+                    "similarity to weight their consensus by (server.csv: consensus_uniform)",
+                    server_round, self._round_uniform, int(peers.sum()))
         return xi
 
     def prepare_round(self, server_round, sampled):
@@ -93,9 +130,19 @@ class FedACS(MessagePassingStrategy):
         rows, xi = self.last_xi
         peers = (xi > 0).sum(axis=1) - (xi[np.arange(len(rows)), rows] > 0)
         share, off = selection_share(xi, rows, self.peers(), ~self.matrix.seen[rows])
+        known = self.matrix.seen[rows]
+        dropped = int(fedacs_dropped(self.matrix.cosine(rows[known]), rows[known],
+                                     self.peers(), self.delta).sum())
+        self.fedacs_counts["dropped_nonpositive"] += dropped
+        if dropped and first_time(self.warned, "dropped-nonpositive"):
+            log(INFO, "[flower-pfl] fedacs round %d: delta = %.4g < 0, so eq. 4 selects %d "
+                "pair(s) with s_ij <= 0; they are dropped (u_i stays a convex combination: "
+                "docs/algorithms/fedacs.md; server.csv: dropped_nonpositive)", server_round,
+                self.delta, dropped)
         self.log_server(delta=self.delta, peers_mean=float(peers.mean()),
                         peers_min=int(peers.min()), peers_max=int(peers.max()),
-                        selection_share=share)
+                        selection_share=share, dropped_nonpositive=dropped,
+                        consensus_uniform=self._round_uniform)
         if off:
             p = float(self.hyper["pick-ratio"])
             fix = ("lower hyper.fedacs.pick-ratio: delta is above every peer's similarity, so "
@@ -108,8 +155,28 @@ class FedACS(MessagePassingStrategy):
             {"round": server_round, "partition-id": int(pid), "peers": int(k),
              "newcomer": bool(not self.matrix.seen[pid])} for pid, k in zip(rows, peers)])
 
+    def report_run_end(self, *args, **kwargs):
+        """The mechanism line and summary.json's ``mechanism`` name the run's dropped
+        non-positive pairs and plain-mean newcomers when there were any; summary.json's
+        ``fedacs`` holds both totals."""
+        counts = self.fedacs_counts
+        notes = [f"{counts['dropped_nonpositive']} pair(s) with delta < s_ij <= 0 dropped"
+                 if counts["dropped_nonpositive"] else "",
+                 f"{counts['consensus_uniform']} never-trained client-round(s), fit or "
+                 "evaluation, given the plain mean of the stored models (the initial model "
+                 "has cos <= 0 to every one)"
+                 if counts["consensus_uniform"] else ""]
+        note = "; ".join(n for n in notes if n)
+        base = type(self).mechanism
+        self.mechanism = Mechanism(base.name, base.what + (f" ({note})" if note else ""),
+                                   base.otherwise, base.hint)
+        self.results.set_summary("fedacs", dict(counts))
+        super().report_run_end(*args, **kwargs)  # (its arguments: strategies/evaluation.py)
+
     def save_attention(self, server_round):
+        counted = dict(self.fedacs_counts)  # the saved matrix is no client's start
         xi = super().save_attention(server_round)
+        self.fedacs_counts = counted
         if xi is not None:
             self.results.save_matrix("selection", (xi > 0).astype(np.float64))
         return xi

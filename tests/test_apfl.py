@@ -129,3 +129,34 @@ def test_round_two_trains_the_stored_v_not_a_copy_of_w(tmp_path):
         view.set_arrays("apfl-v", w_t)
         state, _ = replay_fit(proxies[pid], view.records, ins[pid])
         assert gap(state_arrays(state, "apfl-v"), v2) > 1e-4
+
+
+def _one_weight_models(w0, v0):
+    w, v = torch.nn.Linear(1, 1, bias=False), torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        w.weight.fill_(w0)
+        v.weight.fill_(v0)
+    return w, v
+
+
+def _squared_error(out, y):
+    return ((out - y) ** 2).mean()
+
+
+@pytest.mark.parametrize("target,alpha_lr,want_alpha", [
+    (2.0, 0.1, 0.72),    # inside [0, 1] and above 0.5 (a real APFL run reaches 0.578)
+    (2.0, 1.0, 1.0),     # 0.4 + 3.2 = 3.6: clipped at the upper end, 1
+    (-2.0, 0.1, 0.0)])   # 0.4 - 0.48 = -0.08: clipped at the lower end, 0
+def test_alpha_moves_above_one_half_and_is_clipped_at_both_ends_by_hand(
+        target, alpha_lr, want_alpha):
+    """One weight, w = 0, v = 1, x = 1, squared error to the target y: vbar = alpha, so
+    f(vbar) = (alpha - y)^2, d f / d alpha = 2 (alpha - y) (v - w) x = 2 (alpha - y);
+    from alpha = 0.4: y = 2 gives -3.2, y = -2 gives 4.8.  The steps of w and v by hand
+    too (eta = 0.1): w <- 0 - 0.1 * 2 (0 - y); v <- 1 - 0.1 * alpha * 2 (alpha - y)."""
+    w, v = _one_weight_models(0.0, 1.0)
+    x, y = torch.tensor([[1.0]]), torch.tensor([[target]])
+    alpha, loss_w, loss_mix = apfl_step(w, v, 0.4, x, y, 0.1, alpha_lr, _squared_error)
+    assert alpha == pytest.approx(want_alpha, abs=1e-6)
+    assert loss_w == pytest.approx(target ** 2) and loss_mix == pytest.approx((0.4 - target) ** 2)
+    assert float(w.weight) == pytest.approx(0.2 * target, abs=1e-6)
+    assert float(v.weight) == pytest.approx(1.0 - 0.1 * 0.4 * 2 * (0.4 - target), abs=1e-6)

@@ -407,7 +407,10 @@ def test_heurfedamp_weights_under_partial_participation_by_hand():
 @pytest.mark.parametrize("strategy,hyper,coef", [
     ("fedamp", {"alpha-k": 0.5, "lambda": 0.01, "alpha-schedule": "inverse", "sigma": 2.0},
      0.01 / (0.5 / 4)),  # alpha_4 = alpha_1 / 4
-    ("heurfedamp", {"alpha-k": 2.0, "lambda": 0.3}, 0.3 / 2.0)], ids=["fedamp", "heurfedamp"])
+    ("fedamp", {"alpha-k": 0.5, "lambda": 0.01, "alpha-schedule": "inverse-sqrt",
+                "sigma": 2.0}, 0.01 / (0.5 / 2)),  # alpha_4 = alpha_1 / sqrt(4)
+    ("heurfedamp", {"alpha-k": 2.0, "lambda": 0.3}, 0.3 / 2.0)],
+    ids=["fedamp", "fedamp-inverse-sqrt", "heurfedamp"])
 def test_prox_weight_is_lambda_over_alpha_k_and_the_client_steps_by_it_by_hand(
         strategy, hyper, coef, tmp_path):
     """Eq. 6's weight lambda/alpha_k as the server sends it in round 4 (lambda != alpha_k,

@@ -55,6 +55,9 @@ def test_eq6_layer_scores_by_hand():
     assert pm.layer_scores(w, w) == pytest.approx([0.5, 0.5])  # 0/0: uniform (documented)
     assert pm.lwsam_scaling(pm.layer_scores(w, w)) == pytest.approx([1.0, 1.0])  # = SAM
     assert pm.split_layers([0.1, 0.5, 0.3, 0.1], 2) == ([1, 2], [0, 3])
+    # a tie at the cut goes to the earlier layer (uniform scores: the first D layers)
+    assert pm.split_layers([0.2, 0.5, 0.1, 0.2], 2) == ([0, 1], [2, 3])
+    assert pm.split_layers([0.25] * 4, 1) == ([0], [1, 2, 3])
     assert pm.split_layers([0.1, 0.5], 0) == ([], [0, 1])
     assert pm.split_layers([0.1, 0.5], 5) == ([0, 1], [])
 

@@ -138,8 +138,13 @@ def fedacs_weights(cosine: np.ndarray, self_idx: np.ndarray, peers: np.ndarray,
                    delta: float) -> np.ndarray:
     """FedACS eq. 4: u_i = sum_j 1[s_ij > delta] s_ij w_j / sum_j 1[s_ij > delta] s_ij.
 
-    The client itself is always selected (s_ii = 1 is the largest similarity).  Only
-    positive similarities are used as weights so that u_i stays a convex combination.
+    ``cosine``: (m, n) rows of S for the clients ``self_idx`` (m,); ``peers``: (n,) bool;
+    returns Xi (m, n), rows summing to 1.  The comparison is strict, as the paper's: a
+    peer with s_ij == delta exactly is NOT selected (so p = 1, delta = max S = 1, is Local
+    even for a peer identical to the client).  The client itself is always selected
+    (s_ii = 1 is the largest similarity).  Only positive similarities are used as weights
+    so that u_i stays a convex combination; :func:`fedacs_dropped` counts the pairs this
+    leaves out.
     """
     self_idx = np.asarray(self_idx)
     s = np.asarray(cosine, dtype=np.float64)
@@ -150,16 +155,37 @@ def fedacs_weights(cosine: np.ndarray, self_idx: np.ndarray, peers: np.ndarray,
     return w / w.sum(axis=1, keepdims=True)
 
 
+def fedacs_dropped(cosine: np.ndarray, self_idx: np.ndarray, peers: np.ndarray,
+                   delta: float) -> np.ndarray:
+    """Per row (m,): the peers the literal eq. 4 selects (s_ij > delta) that
+    :func:`fedacs_weights` drops because s_ij <= 0 -- non-zero only when delta < 0."""
+    s = np.asarray(cosine, dtype=np.float64)
+    return (_others(peers, np.asarray(self_idx)) & (s > delta) & (s <= 0)).sum(axis=1)
+
+
 def consensus_weights(cosine: np.ndarray, peers: np.ndarray) -> np.ndarray:
     """Similarity-weighted mean over ALL stored peers, ignoring the client's own row.
 
-    FedACS' choice for a client that has never uploaded: its stored model is only the
-    initial model, which says nothing about its data, so it starts from the consensus of
-    the stored models (like FedAvg's global model) until its first upload.
+    ``cosine``: (m, n) rows of S; ``peers``: (n,) bool; returns (m, n) weights, rows
+    summing to 1.  FedACS' choice for a client that has never uploaded: its stored model
+    is only the initial model, which says nothing about its data, so it starts from the
+    consensus of the stored models (like FedAvg's global model) until its first upload.
+    Negative similarities weigh 0.  A row with no stored peer of cos > 0 -- an all-zero
+    initial model (``model: scalar`` starts at theta = 0) has cosine 0 to every model --
+    takes the plain mean of the stored peers (:func:`consensus_fallback` tells which rows).
+    Raises ValueError when no peer is stored at all.
     """
-    s = np.where(np.asarray(peers, dtype=bool)[None, :],
-                 np.maximum(np.asarray(cosine, dtype=np.float64), 0.0), 0.0)
-    total = s.sum(axis=1, keepdims=True)
-    if (total <= 0).any():
-        raise ValueError("consensus_weights needs at least one stored peer with cos > 0")
-    return s / total
+    peers = np.asarray(peers, dtype=bool)
+    if not peers.any():
+        raise ValueError("consensus_weights needs at least one stored peer")
+    s = np.where(peers[None, :], np.maximum(np.asarray(cosine, dtype=np.float64), 0.0), 0.0)
+    fallback = consensus_fallback(cosine, peers)
+    s[fallback] = peers.astype(np.float64)  # no similarity to weight by: the plain mean
+    return s / s.sum(axis=1, keepdims=True)
+
+
+def consensus_fallback(cosine: np.ndarray, peers: np.ndarray) -> np.ndarray:
+    """(m,) bool: the rows of ``cosine`` with no stored peer of cos > 0, whose consensus
+    (:func:`consensus_weights`) is the plain mean of the stored peers."""
+    s = np.asarray(cosine, dtype=np.float64)
+    return ~((s > 0) & np.asarray(peers, dtype=bool)[None, :]).any(axis=1)
