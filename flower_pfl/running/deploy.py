@@ -44,6 +44,7 @@ from flower_pfl.running.procs import (
     flwr_run,
     free_port,
     process_tree,
+    run,
     stop_tree,
     toml_string,
     wait_http,
@@ -189,8 +190,8 @@ def wait_superlink(proc: subprocess.Popen, host: str, port: int, ca: Path | None
 def register_key(public_key: Path, name: str, connection: str, env: dict) -> str:
     """Register a SuperNode's public key on the SuperLink of ``connection``; returns
     ``"registered"`` or ``"already registered"`` (a SuperLink restarted on its database)."""
-    out = subprocess.run([bin_path("flwr"), "supernode", "register", str(public_key), connection,
-                          "--name", name], env=env, capture_output=True, text=True, timeout=120)
+    out = run([bin_path("flwr"), "supernode", "register", str(public_key), connection,
+               "--name", name], env=env, capture_output=True, text=True, timeout=120)
     text = out.stdout + out.stderr
     if out.returncode == 0:
         return "registered"

@@ -8,7 +8,9 @@ way: launch -> procs, deploy -> procs, bench -> procs; the command line
 (``flower_pfl.cli``) sits above them all.  :func:`flwr_run` is the one way a federation is
 run here: write its ``run-config.toml``, ``flwr run --stream`` it with the watchdog
 (:func:`stream_run`), and check its FINAL status (``flwr run --stream`` exits 0 even when
-the run failed).
+the run failed).  Every process is started through :func:`flower_pfl.child.spawn` (or
+:func:`~flower_pfl.child.run`): none outlives the launcher, even one killed with SIGKILL
+(PDEATHSIG and the reaper process, see :mod:`flower_pfl.child`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from flower_pfl.child import (  # noqa: F401 - is_alive, proc_stats, stop_tree: used from here
+    is_alive,
+    proc_stats,
+    run,
+    spawn,
+    stop_tree,
+)
 from flower_pfl.config import APP_DIR
 from flower_pfl.reporting.log_lines import strip_ansi
 from flower_pfl.running.app_stage import app_for_flwr_run
@@ -43,22 +52,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def proc_stats() -> dict[int, list[str]]:
-    """pid -> the fields of its /proc/PID/stat after the command name (``[0]`` is the
-    state, ``[1]`` the ppid, ``[3]`` the session, ``[11]``/``[12]`` utime/stime in clock
-    ticks), for every process now on the machine (Linux)."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                table[int(entry)] = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-    return table
 
 
 def _proc_table() -> dict[int, tuple[int, int]]:
@@ -102,32 +95,6 @@ def pids_naming(text: str) -> set[int]:
     return pids
 
 
-def stop_tree(pids: set[int], grace_s: float = 10.0) -> None:
-    """SIGTERM, wait, then SIGKILL whatever is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + (grace_s if sig == signal.SIGTERM else 5.0)
-        while time.time() < deadline:
-            alive = {p for p in pids if is_alive(p)}
-            if not alive:
-                return
-            time.sleep(0.2)
-        pids = alive
-
-
-def is_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 class ProcessSet:
     """Processes this launcher started; ``stop()`` ends them and all their descendants."""
 
@@ -139,9 +106,8 @@ class ProcessSet:
         """Start ``cmd`` with its output appended to ``log_path``, without the colour codes
         Flower's logger writes whatever its output is (:func:`copy_plain`)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = spawn(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                     stdin=subprocess.DEVNULL)
         threading.Thread(target=copy_plain, args=(proc.stdout, log_path), daemon=True).start()
         self.procs.append(proc)
         return proc
@@ -232,8 +198,8 @@ def toml_string(value: str) -> str:
 
 
 def run_status(run_id: str, env: dict) -> str:
-    out = subprocess.run([bin_path("flwr"), "ls", "--run-id", run_id, "--format", "json"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    out = run([bin_path("flwr"), "ls", "--run-id", run_id, "--format", "json"],
+              env=env, capture_output=True, text=True, timeout=60)
     try:
         runs = json.loads(out.stdout).get("runs", [])
     except json.JSONDecodeError as exc:
@@ -312,8 +278,8 @@ def stream_run(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s:
     lines: queue.Queue = queue.Queue()
     tty = sys.stdout.isatty()
     with open(log_path, "a" if append else "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+        proc = spawn(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                     text=True)
         procs.procs.append(proc)
         assert proc.stdout is not None
 

@@ -24,6 +24,7 @@ from flower_pfl.running.procs import (
     is_alive,
     pids_naming,
     process_tree,
+    run,
     stop_tree,
 )
 
@@ -63,8 +64,10 @@ def shared_ray(workdir: Path, log_path: Path) -> Iterator[str]:
     try:
         with open(log_path, "ab") as log:
             try:
-                subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=True,
-                               timeout=300)
+                # its own session: `ray start` exits and leaves its daemons there, where the
+                # reaper (flower_pfl.child) finds them should this process be killed
+                run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=300,
+                    session=True)
             except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
                 raise LaunchError(f"`ray start --head` failed ({exc}); see {log_path}") from exc
         yield f"{ip}:{port}"

@@ -48,6 +48,8 @@ from flower_pfl.running.procs import (
     Terminated,
     bin_path,
     flwr_env,
+    run,
+    spawn,
     stop_on_signals,
 )
 
@@ -222,8 +224,8 @@ def _foreground(cmd: list[str], env: dict, what: str, on_line: Callable[[str], N
 
     stop_on_signals()
     try:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        proc = spawn(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                     stdin=subprocess.DEVNULL, text=True)
         procs.procs.append(proc)
         pump = threading.Thread(target=_pump, args=(proc, log_path, watch, console),
                                 daemon=True)
@@ -517,7 +519,9 @@ def submit_parser() -> argparse.ArgumentParser:
 
 def submit_main(argv: Sequence[str]) -> int:
     from flower_pfl import config as config_mod
-    from flower_pfl.reporting.results import default_results_dir
+    from flower_pfl.reliability.preflight import PreflightError, check_before_start
+    from flower_pfl.reporting.console import summary_lines
+    from flower_pfl.reporting.results import default_results_dir, mark_failed
 
     args = submit_parser().parse_args(argv)
     try:
@@ -526,11 +530,14 @@ def submit_main(argv: Sequence[str]) -> int:
             raise LaunchError("--ca ca.crt is needed (or --insecure for a SuperLink without TLS)")
         ca = None if args.insecure else _file(args.ca, "--ca")
         cfg = config_mod.load(Path(args.config), args.set or None)
-    except (LaunchError, config_mod.ConfigError) as exc:
+        results = Path(args.results).expanduser().resolve() if args.results else \
+            default_results_dir(cfg)
+        # what this machine can see: the folders, the data sizes (the nodes check their own
+        # device when they start: flower-pfl supernode)
+        check_before_start(cfg, "remote", results)
+    except (LaunchError, config_mod.ConfigError, PreflightError) as exc:
         say(str(exc))
         return 2
-    results = Path(args.results).expanduser().resolve() if args.results else \
-        default_results_dir(cfg)
     home = Path(tempfile.mkdtemp(prefix="flower-pfl-submit-"))
     env = flwr_env(home / "flwr-home", 0)
     deploy.write_connection(home / "flwr-home", CONNECTION, args.superlink, ca)
@@ -551,9 +558,11 @@ def submit_main(argv: Sequence[str]) -> int:
                                 on_line=on_line, stall_s=cfg["stall-timeout"])
     except (LaunchError, KeyboardInterrupt) as exc:
         if run_id:  # the run lives on the SuperLink: stop it there too (no-op when finished)
-            subprocess.run([bin_path("flwr"), "stop", run_id[0], CONNECTION], env=env,
-                           capture_output=True, timeout=60)
+            run([bin_path("flwr"), "stop", run_id[0], CONNECTION], env=env,
+                capture_output=True, timeout=60)
         if isinstance(exc, LaunchError):
+            mark_failed(results, exc)  # where the ServerApp could not say so itself
+            print("\n".join(summary_lines(results)), flush=True)
             say(f"FAILED: {exc}")
             return 1
         say(f"stopped{' run ' + run_id[0] if run_id else ''}")
@@ -562,6 +571,7 @@ def submit_main(argv: Sequence[str]) -> int:
         procs.stop()
         shutil.rmtree(home, ignore_errors=True)
     say(f"run {out.run_id} completed. Results: {results}")
+    print("\n".join(summary_lines(results)), flush=True)  # coverage where not all, numbers
     return 0
 
 
