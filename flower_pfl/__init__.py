@@ -12,6 +12,11 @@ wheel installs them inside this package (pyproject's ``package-dir``); from a so
 (a checkout, an editable install, a Flower app bundle) :class:`SiblingFolders` maps exactly
 these two names to the folders beside this package -- nothing else of the tree becomes
 part of the package, and nothing is imported until asked for.
+
+From Python: ``flower_pfl.run(config, **overrides)`` runs one configuration and returns its
+results (:mod:`flower_pfl.api`, docs/python-api.md); it and the names of :data:`API` are
+looked up in :mod:`flower_pfl.api` on first use (module ``__getattr__``), so ``import
+flower_pfl`` imports neither torch nor Flower.
 """
 
 from __future__ import annotations
@@ -20,11 +25,28 @@ import importlib.abc
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 __version__ = "0.1.0"
 
 #: the two subpackages that live beside this folder in a source tree
 SIBLINGS = ("strategies", "clients")
+#: what ``flower_pfl.<name>`` finds in :mod:`flower_pfl.api` (imported on first use)
+API = ("run", "load_config", "RunResult", "RunFailed", "ConfigError", "PreflightError")
+
+
+def __getattr__(name: str) -> Any:
+    """``flower_pfl.run`` & co. (:data:`API`): imported from :mod:`flower_pfl.api` when first
+    asked for, so importing the package stays light."""
+    if name in API:
+        from flower_pfl import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *API])
 
 
 class SiblingFolders(importlib.abc.MetaPathFinder):
