@@ -220,24 +220,13 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | None = None
 
 
 def _results_dir(cfg: RunConfig) -> Path:
-    """``<output-dir>/<run-name>`` (:func:`~flower_pfl.reporting.results.default_results_dir`).
-    Without a ``run-name`` the name carries the start second: a second run in that second
-    gets ``-2``, ``-3``, ... so two runs never write into one folder.  A ``run-name`` whose
-    folder holds a run already is refused (PreflightError): its CSV files would be
-    appended to."""
-    from flower_pfl.reporting.results import default_results_dir
+    """:func:`~flower_pfl.reporting.results.new_results_dir`, its refusal a PreflightError."""
+    from flower_pfl.reporting.results import new_results_dir
 
-    path = default_results_dir(cfg)
-    if cfg["run-name"]:
-        if (path / "summary.json").exists():
-            raise PreflightError(f"'run-name' = {cfg['run-name']}: {path} holds a run already "
-                                 f"(summary.json); choose another run-name or remove it")
-        return path
-    base, k = path, 1
-    while path.exists():
-        k += 1
-        path = base.with_name(f"{base.name}-{k}")
-    return path
+    try:
+        return new_results_dir(cfg)
+    except FileExistsError as exc:
+        raise PreflightError(str(exc)) from None
 
 
 # ------------------------------------------------------------------------------ run

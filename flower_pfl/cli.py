@@ -44,7 +44,11 @@ from flower_pfl.reliability import checkpoints, stop
 from flower_pfl.reliability.preflight import PreflightError, check_before_start, preflight_apart
 from flower_pfl.reporting import tracking
 from flower_pfl.reporting.console import BenchConsole, RunConsole, summary_lines
-from flower_pfl.reporting.results import default_results_dir, mark_failed, read_summary
+from flower_pfl.reporting.results import (
+    mark_failed,
+    new_results_dir,
+    read_summary,
+)
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.bench import run_bench
 from flower_pfl.running.launch import (
@@ -203,8 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return partition_command(cfg.values, args.out, args.config, args.set or [])
     if args.command == "validate":  # what `run` checks before it starts, nothing created
         try:
-            preflight_apart(cfg, default_results_dir(cfg))
-        except Exception as exc:  # noqa: BLE001 - PreflightError
+            preflight_apart(cfg, new_results_dir(cfg))
+        except Exception as exc:  # noqa: BLE001 - PreflightError, FileExistsError
             print(f"flower-pfl: {args.config} is valid, but `flower-pfl run` cannot start it "
                   f"here: {exc}", file=sys.stderr)
             return 2
@@ -295,10 +299,10 @@ def deploy_command(args, cfg: config_mod.RunConfig) -> int:
         print("flower-pfl: deploy needs --certs DIR (TLS + node auth) or --insecure",
               file=sys.stderr)
         return 2
-    results_dir = default_results_dir(cfg)
     try:  # SuperNodes on this machine: its device, folders and the data sizes, before any start
+        results_dir = new_results_dir(cfg)
         check_before_start(cfg, "deployment", results_dir)
-    except PreflightError as exc:
+    except (PreflightError, FileExistsError) as exc:
         print(f"flower-pfl: cannot start: {exc}", file=sys.stderr)
         return 2
     stop_on_signals()
@@ -330,7 +334,11 @@ def actor_estimate(cfg: config_mod.RunConfig) -> int | None:
 def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequence[str],
                 resume_dir: Path | None) -> int:
     """``flower-pfl run``: preflight, the federation with its console, the summary."""
-    results_dir = resume_dir or default_results_dir(cfg)
+    try:
+        results_dir = resume_dir or new_results_dir(cfg)
+    except FileExistsError as exc:
+        print(f"flower-pfl: cannot start: {exc}", file=sys.stderr)
+        return 2
     # an existing Ray cluster: --ray-address, else RAY_ADDRESS (flower_pfl.raynode)
     ray_address = getattr(args, "ray_address", None) or raynode.joined_cluster()
     console = RunConsole(cfg["rounds"], clients=cfg["clients"],

@@ -219,3 +219,36 @@ def test_tensorboard_missing_is_named_before_start(monkeypatch):
     assert line.startswith("'tracking' = 'tensorboard': the TensorBoard package is not installed")
     assert pf.start_problems(values, "remote", None, NO_GPU) == []  # the SuperLink's machine
     assert pf.tracking_problems(small_config().values) == []
+
+
+def test_a_run_name_that_holds_a_run_is_refused_and_unnamed_runs_never_share_a_folder(
+        tmp_path, capsys, nothing_starts, monkeypatch):
+    # two runs' rows appended to one rounds.csv would be a record of neither
+    from flower_pfl import config as config_mod
+    from flower_pfl.reporting.results import new_results_dir
+
+    out = tmp_path / "out"
+    (out / "mine").mkdir(parents=True)
+    (out / "mine" / "summary.json").write_text('{"status": "completed"}')
+    for command in ("run", "validate"):
+        rc = cli.main([command, "--set", "run-name=mine", "--set", f"output-dir={out}"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "'run-name' = mine" in err and "holds a run already" in err
+    assert sorted(p.name for p in (out / "mine").iterdir()) == ["summary.json"]
+    # a named folder without a run (e.g. made by hand) is used as it is
+    cfg = config_mod.load(config_mod.APP_DIR / "simulation.yaml",
+                          [f"output-dir={out}", "run-name=empty"])
+    assert new_results_dir(cfg) == out / "empty"
+    # unnamed: the second run in the same second gets -2, the third -3
+    import flower_pfl.reporting.results as results_mod
+
+    monkeypatch.setattr(results_mod.time, "strftime", lambda fmt: "20261129-090000")
+    cfg = config_mod.load(config_mod.APP_DIR / "simulation.yaml", [f"output-dir={out}"])
+    names = []
+    for _ in range(3):
+        path = new_results_dir(cfg)
+        path.mkdir()
+        names.append(path.name)
+    assert names == ["fedavg-fmnist-dirichlet-20261129-090000",
+                     "fedavg-fmnist-dirichlet-20261129-090000-2",
+                     "fedavg-fmnist-dirichlet-20261129-090000-3"]

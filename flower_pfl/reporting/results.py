@@ -70,6 +70,26 @@ def default_results_dir(cfg: RunConfig) -> Path:
     return (Path(cfg["output-dir"]).expanduser().resolve() / name)
 
 
+def new_results_dir(cfg: RunConfig) -> Path:
+    """The folder of a new run: :func:`default_results_dir`, never one that holds a run.
+    Without a ``run-name`` the name carries the start second, and a second run in that
+    second gets ``-2``, ``-3``, ...; a ``run-name`` whose folder holds a run already
+    (summary.json) raises FileExistsError naming the key: its CSV files would be appended
+    to, two runs' rows mixed.  (``--resume`` continues a run in its own folder instead.)"""
+    path = default_results_dir(cfg)
+    if cfg["run-name"]:
+        if (path / "summary.json").exists():
+            raise FileExistsError(f"'run-name' = {cfg['run-name']}: {path} holds a run "
+                                  f"already (summary.json); choose another run-name, remove "
+                                  f"it, or continue it with --resume")
+        return path
+    base, k = path, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return path
+
+
 class ResultsWriter:
     def __init__(self, out_dir: Path, config: Mapping[str, Any]) -> None:
         self.dir = Path(out_dir)
