@@ -52,6 +52,7 @@ from flower_pfl.reporting import tracking
 from flower_pfl.reporting.coverage import client_failures as client_failures  # re-exported
 from flower_pfl.reporting.coverage import coverage_record
 from flower_pfl.reporting.coverage import run_coverage as run_coverage  # (bench, tables)
+from flower_pfl.reporting.heatmaps import matrix_title, true_groups, write_heatmap_png
 
 if TYPE_CHECKING:
     from flower_pfl.config import RunConfig
@@ -360,43 +361,6 @@ def append_csv(path: Path, rows: Mapping[str, Any] | Sequence[Mapping[str, Any]]
         if not header:
             w.writeheader()
         w.writerows(rows)
-
-
-def true_groups(values: Mapping[str, Any]) -> list[int] | None:
-    """The partition's ground-truth client groups (FedAMP practical), else None."""
-    if values.get("data.partition") != "practical":
-        return None
-    from flower_pfl.learning.partitions import group_of_clients
-
-    return group_of_clients(int(values["clients"]), int(values["data.groups"])).tolist()
-
-
-def write_heatmap_png(path: Path, matrix: np.ndarray, groups: Sequence[int] | None = None,
-                      title: str = "", untrained: Sequence[int] = ()) -> None:
-    """Write ``matrix`` as a heatmap PNG (matplotlib, :func:`~.plots.heatmap`)."""
-    from flower_pfl.reporting import plots
-
-    name = Path(path).stem.split("-")[-1]
-    plots.heatmap(np.asarray(matrix, dtype=np.float64), Path(path), title=title, groups=groups,
-                  untrained=untrained, label=MATRIX_LABELS.get(name, "weight"),
-                  binary=MATRIX_BINARY.get(name))
-
-
-# what a saved matrix is (save_matrix's name -> its heatmap's title and colour-bar label)
-MATRIX_TITLES = {
-    "attention": "aggregation weights xi_ij (row i: weight of client j's model in u_i)",
-    "selection": "peer selection 1[xi_ij > 0] (row i: models client i aggregates)",
-}
-MATRIX_LABELS = {"attention": "weight xi_ij"}
-# a selection is a 0/1 mask (a legend); weights keep a colour bar even when all 0 or 1
-MATRIX_BINARY = {"selection": True, "attention": False}
-
-
-def matrix_title(name: str, strategy: str, server_round: int | None, extra: str = "") -> str:
-    """A heatmap's title: which strategy, what the matrix is, which round."""
-    what = MATRIX_TITLES.get(name, name)
-    when = f", round {server_round}" if server_round is not None else ""
-    return f"{strategy}: {what}{when}{extra}"
 
 
 def untrained(clients: Sequence[Mapping[str, Any]]) -> list[int]:

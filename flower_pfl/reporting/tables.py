@@ -40,19 +40,16 @@ import numpy as np
 
 from flower_pfl import config as config_mod
 from flower_pfl.matrix import COMPARE, Cell, Matrix
+from flower_pfl.reporting.heatmaps import MATRIX_BINARY, MATRIX_LABELS, matrix_title, true_groups
 from flower_pfl.reporting.results import (
-    MATRIX_BINARY,
-    MATRIX_LABELS,
     client_failures,
     last_evaluation,
     lower_is_better,
-    matrix_title,
     read_json,
     read_rows,
     read_summary,
     read_values,
     run_metric,
-    true_groups,
     untrained,
 )
 from flower_pfl.reporting.stats import mean_std, paired_interval, verdict
