@@ -1,4 +1,4 @@
-"""Models: named layers (PLGU/FedRep need them), array transport, device selection."""
+"""Models: named layers (PLGU/FedRep need them), the head split, array transport, devices."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from flower_pfl.learning.models import build_model, get_arrays, resolve_device, set_arrays
+from flower_pfl.learning.models import (
+    build_model,
+    check_factory_reference,
+    get_arrays,
+    head_split,
+    is_factory_reference,
+    resolve_device,
+    set_arrays,
+)
 
 
 @pytest.mark.parametrize("name, layers", [("mclr", ["fc"]), ("dnn", ["fc1", "fc2"]),
@@ -42,3 +50,20 @@ def test_device_selection():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA is not available"):
             resolve_device("cuda")
+
+
+@pytest.mark.parametrize("name, head", [("mclr", ["fc.weight", "fc.bias"]),
+                                        ("dnn", ["fc2.weight", "fc2.bias"]),
+                                        ("cnn", ["fc2.weight", "fc2.bias"])])
+def test_the_builtins_head_is_their_last_layer(name, head):
+    model = build_model(name, (1, 28, 28), 10, seed=0)
+    keys = [k for k, v in model.state_dict().items() if v.is_floating_point()]
+    head_idx, body_idx = head_split(model)
+    assert [keys[i] for i in head_idx] == head
+    assert sorted(head_idx + body_idx) == list(range(len(keys)))
+
+
+def test_a_factory_reference_is_told_from_a_builtin_name_without_importing_it():
+    assert not is_factory_reference("cnn") and is_factory_reference("nowhere_xyz:make")
+    assert check_factory_reference("nowhere_xyz.sub:make") is None  # syntax only
+    assert "is not a factory reference" in check_factory_reference("nowhere_xyz:")

@@ -19,16 +19,25 @@ cnn         4   conv1, conv2, fc1, fc2
 resnet18   41   net.conv1, net.bn1, then per block conv1, bn1, conv2, bn2
                 (+ downsample.0 conv, downsample.1 bn), ..., net.fc
 =========  ===  ===========================================================
+
+Your own model (``model: package.module:factory``, docs/own-model.md) is built by
+flower_pfl/learning/user_model.py: the same groups, its declared head ordered last;
+:func:`head_split` gives any model's (head, body) arrays.
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
+
+# the syntax check of ``model: package.module:factory`` (docs/own-model.md) lives where the
+# launcher and the config schema import it without torch
+from flower_pfl.running.app_stage import check_factory_reference as check_factory_reference
 
 
 class NamedLayers(nn.Module):
@@ -174,9 +183,22 @@ def layer_groups(model: NamedLayers) -> list[tuple[str, list[int]]]:
     A layer's arrays are the float state_dict entries directly owned by that module
     (``<name>.weight``, ``<name>.bias``, BatchNorm ``<name>.running_mean`` / ``running_var``).
     """
+    return _groups(model, model.layer_names())
+
+
+def head_split(model: NamedLayers) -> tuple[list[int], list[int]]:
+    """(head indices, body indices) into ``get_arrays(model)``: the head is the model's
+    ``head_groups`` (a :class:`UserModel`) or its last layer group (the built-ins)."""
+    groups = layer_groups(model)
+    count = len(getattr(model, "head_groups", ())) or 1
+    head = [i for _, idx in groups[-count:] for i in idx]
+    return head, [i for _, idx in groups[:-count] for i in idx]
+
+
+def _groups(model: nn.Module, names: Sequence[str]) -> list[tuple[str, list[int]]]:
     keys = [k for k, _ in _float_items(model)]
     groups = []
-    for name in model.layer_names():
+    for name in names:
         prefix = f"{name}." if name else ""
         idx = [i for i, k in enumerate(keys) if k.startswith(prefix) and "." not in k[len(prefix):]]
         if not idx and name in keys:  # a parameter registered on the root (ScalarModel)
@@ -193,14 +215,31 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def model_for(cfg: Mapping[str, Any]) -> NamedLayers:
-    """The configured model with the run's seeded initial weights."""
+def model_for(cfg: Mapping[str, Any], search: Sequence[str | Path] | None = None
+              ) -> NamedLayers:
+    """The configured model with the run's seeded initial weights: a built-in name, or a
+    factory reference ``package.module:factory`` called with ``model-args``
+    (``user_model.build_user_model``; ``search``: where to look for its module, by
+    default ``user_model.search_dirs(cfg)``).  Raises UserModelError for a factory that
+    cannot be used."""
     from flower_pfl.learning.data import NUM_CLASSES, input_shape
 
     dataset = cfg["data.dataset"]
     if dataset == "synthetic-gaussian":
         return build_model("scalar", (1,), 1, cfg["seed"])
-    return build_model(cfg["model"], input_shape(dataset), NUM_CLASSES[dataset], cfg["seed"])
+    name = cfg["model"]
+    if is_factory_reference(name):
+        from flower_pfl.learning.user_model import build_user_model, model_args, search_dirs
+
+        return build_user_model(name, model_args(cfg), input_shape(dataset),
+                                NUM_CLASSES[dataset], cfg["seed"],
+                                search_dirs(cfg) if search is None else search)
+    return build_model(name, input_shape(dataset), NUM_CLASSES[dataset], cfg["seed"])
+
+
+def is_factory_reference(name: str) -> bool:
+    """Whether a ``model`` value names a factory (``module:factory``), not a built-in."""
+    return ":" in name
 
 
 def initial_arrays(cfg: Mapping[str, Any]) -> list[np.ndarray]:

@@ -13,7 +13,7 @@ Two stages, each refusal one line that names the setting (``'device' = 'cuda': .
    ``data.subsample`` against ``clients`` and ``data.min-samples``).
 2. :func:`preflight`: stage 1, then the dataset files load, the partition leaves every
    client a train and a test split, and the model takes the data's samples and has an
-   output per class.  Only then is the results folder made (for the initial model).
+   output per class (a factory's model: :func:`check_model`, docs/own-model.md).  Only then is the results folder made (for the initial model).
 
 Which machine facts apply depends on where the clients run, the ``scope``:
 
@@ -43,7 +43,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Union
+from typing import Any, Mapping, Protocol, Sequence, Union
 
 from flower_pfl.atomic import atomic_write_text
 from flower_pfl.child import run_python
@@ -285,14 +285,19 @@ def raise_problems(problems: list[str]) -> None:
 
 # ------------------------------------------------------------------------ preflight
 def preflight(cfg: Configured, results_dir: str | Path | None = None,
-              initial_out: str | Path | None = None, scope: str = "simulation") -> None:
+              initial_out: str | Path | None = None, scope: str = "simulation",
+              hyper: Mapping[str, Any] | None = None, search: Sequence[str] | None = None
+              ) -> None:
     """Everything that can be checked before training starts, each with a clear message:
     stage 1 (:func:`start_problems` in ``scope``; the CUDA probe in this process), the
-    dataset files, every client's train and test split, and the model against the data's
-    shape and labels.  Creates nothing until every check has passed; then, with
-    ``initial_out``, the run's initial model is written there (its folder made) for the
-    ServerApp (:func:`flower_pfl.initial_model.write`; not for the synthetic task, whose
-    model has nothing to check).  Raises PreflightError."""
+    dataset files, every client's train and test split, and the model against the data
+    and the strategy (:func:`check_model`).  Creates nothing until every check has
+    passed; then, with ``initial_out``, the run's initial model is written there (its
+    folder made) for the ServerApp (:func:`flower_pfl.initial_model.write`; not for the
+    synthetic task, whose model has nothing to check).  ``hyper``: the strategy's
+    hyper-parameters (default: ``cfg.hyper``, else the registry's); ``search``: where a
+    factory's module is looked for (default: ``learning.models.search_dirs(cfg)``).
+    Raises PreflightError."""
     values = cfg if isinstance(cfg, dict) else cfg.values
     raise_problems(start_problems(values, scope, results_dir))
     from flower_pfl.learning import data as data_mod
@@ -311,29 +316,84 @@ def preflight(cfg: Configured, results_dir: str | Path | None = None,
             raise PreflightError(f"the partition leaves client {pid} with {len(tr)} training and "
                                  f"{len(te)} test sample(s); lower 'clients', raise "
                                  f"'data.subsample' or change 'data.test-fraction'")
-    import torch
+    from flower_pfl.learning.user_model import search_dirs
 
-    from flower_pfl.learning.models import model_for
-
-    model = model_for(values)
-    sample = data_mod.to_tensor(x[part.train[0][:1]], values["data.dataset"])
-    try:
-        with torch.no_grad():
-            out = model(sample)
-    except Exception as exc:  # noqa: BLE001 - any failure means the shapes do not match
-        raise PreflightError(f"model '{values['model']}' does not fit dataset "
-                             f"'{values['data.dataset']}': samples of shape "
-                             f"{tuple(sample.shape[1:])} fail in the model ({exc})") from exc
-    labels = int(y.max()) + 1
-    if out.ndim != 2 or out.shape[1] < labels:
-        raise PreflightError(f"model '{values['model']}' gives {tuple(out.shape[1:])} outputs "
-                             f"per sample but dataset '{values['data.dataset']}' has {labels} "
-                             f"classes")
+    if search is None:
+        search = [str(d) for d in search_dirs(cfg)]
+    if hyper is None:
+        hyper = getattr(cfg, "hyper", None)
+    batch = data_mod.to_tensor(x[part.train[0][:max(2, int(values["train.batch-size"]))]],
+                               values["data.dataset"])
+    sizes = [len(tr) for tr in part.train]
+    check_model(values, hyper, search, batch, int(y.max()) + 1, sizes)
     if initial_out is not None:
         from flower_pfl import initial_model
 
         Path(initial_out).parent.mkdir(parents=True, exist_ok=True)
         initial_model.write(initial_out, values)
+
+
+def check_model(values: Mapping[str, Any], hyper: Mapping[str, Any] | None,
+                search: Sequence[str], batch: Any, labels: int, train_sizes: Sequence[int]
+                ) -> None:
+    """PreflightError where the configured model cannot be built (a factory: UserModelError,
+    or a head that cannot be used), one forward pass on ``batch`` (samples ``(B, *input)``)
+    fails or gives no ``(B, classes)`` tensor (a factory's: exactly the dataset's classes;
+    a built-in: at least ``labels``), or a factory's model fails
+    :func:`~flower_pfl.learning.user_model.user_model_problems` (``train_sizes``: each
+    client's training samples; the strategy's needs: :func:`strategy_needs`)."""
+    import torch
+
+    from flower_pfl.learning import models
+    from flower_pfl.learning import user_model as um
+    from flower_pfl.learning.data import NUM_CLASSES
+
+    name, dataset = values["model"], values["data.dataset"]
+    try:
+        model = models.model_for(values, search)
+    except um.UserModelError as exc:
+        raise PreflightError(str(exc)) from exc
+    own = isinstance(model, um.UserModel)
+    if isinstance(model, um.UserModel) and model.head_problem is not None:
+        raise PreflightError(f"model '{name}': {model.head_problem}")
+    try:
+        with torch.no_grad():
+            out = model(batch)
+    except Exception as exc:  # noqa: BLE001 - any failure means the shapes do not match
+        raise PreflightError(f"model '{name}' does not fit dataset '{dataset}': samples of "
+                             f"shape {tuple(batch.shape[1:])} fail in the model ({exc})") from exc
+    if not isinstance(out, torch.Tensor):
+        raise PreflightError(f"model '{name}' returns a {type(out).__name__}; the clients' "
+                             f"loss needs one tensor of class scores (batch, classes)")
+    classes = NUM_CLASSES[dataset] if own else labels
+    if out.ndim != 2 or out.shape[0] != len(batch) or out.shape[1] < classes \
+            or (own and out.shape[1] != classes):
+        raise PreflightError(f"model '{name}' gives {tuple(out.shape[1:])} outputs per sample "
+                             f"but dataset '{dataset}' has {classes} classes")
+    if not isinstance(model, um.UserModel):
+        return
+    size, drop = int(values["train.batch-size"]), bool(values["train.drop-last"])
+    ones = sum(1 for n in train_sizes if n == 1 or (n % size == 1 and not drop))
+    one_head, hidden = strategy_needs(values, hyper)
+    raise_problems(um.user_model_problems(model, lambda: models.model_for(values, search),
+                                          batch, ones, values["strategy"], one_head, hidden))
+
+
+def strategy_needs(values: Mapping[str, Any], hyper: Mapping[str, Any] | None
+                   ) -> tuple[bool, int | None]:
+    """What the run's strategy needs of a model: (one head layer: FedRep and PLGU-GRep
+    keep exactly the last layer group on the client; the hypernetwork's ``hidden`` width
+    for pFedHN and PLGU-GHN, else None)."""
+    import importlib
+
+    from flower_pfl import registry
+
+    fedrep = importlib.import_module("flower_pfl.strategies.fedrep").FedRep
+    pfedhn = importlib.import_module("flower_pfl.strategies.pfedhn").PFedHN
+    strategy = values["strategy"]
+    cls = registry.strategy_class(strategy)
+    hyper = dict(registry.get(strategy).validate_hyper({}, strategy)[0], **(hyper or {}))
+    return issubclass(cls, fedrep), int(hyper["hidden"]) if issubclass(cls, pfedhn) else None
 
 
 #: the child of :func:`preflight_apart`: request (pickle) in, answer (JSON) out
@@ -344,15 +404,15 @@ _PREFLIGHT_CHILD = ("import sys\n"
 
 def preflight_child(request: str, answer: str) -> None:
     """The child's side of :func:`preflight_apart`: run :func:`preflight` on the pickled
-    ``(values, results_dir, initial_out, scope)`` and write ``{"error": message or None,
-    "warnings": [...]}``."""
+    ``(values, results_dir, initial_out, scope, hyper, search)`` and write ``{"error":
+    message or None, "warnings": [...]}``."""
     with open(request, "rb") as fh:
-        values, results_dir, initial_out, scope = pickle.load(fh)
+        values, results_dir, initial_out, scope, hyper, search = pickle.load(fh)
     error = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            preflight(values, results_dir, initial_out, scope)
+            preflight(values, results_dir, initial_out, scope, hyper, search)
         except Exception as exc:  # noqa: BLE001 - PreflightError, DataError, ...: its message
             error = str(exc)
     seen = [{"category": w.category.__name__, "message": str(w.message),
@@ -373,12 +433,17 @@ def preflight_apart(cfg: Configured, results_dir: str | Path | None = None,
 
         scope = "cluster" if joined_cluster() else "simulation"
     values = dict(cfg if isinstance(cfg, dict) else cfg.values)
+    hyper = getattr(cfg, "hyper", None)
+    source = getattr(cfg, "source", None)  # the factory's module: beside the config file
+    search = ([str(Path(source).resolve().parent)] if isinstance(source, str)
+              and Path(source).is_file() else []) + [str(Path.cwd())]
     with tempfile.TemporaryDirectory(prefix="flower-pfl-preflight-") as tmp:
         request, answer = Path(tmp) / "request.pkl", Path(tmp) / "answer.json"
         request.write_bytes(pickle.dumps((values, None if results_dir is None
                                           else str(results_dir),
                                           None if initial_out is None else str(initial_out),
-                                          scope)))
+                                          scope, None if hyper is None else dict(hyper),
+                                          search)))
         try:
             done = run_python(_PREFLIGHT_CHILD, str(request), str(answer), timeout_s=timeout_s)
         except subprocess.TimeoutExpired as exc:

@@ -20,13 +20,31 @@ Flower then applies all its own rules to the staged folder unchanged, so the bun
 for byte the one built from APP (tests/test_app_stage.py); symbolic links are skipped, as
 Flower skips them.  ``FLOWER_PFL_FLOWER_APP=1`` hands ``flwr run`` APP itself (the
 measurement's "before" arm).
+
+A run whose ``model`` is a factory reference (``package.module:factory``) needs that module
+wherever the ServerApp and ClientApps run: :func:`stage_user_model` puts the module file
+(``module.py``) or package folder (``package/``) found in the run's folders (the config
+file's folder, then the current one) at the top of the staged folder -- which Flower puts
+on ``sys.path`` where it loads the app -- and rewrites the staged ``pyproject.toml`` (a new
+file, never the checkout's) so ``fab-include`` takes it.  A module found only among the
+installed packages is not staged: every node needs it installed.
 """
 
 from __future__ import annotations
 
+import json
+import keyword
 import os
+import re
 import shutil
+import sys
 from pathlib import Path
+from typing import Mapping, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Flower's own dependency on 3.10
+    import tomli as tomllib
 
 #: set to 1: ``flwr run`` gets the app folder itself, as before
 ENV_OFF = "FLOWER_PFL_FLOWER_APP"
@@ -77,9 +95,89 @@ def stage(app_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def app_for_flwr_run(app_dir: Path, scratch: Path) -> Path:
-    """The folder to hand ``flwr run``: :func:`stage` of ``app_dir`` in ``scratch/app``, or
-    ``app_dir`` itself when ``FLOWER_PFL_FLOWER_APP=1``."""
+def app_for_flwr_run(app_dir: Path, scratch: Path,
+                     run_config: Mapping[str, str | bool] | None = None) -> Path:
+    """The folder to hand ``flwr run``: :func:`stage` of ``app_dir`` in ``scratch/app``
+    with the run's own model module (:func:`stage_user_model`, where ``run_config``'s
+    ``cfg`` names a factory; its ``config-file``'s folder is searched first), or
+    ``app_dir`` itself when ``FLOWER_PFL_FLOWER_APP=1`` (no model module is staged then)."""
     if os.environ.get(ENV_OFF, "") == "1":
         return Path(app_dir)
-    return stage(Path(app_dir), Path(scratch) / "app")
+    staged = stage(Path(app_dir), Path(scratch) / "app")
+    cfg = str((run_config or {}).get("cfg", "") or "")
+    reference = json.loads(cfg).get("values", {}).get("model", "") if cfg else ""
+    if ":" in reference:
+        config_file = str((run_config or {}).get("config-file", "") or "")
+        search = ([Path(config_file).parent] if config_file else []) + [Path.cwd()]
+        stage_user_model(staged, reference, search, Path(app_dir))
+    return staged
+
+
+# --------------------------------------------------------------------- your own model
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_factory_reference(value: object) -> str | None:
+    """Why ``value`` is not a model factory reference ``package.module:factory`` (None: it
+    is one).  Syntax only -- Python names joined by dots, one ``:`` before the factory
+    (which may be dotted too: ``mod:Class.build``) -- nothing is imported."""
+    if not isinstance(value, str):
+        return f"a factory reference is text 'package.module:factory', got {value!r}"
+    module, sep, attr = value.partition(":")
+    parts = module.split(".") + attr.split(".")
+    if sep and all(_NAME.fullmatch(p) and not keyword.iskeyword(p) for p in parts):
+        return None
+    return (f"'{value}' is not a factory reference: write 'module:factory' or "
+            f"'package.module:factory' (Python names, one ':' before the function)")
+
+
+def user_module_source(reference: str, search: Sequence[Path]) -> Path | None:
+    """The file ``<top>.py`` or folder ``<top>/`` (``top``: the reference's first name) in
+    the first folder of ``search`` that holds one; None: not there (an installed package,
+    or nowhere -- the preflight check says which)."""
+    top = reference.partition(":")[0].split(".")[0]
+    for folder in search:
+        for candidate in (Path(folder) / f"{top}.py", Path(folder) / top):
+            if candidate.is_file() or candidate.is_dir():
+                return candidate.resolve()
+    return None
+
+
+class StageError(ValueError):
+    """The run's model module cannot be put into the app bundle."""
+
+
+def stage_user_model(staged: Path, reference: str, search: Sequence[Path],
+                     app_dir: Path | None = None) -> str | None:
+    """Put the module of ``reference`` (found by :func:`user_module_source`) at the top of
+    ``staged`` (hard links or copies; a package's ``__pycache__`` and hidden folders left
+    out) and add it to the staged ``pyproject.toml``'s ``fab-include`` (``/<top>.py`` or
+    ``/<top>/**/*.py``: a package's Python files travel, nothing else).  Returns that
+    pattern, or None for a module not found in ``search`` (installed: nothing to stage).
+    A module inside ``app_dir`` is already staged: only the pattern is added.  Raises
+    StageError where the name is one of the app's own top-level names."""
+    source = user_module_source(reference, search)
+    if source is None:
+        return None
+    inside = app_dir is not None and source.is_relative_to(Path(app_dir).resolve())
+    target, top = staged / source.name, source.name.removesuffix(".py")
+    if not inside:
+        if (staged / top).exists() or (staged / f"{top}.py").exists():
+            raise StageError(f"model '{reference}': the app has a top-level '{top}' of its "
+                             f"own; rename your module")
+        if source.is_dir():
+            stage(source, target)
+        else:
+            shutil.copy2(source, target)
+    pattern = f"/{source.name}/**/*.py" if source.is_dir() else f"/{source.name}"
+    toml = staged / "pyproject.toml"
+    text = toml.read_text()
+    new = re.sub(r"(fab-include\s*=\s*\[)", lambda m: f'{m.group(1)}"{pattern}", ', text,
+                 count=1)
+    if pattern not in tomllib.loads(new).get("tool", {}).get("flwr", {}).get(
+            "app", {}).get("fab-include", []):
+        raise StageError(f"model '{reference}': could not add '{pattern}' to fab-include in "
+                         f"{toml}")
+    toml.unlink()  # a hard link to the checkout's file: write a new one, not through it
+    toml.write_text(new)
+    return pattern

@@ -240,7 +240,7 @@ def flwr_run(run_config: Mapping[str, str | bool], workdir: Path, env: dict, pro
     path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
     with tempfile.TemporaryDirectory(prefix="flower-pfl-app-") as scratch:
         # the app without its .venv & co., which Flower's bundle build would walk file by file
-        app = app_for_flwr_run(app_dir, Path(scratch))
+        app = app_for_flwr_run(app_dir, Path(scratch), run_config)
         cmd = [bin_path("flwr"), "run", str(app), federation, "--stream"]
         if federation_config is not None:
             cmd += ["--federation-config", federation_config]
