@@ -394,14 +394,14 @@ def test_the_mutation_checks_fail_on_a_planted_gap():
                replace(first, tests=("tests/test_fedamp.py::test_renamed_away",)),
                replace(first, tests=("tests/test_deployment.py",)),
                replace(first, tests=("tests/test_e2e_simulation.py::"
-                                     "test_every_family_has_a_representative",)),
+                                     "test_failed_run_is_reported_not_hidden",)),
                replace(first, tests=("tests/test_bench.py::test_plots_exist[x]",))]
     assert [p.split(": ", 1)[1] for p in table.check_targets(planted)] == [
         "target tests/test_nope.py: tests/test_nope.py does not exist",
         "target tests/test_fedamp.py::test_renamed_away: no test 'test_renamed_away' in "
         "tests/test_fedamp.py",
         "target tests/test_deployment.py has no fast test",
-        "target tests/test_e2e_simulation.py::test_every_family_has_a_representative is marked "
+        "target tests/test_e2e_simulation.py::test_failed_run_is_reported_not_hidden is marked "
         "slow (the suite runs -m 'not slow')",
         "target tests/test_bench.py::test_plots_exist[x] is marked slow (the suite runs "
         "-m 'not slow')"]
