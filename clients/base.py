@@ -100,6 +100,7 @@ class PFLClient(NumPyClient):
             raise
         self.state.end()
         # and, in a simulation on Ray, the node it ran on (flower_pfl.raynode)
+        metrics = {"lr": self.spec.lr, **metrics}  # this round's train.lr-schedule rate
         metrics = {"partition-id": self.pid, **metrics, **device, **raynode.node_metrics()}
         return arrays, self.data.num_train, metrics
 
@@ -130,8 +131,8 @@ class PFLClient(NumPyClient):
             self.state.resolve(int(config["accepted-round"]))
         self.device = resolve_device(self.cfg["device"])
         self.data = load_client_data(self.cfg.values, self.pid, self.data_root, self.device)
-        self.spec = TrainSpec.from_config(self.cfg)
         self.round = int(config.get("round", 0))
+        self.spec = TrainSpec.from_config(self.cfg, self.round)  # the round's lr (schedule)
 
     def evaluated_model(self, parameters: NDArrays, model: NamedLayers) -> str:
         """What a client without an accepted fit evaluated, as a phrase (``evaluate``'s

@@ -18,7 +18,7 @@ import torch
 from flower_pfl.algorithms.plgu_math import two_model_train
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.learning.models import NamedLayers, get_arrays, layer_groups
-from flower_pfl.learning.training import batches, train_lwsam
+from flower_pfl.learning.training import batches, make_optimizer, train_lwsam
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.fedsam import FedSAM
 
@@ -75,7 +75,8 @@ class LWSAMClientMixin:
         data = ((x[idx].to(self.device), y[idx].to(self.device)) for idx in order)
         return two_model_train(theta_model, theta, w, data, scales, rho, self.spec.lr,
                                self.spec.momentum, self.spec.weight_decay, self.loss_fn(),
-                               w_model=w_model)
+                               w_model=w_model,
+                               make_opt=lambda ts: make_optimizer(ts, self.spec))
 
     def groups(self, model: NamedLayers) -> list[tuple[str, list[int]]]:
         return layer_groups(model)

@@ -7,7 +7,10 @@
 The correction is a loss term <c - c_i, y> (``baselines_math.linear_term``) whose gradient
 is exactly c - c_i, so the step is training.train's SGD on F_i + <c - c_i, y>.  K is the
 number of mini-batch steps taken and eta_l the configured learning rate; option II
-assumes plain SGD, so train.momentum and train.weight-decay must be 0 (checked).  The
+assumes plain SGD, so train.momentum must be 0 (refused at validation: the catalog entry's
+``refuses``).  train.weight-decay is defined: it is the gradient of the L2 term of the local
+objective F_i + wd/2 ||y||^2, so (x - y) / (K eta_l) is the mean gradient of that objective
+and c_i, c estimate it (docs/training.md).  The
 control variates have the shapes of the transported model arrays, which are the
 trainable parameters of the models used with SCAFFOLD (no float buffers; checked).
 c arrives after the model (the download's extra part ``control``) and dc_i leaves after y

@@ -20,7 +20,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from flower_pfl.hyper import check_value, did_you_mean
+from flower_pfl.factory_ref import check_factory_reference
+from flower_pfl.hyper import ConfigError as ConfigError  # this module's public name
+from flower_pfl.hyper import (
+    StrictLoader,
+    check_value,
+    did_you_mean,
+    parse_scalar,
+    tab_message,
+)
+from flower_pfl.learning.schedule import SCHEDULES
 
 #: the app's folder: simulation.yaml, pyproject.toml, strategies/ and clients/ beside flower_pfl/
 APP_DIR = Path(__file__).resolve().parent.parent
@@ -30,10 +39,10 @@ PARTITIONS = ("iid", "dirichlet", "pathological", "practical")
 MODELS = ("mclr", "dnn", "cnn", "resnet18", "scalar")
 DEVICES = ("auto", "cpu", "cuda")
 RESIDENT = ("auto", "always", "never")
-
-
-class ConfigError(ValueError):
-    """The run configuration is invalid; the message lists every problem."""
+OPTIMIZERS = ("sgd", "adam", "adamw")
+#: schedule parameters -> the schedules that read them (set for another: refused)
+SCHEDULE_KEYS = {"train.lr-gamma": ("step", "exponential"), "train.lr-step-rounds": ("step",),
+                 "train.lr-min": ("cosine",), "train.lr-horizon": ("cosine",)}
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,11 @@ FIELDS: dict[str, Field] = {
     "device-resident": Field((str,), "auto", _in(RESIDENT), f"one of {list(RESIDENT)} (a "
                              "client's data held on its training device for the process's "
                              "lifetime; auto: on a GPU, never on the CPU)"),
-    "model": Field((str,), "cnn", _in(MODELS), f"one of {list(MODELS)}"),
+    "model": Field((str,), "cnn", lambda v: v in MODELS or ":" in v,
+                   f"one of {list(MODELS)} or 'package.module:factory' (a function returning an "
+                   f"nn.Module)"),
+    "model-args": Field((dict,), {}, None, "a mapping of keyword arguments for a "
+                        "'package.module:factory' model ({} for none)"),
     "output-dir": Field((str,), "outputs", None, "a directory path"),
     "run-name": Field((str,), None, None, "a name for the results folder", nullable=True),
     "cache-dir": Field((str,), None, None, "a directory for data/partition caches", nullable=True),
@@ -126,6 +139,21 @@ FIELDS: dict[str, Field] = {
     "train.weight-decay": Field((float, int), 0.0, _NONNEG, "a number >= 0"),
     "train.drop-last": Field((bool,), False, None, "true or false (true: every local step "
                              "uses a full batch; a pass's remainder waits for the next pass)"),
+    # the optimizer and the learning rate over rounds (docs/training.md, learning/schedule.py)
+    "train.optimizer": Field((str,), "sgd", _in(OPTIMIZERS), f"one of {list(OPTIMIZERS)}"),
+    "train.betas": Field((list,), [0.9, 0.999], lambda v: len(v) == 2 and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in v),
+        "two numbers in [0, 1) (Adam/AdamW's beta1, beta2)"),
+    "train.eps": Field((float, int), 1e-8, _POS, "a number > 0 (Adam/AdamW's epsilon)"),
+    "train.lr-schedule": Field((str,), "constant", _in(SCHEDULES), f"one of {list(SCHEDULES)} "
+                               "(the lr of each server round, learning/schedule.py)"),
+    "train.lr-gamma": Field((float, int), 0.1, lambda v: 0 < v <= 1, "a number in (0, 1] "
+                            "(step: factor every lr-step-rounds rounds; exponential: per round)"),
+    "train.lr-step-rounds": Field((int,), 10, _POS, "an integer >= 1 (step: rounds per factor)"),
+    "train.lr-min": Field((float, int), 0.0, _NONNEG, "a number >= 0, below train.lr (cosine: "
+                          "the lr from the horizon on)"),
+    "train.lr-horizon": Field((int,), None, _POS, "an integer >= 1 or null (cosine: rounds "
+                              "from lr to lr-min; null: 'rounds')", nullable=True),
     "client-resources.num-cpus": Field((int,), 1, _POS, "an integer >= 1"),
     "client-resources.num-gpus": Field((float, int), 0.0, _NONNEG,
                                        "a number >= 0 (a GPU fraction)"),
@@ -171,7 +199,7 @@ def parse_overrides(overrides: str | Sequence[str] | None) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value")
         key, raw = item.split("=", 1)
-        parsed[key.strip()] = yaml.safe_load(raw) if raw != "" else None
+        parsed[key.strip()] = parse_scalar(raw) if raw != "" else None
     return parsed
 
 
@@ -243,7 +271,8 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
             problems.append(f"unknown key '{key}'{did_you_mean(key, list(FIELDS))}")
     for key, field in FIELDS.items():
         if key not in flat:  # the default (a float where the field is a number)
-            values[key], problem = check_value(key, field.default, field.types, nullable=True)
+            values[key], problem = check_value(key, copy.deepcopy(field.default), field.types,
+                                               nullable=True)
             assert problem is None, problem  # FIELDS' defaults fit their own types
             continue
         value, problem = check_value(key, flat[key], field.types, field.check, field.allowed,
@@ -279,6 +308,10 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
     if name in REGISTRY and not hyper:
         hyper, _ = REGISTRY[name].validate_hyper({}, prefix=f"hyper.{name}")
 
+    if name in REGISTRY:
+        from flower_pfl.registry import refused_train_keys
+
+        problems.extend(refused_train_keys(name, values, FIELDS))
     if not problems:
         problems.extend(_cross_checks(values))
         cross_check = REGISTRY[str(name)].cross_check  # a known name: no problem so far
@@ -289,8 +322,42 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
     return RunConfig(values=values, hyper=hyper, source=source)
 
 
-def _cross_checks(values: Mapping[str, Any]) -> list[str]:
+def _model_checks(values: Mapping[str, Any]) -> list[str]:
+    """A ``package.module:factory`` model's reference is checked by its syntax
+    (:func:`flower_pfl.factory_ref.check_factory_reference`; the preflight check imports and
+    calls it); ``model-args`` goes with a factory only."""
+    model = values["model"]
+    if ":" not in model:
+        return [f"'model-args' = {values['model-args']!r} is set but 'model' = {model!r} is a "
+                f"built-in model: model-args are for a 'package.module:factory' model"
+                ] if values["model-args"] else []
+    problem = check_factory_reference(model)  # the syntax: the module is imported later,
+    return [f"'model' = {model!r}: {problem}"] if problem else []  # by the preflight check
+
+
+def _recipe_checks(values: Mapping[str, Any]) -> list[str]:
+    """The optimizer's and the schedule's settings that would be silently ignored."""
     problems = []
+    opt, schedule = values["train.optimizer"], values["train.lr-schedule"]
+    if opt != "sgd" and values["train.momentum"]:
+        problems.append(f"'train.momentum' = {values['train.momentum']} has no meaning for "
+                        f"train.optimizer = {opt!r}: its momentum is train.betas[0]")
+    for key in ("train.betas", "train.eps"):
+        if opt == "sgd" and values[key] != FIELDS[key].default:
+            problems.append(f"'{key}' = {values[key]!r} is for adam/adamw, not for "
+                            f"train.optimizer = 'sgd'")
+    for key, readers in SCHEDULE_KEYS.items():
+        if schedule not in readers and values[key] != FIELDS[key].default:
+            problems.append(f"'{key}' = {values[key]!r} is read by the {' and '.join(readers)} "
+                            f"schedule(s), not by train.lr-schedule = {schedule!r}")
+    if schedule == "cosine" and values["train.lr-min"] >= values["train.lr"]:
+        problems.append(f"'train.lr-min' = {values['train.lr-min']} is not below 'train.lr' = "
+                        f"{values['train.lr']}: the cosine schedule would not decrease")
+    return problems
+
+
+def _cross_checks(values: Mapping[str, Any]) -> list[str]:
+    problems = _model_checks(values) + _recipe_checks(values)
     synthetic = values["data.dataset"] == "synthetic-gaussian"
     if synthetic != (values["model"] == "scalar"):
         problems.append(f"'model' = {values['model']!r} does not fit data.dataset = "
@@ -331,27 +398,6 @@ def _cross_checks(values: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last)."""
-
-
-def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode,
-                                 deep: bool = False) -> dict[Any, Any]:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        line = key_node.start_mark.line + 1
-        if key in seen:
-            raise ConfigError(f"{loader.name}: key '{key}' is written twice (lines {seen[key]} and "
-                              f"{line}); YAML would silently keep the second -- keep one")
-        seen[key] = line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                              _mapping_without_duplicates)
-
-
 def load(path: str | Path, overrides: str | Sequence[str] | Mapping[str, Any] | None = None
          ) -> RunConfig:
     """Read a YAML file, apply ``key=value`` overrides and validate."""
@@ -360,11 +406,11 @@ def load(path: str | Path, overrides: str | Sequence[str] | Mapping[str, Any] | 
         raise ConfigError(f"configuration file not found: {path}")
     try:
         with open(path, encoding="utf-8") as fh:  # a file object: errors name the path
-            tree = yaml.load(fh, Loader=_StrictLoader)
+            tree = yaml.load(fh, Loader=StrictLoader)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read configuration file {path}: {exc}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+        raise ConfigError(tab_message(path, exc) or f"{path} is not valid YAML: {exc}") from exc
     if tree is None:
         raise ConfigError(f"{path} is empty (no key set): write at least 'strategy:' and the "
                           f"keys you mean; `flower-pfl validate` shows what a file gives")

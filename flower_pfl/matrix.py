@@ -57,10 +57,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import yaml
-
 from flower_pfl import registry
 from flower_pfl.config import APP_DIR, ConfigError, merge, validate
+from flower_pfl.hyper import read_yaml
 
 # which of our numbers sits beside the paper's: matrix's `compare` -> table column
 COMPARE = {"bmta": "bmta", "final": "final_mean", "weighted": "final_weighted"}
@@ -143,7 +142,7 @@ def load_matrix(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     path = Path(path).resolve()
     if not path.is_file():
         raise MatrixError(f"matrix file not found: {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = read_yaml(path.read_text()) or {}
     problems = [f"unknown key '{k}' (allowed: {sorted(KEYS)})" for k in raw if k not in KEYS]
     base_path = (path.parent / raw["base"]).resolve() if raw.get("base") else \
         APP_DIR / "simulation.yaml"
@@ -182,7 +181,7 @@ def load_matrix(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     problems += pair_problems
     problems += check_strategies(strategies)
     problems += check_labels(raw, settings, list(strategies))
-    base = (yaml.safe_load(base_path.read_text()) or {}) if base_path.is_file() else {}
+    base = (read_yaml(base_path.read_text()) or {}) if base_path.is_file() else {}
     base = merge(base, raw.get("set") or {})
     matrix = Matrix(overrides=dict(overrides or {}), name=str(raw.get("name") or path.stem),
                     path=path, base_path=base_path, strategies=strategies,

@@ -31,7 +31,7 @@ import importlib.util
 import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from flower_pfl import catalog
 from flower_pfl.hyper import Entry
@@ -225,3 +225,55 @@ def bindings() -> dict[str, tuple[type | None, type | None]]:
             importlib.import_module(module)
     return {name: (_STRATEGY.get(name), _CLIENT.get(_STRATEGY.get(name)))  # type: ignore[arg-type]
             for name in REGISTRY}
+
+
+def train_keys() -> tuple[str, ...]:
+    """Every ``train.*`` key of the run configuration (config.FIELDS), in its order."""
+    from flower_pfl.config import FIELDS
+
+    return tuple(key for key in FIELDS if key.startswith("train."))
+
+
+def training_table() -> str:
+    """The Markdown table of docs/training.md: strategy x ``train.*`` key, each cell "used"
+    (changing it changes what the client uploads), "refused (n)" (validation stops with the
+    entry's reason n, listed below the table) or "not used: <hyper> (n)" (the method's own
+    hyper-parameters take that role; the upload is the same whatever the value).  Identical
+    notes share a number.  tests/test_training_recipe.py checks the cells and that
+    docs/training.md holds this table."""
+    keys = train_keys()
+    notes: list[str] = []
+
+    def note(text: str) -> int:
+        if text not in notes:
+            notes.append(text)
+        return notes.index(text) + 1
+
+    rows = ["| strategy | " + " | ".join(f"`{k}`" for k in keys) + " |",
+            "|---|" + "---|" * len(keys)]
+    for name in sorted(REGISTRY):
+        entry, cells = REGISTRY[name], []
+        for key in keys:
+            if key in entry.refuses:
+                cells.append(f"refused ({note(entry.refuses[key])})")
+            elif key in entry.replaced_by:
+                cells.append(f"not used ({note(f'{key}: {entry.replaced_by[key]} instead')})")
+            else:
+                cells.append("used")
+        rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    lines = [f"{i}. {text}." for i, text in enumerate(notes, 1)]
+    return "\n".join(rows) + ("\n\n" + "\n".join(lines) if lines else "") + "\n"
+
+
+def refused_train_keys(name: str, values: Mapping[str, Any], fields: Mapping[str, Any]
+                       ) -> list[str]:
+    """One problem per ``train.*`` key that strategy ``name`` refuses (its catalog entry's
+    ``refuses``) and ``values`` sets to something other than the key's default
+    (``fields``: config.FIELDS)."""
+    problems = []
+    for key, reason in REGISTRY[name].refuses.items():
+        default = fields[key].default
+        if key in values and values[key] != default:
+            problems.append(f"'{key}' = {values[key]!r} is not used by '{name}': {reason} -- "
+                            f"leave it at {default!r}")
+    return problems

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flower_pfl import matrix
+from flower_pfl import config, matrix
 from flower_pfl.config import merge
 from flower_pfl.reporting import results, tables
 from flower_pfl.running import bench, rayhead
@@ -588,3 +588,13 @@ def test_a_cell_whose_launch_fails_is_recorded_failed_not_running(tmp_path, monk
     assert summary["status"] == "failed"
     assert summary["error"] == {"type": "LaunchError",
                                 "message": "the run's watchdog fired after 5 s"}
+
+
+def test_a_matrix_reads_numbers_as_the_run_files_do(tmp_path):
+    # `1e-2` is a number in simulation.yaml and in --set; a bench matrix is no exception
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\nset:\n  train:\n    lr: 1e-2\n  rounds: 2\nstrategies: [fedavg]\n"
+                    "seeds: [0]\n")
+    (cell,) = matrix.load_matrix(path).cells(tmp_path / "out")
+    cfg = config.validate(yaml.safe_load(bench.cell_yaml(cell)), "cell")
+    assert cfg["train.lr"] == 0.01 and isinstance(cfg["train.lr"], float)

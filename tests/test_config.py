@@ -184,3 +184,74 @@ def test_strategy_listing_tells_every_variant_apart(columns, monkeypatch, capsys
 ])
 def test_class_and_group_counts_at_their_limit_are_valid(tree):
     config.validate(tree, source="ok.yaml")
+
+
+@pytest.mark.parametrize("raw,number", [("1e-2", 0.01), ("1E6", 1e6), ("5e-4", 5e-4),
+                                        ("1.0e6", 1e6), ("-2e+3", -2000.0), (".5e1", 5.0),
+                                        ("2.5", 2.5)])
+def test_numbers_as_people_write_them_in_set_and_in_the_file(tmp_path, raw, number):
+    """YAML 1.1 (PyYAML) reads 1e-2 as text; the loader reads it as the number it is."""
+    assert config.parse_overrides([f"x={raw}"])["x"] == number
+    assert isinstance(config.parse_overrides([f"x={raw}"])["x"], float)
+    path = tmp_path / "run.yaml"
+    path.write_text(f"strategy: fedavg\ntrain:\n  weight-decay: {raw.lstrip('-')}\n")
+    assert config.load(path)["train.weight-decay"] == abs(number)
+    assert config.load(path, overrides=[f"train.lr={raw.lstrip('-')}"])["train.lr"] == abs(number)
+
+
+def test_exponent_text_that_is_not_a_number_stays_text():
+    got = config.parse_overrides(["a=1e", "b=e5", "c=1e5x", "d=v1e5", "run-name=exp1e3"])
+    assert got == {"a": "1e", "b": "e5", "c": "1e5x", "d": "v1e5", "run-name": "exp1e3"}
+    assert config.parse_overrides(["n=7"])["n"] == 7
+    assert config.parse_overrides(["q='1e-2'"])["q"] == "1e-2"
+
+
+def test_a_whole_number_in_exponent_form_fills_an_integer_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("data:\n  subsample: 1e4\n")
+    assert config.load(path)["data.subsample"] == 10000
+    assert isinstance(config.load(path)["data.subsample"], int)
+    with pytest.raises(ConfigError, match="'rounds' = 2.5 has the wrong type: expected integer"):
+        config.validate({"rounds": 2.5})
+
+
+@pytest.mark.parametrize("text,line,column", [
+    ("strategy: fedavg\ntrain:\n\tlr: 0.01\n", 3, 1),
+    ("strategy: fedavg\ntrain:\n  lr: 0.01\n  \tmomentum: 0.5\n", 4, 3),
+    ("rounds: 3\ntrain:\n  lr:\t0.01\n", 3, 6),
+])
+def test_a_tab_gets_indent_with_spaces_naming_line_and_column(tmp_path, text, line, column):
+    path = tmp_path / "tabbed.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        config.load(path)
+    message = str(err.value)
+    assert f"line {line}, column {column}: a tab character" in message, message
+    assert "indent with spaces" in message and "cannot start any token" not in message
+
+
+def test_yaml_error_without_a_tab_keeps_the_parsers_message(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("strategy: [fedavg\n")
+    with pytest.raises(ConfigError, match="is not valid YAML") as err:
+        config.load(path)
+    assert "tab character" not in str(err.value)
+
+
+def test_model_factory_reference_and_model_args():
+    """A 'package.module:factory' model is checked by its syntax here (the module is
+    imported by the preflight check: tests/test_user_model.py)."""
+    with pytest.raises(ConfigError, match="'model' = 'a-b:c': 'a-b:c' is not a factory "
+                                          "reference"):
+        config.validate({"model": "a-b:c"})
+    with pytest.raises(ConfigError, match="'model' = 'mypkg.nets:': "):
+        config.validate({"model": "mypkg.nets:"})
+    cfg = config.validate({"model": "mypkg.nets:make_net", "model-args": {"width": 8}})
+    assert cfg["model"] == "mypkg.nets:make_net" and cfg["model-args"] == {"width": 8}
+    assert config.validate({})["model-args"] == {}
+    with pytest.raises(ConfigError, match="model-args are for a 'package.module:factory'"):
+        config.validate({"model-args": {"width": 8}})
+    with pytest.raises(ConfigError, match="'model-args' = 3 has the wrong type: expected mapping"):
+        config.validate({"model": "m:f", "model-args": 3})
+    with pytest.raises(ConfigError, match="'package.module:factory'"):
+        config.validate({"model": "resnet"})

@@ -28,7 +28,6 @@ from flower_pfl.running.rayhead import shared_ray
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.message_passing import MessagePassingStrategy
 
-
 TINY = {"strategy": "local", "rounds": 3, "clients": 4, "fraction-fit": 1.0, "model": "mclr",
         "eval-every": 1, "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 3000}}
 

@@ -204,17 +204,24 @@ def two_model_train(theta_model: nn.Module, theta: Sequence[torch.Tensor],
                                                                        torch.Tensor]],
                     scales: Sequence[float], rho: float, lr: float, momentum: float = 0.0,
                     weight_decay: float = 0.0, loss_fn: LossFn = F.cross_entropy,
-                    w_model: nn.Module | None = None) -> dict[str, float]:
+                    w_model: nn.Module | None = None,
+                    make_opt: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None
+                    ) -> dict[str, float]:
     """Algorithm 1's K steps (:func:`two_model_step`), one per given mini-batch, both models
-    with SGD at the same settings (as :func:`flower_pfl.learning.training.train`).
+    with SGD at the same settings (as :func:`flower_pfl.learning.training.train`), or with
+    ``make_opt(tensors)`` (the configured optimizer, Adam/AdamW: LWSAM gives the gradient,
+    the optimizer takes the step; ``lr``, ``momentum``, ``weight_decay`` then unused).
     ``w_model``: the module holding ``w`` (trained in train mode; needed for its BatchNorm
     statistics, see :func:`two_model_step`)."""
     theta_model.train()
     if w_model is not None:
         w_model.train()
-    opt_theta = torch.optim.SGD(list(theta), lr=lr, momentum=momentum,
-                                weight_decay=weight_decay)
-    opt_w = torch.optim.SGD(list(w), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if make_opt is not None:
+        opt_theta, opt_w = make_opt(list(theta)), make_opt(list(w))
+    else:
+        opt_theta = torch.optim.SGD(list(theta), lr=lr, momentum=momentum,
+                                    weight_decay=weight_decay)
+        opt_w = torch.optim.SGD(list(w), lr=lr, momentum=momentum, weight_decay=weight_decay)
     total, steps = 0.0, 0
     for xb, yb in batches:
         total += two_model_step(theta_model, theta, w, opt_theta, opt_w, xb, yb, scales, rho,

@@ -15,14 +15,36 @@ FINETUNE = Hyper(10, (int,), POS, "an integer >= 1",
                  "local SGD steps (mini-batches) of fine-tuning before evaluation")
 
 
-def _plain_sgd(name: str):
-    """SCAFFOLD's option II (and APFL's alpha gradient) assume plain SGD steps."""
-    def check(values, hyper):
-        if values.get("train.momentum", 0) or values.get("train.weight-decay", 0):
-            return [f"'{name}' assumes plain SGD (its update rule divides the model change by "
-                    f"K * lr): set train.momentum and train.weight-decay to 0"]
-        return []
-    return check
+#: SCAFFOLD's option II turns the model change into a gradient estimate
+SCAFFOLD_REFUSES = {
+    "train.momentum": "SCAFFOLD's option II (Karimireddy et al. 2020, Alg. 1 line 12) sets "
+                      "c_i+ = c_i - c + (x - y_i) / (K lr), the mean gradient of K steps: it "
+                      "assumes plain SGD; with a momentum buffer the model change is no "
+                      "longer K lr times that mean, and the control variates estimate "
+                      "something else",
+}
+SCAFFOLD_REFUSES["train.optimizer"] = (
+    "SCAFFOLD's option II (Karimireddy et al. 2020, Alg. 1 line 12) reads (x - y_i) / (K lr) as "
+    "the mean gradient of K SGD steps; Adam's steps are not lr times a gradient, so the "
+    "control variates would estimate something else")
+#: APFL's update is three plain gradient steps per mini-batch
+APFL_REFUSES = {
+    key: "APFL (Deng et al. 2020, Alg. 1) takes, per mini-batch, one plain gradient step on w, "
+         "one on v_i through the mixture alpha_i v_i + (1 - alpha_i) w and one on alpha_i, all "
+         "at step eta (alpha-lr for alpha); the paper defines no momentum buffer, decay "
+         "term or adaptive (Adam) step for the coupled (w, v_i, alpha_i) step, and its "
+         "convergence analysis assumes plain SGD"
+    for key in ("train.momentum", "train.weight-decay", "train.optimizer")
+}
+#: Per-FedAvg's meta-step is the gradient of the MAML objective
+PERFEDAVG_REFUSES = {
+    key: "Per-FedAvg (Fallah et al. 2020, Alg. 1) updates w by w - beta (I - alpha H) "
+         "grad f(w - alpha grad f(w)), a plain step on the MAML objective F(w) = f(w - alpha "
+         "grad f(w)), and personalizes by plain steps of size alpha; momentum, weight decay "
+         "or an adaptive (Adam) outer step would change the objective the inner step is "
+         "tuned for (not defined by the paper)"
+    for key in ("train.momentum", "train.weight-decay", "train.optimizer")
+}
 
 
 FEDAVG = Entry(
@@ -72,7 +94,7 @@ SCAFFOLD = Entry(
     {"global-lr": Hyper(1.0, NUM, POS, "a number > 0",
                         "global step size eta_g (1 in the paper's experiments: the server "
                         "takes the mean client model)")},
-    cross_check=_plain_sgd("scaffold"),
+    refuses=SCAFFOLD_REFUSES,
 )
 
 
@@ -89,7 +111,7 @@ APFL = Entry(
      "alpha-lr": Hyper(0.05, NUM, POS, "a number > 0",
                        "step size of the alpha update; the paper uses the model step size "
                        "eta (our train.lr default 0.05)")},
-    cross_check=_plain_sgd("apfl"),
+    refuses=APFL_REFUSES,
 )
 
 
@@ -126,6 +148,7 @@ PERFEDAVG = Entry(
      "personal-steps": Hyper(1, (int,), POS, "an integer >= 1",
                              "SGD steps from the global model before personalized "
                              "evaluation (the paper: one step)")},
+    refuses=PERFEDAVG_REFUSES,
 )
 
 ENTRIES = [FEDAVG, LOCAL, FEDAVG_FT, FEDPROX, FEDPROX_FT, SCAFFOLD, APFL, DITTO, PERFEDAVG]

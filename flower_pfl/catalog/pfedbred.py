@@ -42,13 +42,29 @@ COMMON = {
                         f"'number of proximal iterations')"),
     "batch-size": Hyper(20, (int,), POS, "an integer >= 1",
                         f"mini-batch size of each local iteration; 20 ({_PAPER}, non-Sent140). "
-                        f"train.batch-size/lr/epochs/steps are not used by this family"),
+                        f"train.batch-size/lr/epochs/steps are not used by this family "
+                        f"(docs/training.md)"),
     "theta-init": _theta_init("carry"),
     "weighting": Hyper("uniform", (str,), lambda v: v in ("uniform", "samples"),
                        "one of ['uniform', 'samples']",
                        "E_I of line 12: uniform mean over the sampled clients (the paper's "
                        "uniform sampling) or the sample-weighted mean"),
 }
+
+#: the family's local solver is the paper's, with its own step sizes
+REFUSES = {
+    key: "pFedBreD / pFedMe (Alg. 1 lines 6-10) run their own bi-level solver: K plain SGD "
+         "steps of size alpha on f_i(theta) + lambda/2 ||theta - mu||^2, then w -= alpha_m "
+         "lambda (mu - theta) (eq. 13); the step sizes are hyper-parameters, the prox "
+         "problem's solution is what the envelope gradient needs, and the paper defines no "
+         "momentum buffer, decay term or adaptive (Adam) step in either step"
+    for key in ("train.momentum", "train.weight-decay", "train.optimizer")
+} | {"train.lr-schedule": "pFedBreD / pFedMe (Alg. 1) take constant step sizes alpha and "
+                         "alpha_m (hyper-parameters, section 6.1), not train.lr, whose "
+                         "schedule this key sets"}
+#: train keys whose role the family's own hyper-parameters take (pFedBreD section 6.1)
+REPLACED_BY = {"train.lr": "hyper alpha, alpha-m", "train.batch-size": "hyper batch-size",
+               "train.epochs": "hyper local-iterations", "train.steps": "hyper local-iterations"}
 
 _ETA = Hyper(0.05, NUM, lambda v: v >= 0, "a number >= 0",
              f"eta, meta-step size of the memorized envelope gradient in eq. 14 (meg, mh); "
@@ -100,13 +116,15 @@ PFEDBRED = Entry(
                     "mh-lookahead: the authors' code's mh (a look-ahead gradient on a "
                     "second batch applied to w, then the meg term)"),
      **META, **COMMON},
-    cross_check=_stability)
+    cross_check=_stability, refuses=REFUSES,
+                 replaced_by=REPLACED_BY)
 
 
 def _fixed_prior(prior: str) -> Entry:
     """``pfedbred-<prior>``: pFedBreD with its prior fixed (no 'prior' hyper-parameter)."""
     return Entry(f"pfedbred-{prior}", f"{_PRIORS[prior]}. " + _SUMMARY, {**META, **COMMON},
-                 cross_check=_stability)
+                 cross_check=_stability, refuses=REFUSES,
+                 replaced_by=REPLACED_BY)
 
 
 PFEDBRED_LG = _fixed_prior("lg")
@@ -118,6 +136,7 @@ PFEDME = Entry(
     "pFedMe (Dinh et al., NeurIPS 2020): no prior, mu = w (Moreau envelope, no "
     "meta-step; pFedBreD's 'Non-PP' row), theta restarts at w each round.",
     {**COMMON, "theta-init": _theta_init("restart")},
-    cross_check=_stability)
+    cross_check=_stability, refuses=REFUSES,
+                 replaced_by=REPLACED_BY)
 
 ENTRIES = [PFEDBRED, PFEDBRED_LG, PFEDBRED_MEG, PFEDBRED_MH, PFEDBRED_MH_LOOKAHEAD, PFEDME]

@@ -61,6 +61,7 @@ FEDREP = Entry(
     "FedRep (Collins et al., ICML 2021): personal head (last layer) trained first, then the "
     "shared body; server averages the bodies.",
     {"head-epochs": HEAD, "body-epochs": BODY},
+    replaced_by={"train.epochs": "hyper head-epochs, body-epochs"},
 )
 
 
@@ -69,6 +70,7 @@ PLGU_GREP = Entry(
     "PLGU-GRep (Qu et al., CVPR 2023, Alg. 3): FedRep whose body update is LWSAM with the "
     "eq. 10 layer scores.",
     {"head-epochs": HEAD, "body-epochs": BODY, "rho": RHO, "reading": READING},
+    replaced_by={"train.epochs": "hyper head-epochs, body-epochs"},
 )
 
 

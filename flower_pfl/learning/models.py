@@ -37,7 +37,7 @@ from torch import nn
 
 # the syntax check of ``model: package.module:factory`` (docs/own-model.md) lives where the
 # launcher and the config schema import it without torch
-from flower_pfl.running.app_stage import check_factory_reference as check_factory_reference
+from flower_pfl.factory_ref import check_factory_reference as check_factory_reference
 
 
 class NamedLayers(nn.Module):

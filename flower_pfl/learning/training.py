@@ -24,7 +24,7 @@ pass).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -32,6 +32,7 @@ from torch.nn import functional as F
 
 from flower_pfl.algorithms.plgu_math import lwsam_perturbation, perturbed_gradient
 from flower_pfl.algorithms.prox import PROX_VALUE_EVERY, Prox, add_prox_grad_
+from flower_pfl.learning.schedule import lr_of_config
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,21 @@ class TrainSpec:
     momentum: float = 0.0
     weight_decay: float = 0.0
     drop_last: bool = False  # True: every step a full batch (the pass's remainder is skipped)
+    optimizer: str = "sgd"  # sgd | adam | adamw (make_optimizer)
+    betas: tuple[float, float] = (0.9, 0.999)  # adam / adamw
+    eps: float = 1e-8  # adam / adamw
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "TrainSpec":
-        return cls(lr=cfg["train.lr"], batch_size=cfg["train.batch-size"],
+    def from_config(cls, cfg: Mapping[str, Any], server_round: int = 1) -> "TrainSpec":
+        """The spec of ``server_round``: ``lr`` is that round's rate of
+        ``train.lr-schedule`` (:func:`flower_pfl.learning.schedule.lr_of_config`)."""
+        values = getattr(cfg, "values", cfg)
+        return cls(lr=lr_of_config(values, server_round), batch_size=cfg["train.batch-size"],
                    epochs=cfg["train.epochs"], steps=cfg["train.steps"],
                    momentum=cfg["train.momentum"], weight_decay=cfg["train.weight-decay"],
-                   drop_last=cfg["train.drop-last"])
+                   drop_last=cfg["train.drop-last"], optimizer=cfg["train.optimizer"],
+                   betas=(float(cfg["train.betas"][0]), float(cfg["train.betas"][1])),
+                   eps=float(cfg["train.eps"]))
 
     def num_steps(self, num_samples: int) -> int:
         if self.steps is not None:
@@ -85,6 +94,24 @@ def batches(num_samples: int, batch_size: int, num_steps: int,
         pos += batch_size
 
 
+def make_optimizer(params: Iterable[torch.Tensor], spec: TrainSpec,
+                   lr: float | None = None) -> torch.optim.Optimizer:
+    """The local optimizer of ``spec`` at ``lr`` (default ``spec.lr``): SGD with momentum
+    and (L2) weight decay, Adam (L2 weight decay added to the gradient) or AdamW (decoupled
+    weight decay, Loshchilov & Hutter) with ``betas``, ``eps``.  A fresh optimizer per call:
+    Adam's moments start at zero each round (nothing is carried between rounds).
+    Raises ValueError for an unknown optimizer."""
+    lr = spec.lr if lr is None else lr
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=spec.momentum,
+                               weight_decay=spec.weight_decay)
+    if spec.optimizer in ("adam", "adamw"):
+        cls = torch.optim.Adam if spec.optimizer == "adam" else torch.optim.AdamW
+        return cls(params, lr=lr, betas=spec.betas, eps=spec.eps,
+                   weight_decay=spec.weight_decay)
+    raise ValueError(f"unknown optimizer {spec.optimizer!r}: sgd, adam or adamw")
+
+
 def params_of(model: nn.Module) -> list[torch.Tensor]:
     """Detached copies of the trainable parameters (e.g. a prox center)."""
     return [p.detach().clone() for p in model.parameters()]
@@ -102,7 +129,8 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
           num_steps: int | None = None, lr: float | None = None,
           loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
           stop: Callable[[nn.Module], bool] | None = None) -> dict[str, float]:
-    """Mini-batch SGD on ``loss_fn`` (+ ``regularizer(model)``); returns mean losses.
+    """Mini-batch steps of ``spec``'s optimizer (:func:`make_optimizer`; SGD by default) on
+    ``loss_fn`` (+ ``regularizer(model)``); returns mean losses.
 
     A :class:`Prox` regularizer is applied as its gradient after the data loss's backward
     pass (:func:`add_prox_grad_`, the same gradient as autograd's); any other callable is
@@ -111,8 +139,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
     (an early-stop rule; ``num_steps`` is then the cap and ``local_steps`` the steps
     actually taken)."""
     model.to(device).train()
-    opt = torch.optim.SGD(model.parameters(), lr=spec.lr if lr is None else lr,
-                          momentum=spec.momentum, weight_decay=spec.weight_decay)
+    opt = make_optimizer(model.parameters(), spec, lr)
     steps = num_steps if num_steps is not None else spec.num_steps(len(y))
     prox = regularizer if isinstance(regularizer, Prox) else None
     if prox is not None:  # the trainable parameters and their centres
@@ -184,8 +211,7 @@ def train_lwsam(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainS
     steps = num_steps if num_steps is not None else spec.num_steps(len(y))
     if not tensors:  # nothing to train (e.g. a one-layer model's empty FedRep body)
         return {"train_loss": float("nan"), "reg_loss": 0.0, "local_steps": 0.0}
-    opt = torch.optim.SGD(tensors, lr=spec.lr if lr is None else lr,
-                          momentum=spec.momentum, weight_decay=spec.weight_decay)
+    opt = make_optimizer(tensors, spec, lr)
     total = 0.0
     for idx in batches(len(y), spec.batch_size, steps, generator, spec.drop_last):
         xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from flower_pfl.factory_ref import check_factory_reference
 from flower_pfl.learning.models import (
     MAX_BUILT,
     NamedLayers,
@@ -38,7 +39,6 @@ from flower_pfl.learning.models import (
     get_arrays,
     layer_groups,
 )
-from flower_pfl.running.app_stage import check_factory_reference
 
 
 class UserModelError(ValueError):

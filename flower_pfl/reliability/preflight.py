@@ -13,7 +13,8 @@ Two stages, each refusal one line that names the setting (``'device' = 'cuda': .
    ``data.subsample`` against ``clients`` and ``data.min-samples``).
 2. :func:`preflight`: stage 1, then the dataset files load, the partition leaves every
    client a train and a test split, and the model takes the data's samples and has an
-   output per class (a factory's model: :func:`check_model`, docs/own-model.md).  Only then is the results folder made (for the initial model).
+   output per class (a factory's model: :func:`check_model`, docs/own-model.md).  Only
+   then is the results folder made (for the initial model).
 
 Which machine facts apply depends on where the clients run, the ``scope``:
 

@@ -33,13 +33,14 @@ installed packages is not staged: every node needs it installed.
 from __future__ import annotations
 
 import json
-import keyword
 import os
 import re
 import shutil
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
+
+from flower_pfl.factory_ref import check_factory_reference as check_factory_reference
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -114,23 +115,6 @@ def app_for_flwr_run(app_dir: Path, scratch: Path,
 
 
 # --------------------------------------------------------------------- your own model
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def check_factory_reference(value: object) -> str | None:
-    """Why ``value`` is not a model factory reference ``package.module:factory`` (None: it
-    is one).  Syntax only -- Python names joined by dots, one ``:`` before the factory
-    (which may be dotted too: ``mod:Class.build``) -- nothing is imported."""
-    if not isinstance(value, str):
-        return f"a factory reference is text 'package.module:factory', got {value!r}"
-    module, sep, attr = value.partition(":")
-    parts = module.split(".") + attr.split(".")
-    if sep and all(_NAME.fullmatch(p) and not keyword.iskeyword(p) for p in parts):
-        return None
-    return (f"'{value}' is not a factory reference: write 'module:factory' or "
-            f"'package.module:factory' (Python names, one ':' before the function)")
-
-
 def user_module_source(reference: str, search: Sequence[Path]) -> Path | None:
     """The file ``<top>.py`` or folder ``<top>/`` (``top``: the reference's first name) in
     the first folder of ``search`` that holds one; None: not there (an installed package,

@@ -41,6 +41,7 @@ import yaml
 
 from flower_pfl import config as config_mod
 from flower_pfl.config import APP_DIR
+from flower_pfl.hyper import read_yaml
 from flower_pfl.matrix import Cell, Matrix
 from flower_pfl.reporting.log_lines import fmt_s
 from flower_pfl.reporting.results import (
@@ -89,7 +90,7 @@ def defaults_unchanged(cell: Cell, text: str) -> bool:
     then = read_json(path)
     if not isinstance(then, dict):
         return False
-    now = json.loads(config_mod.validate(yaml.safe_load(text), str(cell.dir)).to_json())
+    now = json.loads(config_mod.validate(read_yaml(text), str(cell.dir)).to_json())
     if then.get("hyper") != now["hyper"]:
         return False
     old = then.get("values", {})
@@ -102,7 +103,7 @@ def same_run(text: str, other: str) -> bool:
     resolved = []
     for t in (text, other):
         try:
-            tree = yaml.safe_load(t)
+            tree = read_yaml(t)
             if not isinstance(tree, dict):
                 return False
             cfg = json.loads(config_mod.validate(tree, "cell.yaml").to_json())
@@ -160,7 +161,7 @@ def check_cells(cells: Sequence[Cell], out: Path | None = None) -> None:
     made or written."""
     from flower_pfl.reliability import preflight
 
-    values = {c.key: config_mod.validate(yaml.safe_load(cell_yaml(c)), c.key).values
+    values = {c.key: config_mod.validate(read_yaml(cell_yaml(c)), c.key).values
               for c in cells if c.tree is not None}
     probe = any(preflight.needs_cuda(v) for v in values.values())
     machine = preflight.this_machine_apart(probe) if values else None
