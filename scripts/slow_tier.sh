@@ -3,8 +3,9 @@
 #
 # Most of a slow test's time is a federation's start-up and its waits (SuperLinks, Ray,
 # SuperNodes in network namespaces, a node's heartbeat running out), so two halves overlap
-# well on two cores. Half A is the deployment and namespace files and two more (listed
-# below; the halves took 613 / 772 s before test_console.py moved to A); half B is every
+# well on two cores. Half A is the deployment and namespace files and four more (listed
+# below; the halves took 696 / 879 s before test_actor_death.py and test_api.py moved to A,
+# 53 + 36 s); half B is every
 # other slow test -- a new slow file lands in B by itself, nothing is left out. The
 # namespace tests pick random names and a random private /24 (tests/netns.py) and the
 # federations free loopback ports, so the halves cannot meet.
@@ -17,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 A=(tests/test_netns_deployment.py tests/test_deployment.py tests/test_ray_cluster.py
-   tests/test_selffl.py tests/test_console.py)
+   tests/test_selffl.py tests/test_console.py tests/test_actor_death.py tests/test_api.py)
 ignore=()
 for f in "${A[@]}"; do ignore+=(--ignore="$f"); done
 logs=$(mktemp -d)
