@@ -435,3 +435,8 @@ def resolve_config_path(name: str, app_dir: Path | None = None) -> Path:
             return candidate.resolve()
     raise ConfigError(f"configuration file '{name}' not found (looked in "
                       f"{', '.join(str(c.parent) for c in candidates)})")
+
+
+def train_keys() -> tuple[str, ...]:
+    """Every ``train.*`` key of the run configuration (:data:`FIELDS`), in its order."""
+    return tuple(key for key in FIELDS if key.startswith("train."))

@@ -31,7 +31,7 @@ import importlib.util
 import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from flower_pfl import catalog
 from flower_pfl.hyper import Entry
@@ -227,21 +227,15 @@ def bindings() -> dict[str, tuple[type | None, type | None]]:
             for name in REGISTRY}
 
 
-def train_keys() -> tuple[str, ...]:
-    """Every ``train.*`` key of the run configuration (config.FIELDS), in its order."""
-    from flower_pfl.config import FIELDS
-
-    return tuple(key for key in FIELDS if key.startswith("train."))
-
-
-def training_table() -> str:
+def training_table(keys: Sequence[str]) -> str:
     """The Markdown table of docs/training.md: strategy x ``train.*`` key, each cell "used"
     (changing it changes what the client uploads), "refused (n)" (validation stops with the
     entry's reason n, listed below the table) or "not used: <hyper> (n)" (the method's own
     hyper-parameters take that role; the upload is the same whatever the value).  Identical
     notes share a number.  tests/test_training_recipe.py checks the cells and that
-    docs/training.md holds this table."""
-    keys = train_keys()
+    docs/training.md holds this table.  ``keys``: the columns, the configuration's
+    ``train.*`` keys (:func:`flower_pfl.config.train_keys`; the registry does not import
+    the configuration, which imports it)."""
     notes: list[str] = []
 
     def note(text: str) -> int:

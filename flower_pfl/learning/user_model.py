@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from flower_pfl.factory_ref import check_factory_reference
-from flower_pfl.learning.models import (
+from flower_pfl.learning.layers import (
     MAX_BUILT,
     NamedLayers,
     _float_items,

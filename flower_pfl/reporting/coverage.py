@@ -23,6 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from flower_pfl.reporting.run_files import read_rows, read_values
+
 
 def coverage_record(clients: int, evaluated: Mapping[int, int],
                     final_pids: Sequence[int] | None,
@@ -104,8 +106,6 @@ def _spans(rounds: Sequence[int]) -> str:
 def run_coverage(run_dir: Path) -> dict[str, Any] | None:
     """A run's coverage (:func:`flower_pfl.reporting.coverage.coverage_record`) read from
     its clients.csv and server.csv (or the cell's archive); None without a config.json."""
-    from flower_pfl.reporting.results import read_rows, read_values  # (it imports this)
-
     if not (Path(run_dir) / "config.json").is_file():
         return None
     per_round: dict[int, list[int]] = {}

@@ -34,10 +34,8 @@ Open choice: a CSV gains a column only by being rewritten with the union of the 
 from __future__ import annotations
 
 import csv
-import io
 import json
 import time
-import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
@@ -53,6 +51,11 @@ from flower_pfl.reporting.coverage import client_failures as client_failures  # 
 from flower_pfl.reporting.coverage import coverage_record
 from flower_pfl.reporting.coverage import run_coverage as run_coverage  # (bench, tables)
 from flower_pfl.reporting.heatmaps import matrix_title, true_groups, write_heatmap_png
+from flower_pfl.reporting.run_files import SERIES as SERIES  # re-exported: the readers' home
+from flower_pfl.reporting.run_files import read_json as read_json
+from flower_pfl.reporting.run_files import read_rows as read_rows
+from flower_pfl.reporting.run_files import read_summary as read_summary
+from flower_pfl.reporting.run_files import read_values as read_values
 
 if TYPE_CHECKING:
     from flower_pfl.config import RunConfig
@@ -405,47 +408,6 @@ def loss_by_round(run_dir: Path) -> dict[str, dict[int, float]]:
 
 
 # ------------------------------------------------------------------------- reading
-def read_json(path: Path) -> Any | None:
-    """A JSON file's content; None where it is missing or not (yet) whole JSON."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The run's ``summary.json`` (None: none yet)."""
-    return read_json(Path(run_dir) / "summary.json")
-
-
-def read_values(run_dir: Path) -> dict[str, Any]:
-    """The run's configuration values (dotted keys) from ``config.json``; {} without one
-    (a results folder copied by hand)."""
-    conf = read_json(Path(run_dir) / "config.json")
-    return dict(conf.get("values", {})) if isinstance(conf, dict) else {}
-
-
-# A slimmed cell (docs/results/) keeps its per-round series in this one compressed file.
-SERIES = "series.zip"
-
-
-def read_rows(run_dir: Path, name: str) -> list[dict[str, str]]:
-    """The rows of ``<name>.csv`` (rounds, clients, fit, server, ...) as strings, or of that
-    member of the cell's SERIES archive; [] without either."""
-    path = Path(run_dir) / f"{name}.csv"
-    if not path.is_file():
-        archive = Path(run_dir) / SERIES
-        if not archive.is_file():
-            return []
-        with zipfile.ZipFile(archive) as zf:
-            if f"{name}.csv" not in zf.namelist():
-                return []
-            text = zf.read(f"{name}.csv").decode()
-        return list(csv.DictReader(io.StringIO(text)))
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
 def metric_of(values: Mapping[str, Any]) -> str:
     """What a run's per-client numbers are: ``accuracy``, or ``mse`` (lower is better) for
     the synthetic Gaussian task."""
