@@ -325,10 +325,8 @@ def mark_failed(run_dir: Path, error: BaseException | str) -> bool:
 def _summary_rounds(path: Path) -> list[dict[str, Any]]:
     """The ``rounds`` list of an existing summary.json; [] when there is none or it cannot
     be read (a damaged file is not a reason to stop a run)."""
-    try:
-        rounds = json.loads(path.read_text()).get("rounds", [])
-    except (OSError, ValueError, AttributeError):
-        return []
+    summary = read_json(path)
+    rounds = summary.get("rounds", []) if isinstance(summary, dict) else []
     return [dict(r) for r in rounds if isinstance(r, dict)] if isinstance(rounds, list) else []
 
 
