@@ -16,11 +16,17 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 
+from flower_pfl.data_fields import DATA_FIELDS, data_checks
 from flower_pfl.factory_ref import check_factory_reference
+from flower_pfl.fields import FRACTION as _FRACTION
+from flower_pfl.fields import NONNEG as _NONNEG
+from flower_pfl.fields import POS as _POS
+from flower_pfl.fields import Field as Field  # re-exported: config.FIELDS' type
+from flower_pfl.fields import in_ as _in
 from flower_pfl.hyper import ConfigError as ConfigError  # this module's public name
 from flower_pfl.hyper import (
     StrictLoader,
@@ -30,12 +36,11 @@ from flower_pfl.hyper import (
     tab_message,
 )
 from flower_pfl.learning.schedule import SCHEDULES
+from flower_pfl.privacy.fields import PRIVACY_FIELDS, privacy_checks
 
 #: the app's folder: simulation.yaml, pyproject.toml, strategies/ and clients/ beside flower_pfl/
 APP_DIR = Path(__file__).resolve().parent.parent
 
-DATASETS = ("fmnist", "mnist", "emnist", "cifar10", "cifar100", "synthetic-gaussian")
-PARTITIONS = ("iid", "dirichlet", "pathological", "practical")
 MODELS = ("mclr", "dnn", "cnn", "resnet18", "scalar")
 DEVICES = ("auto", "cpu", "cuda")
 RESIDENT = ("auto", "always", "never")
@@ -45,28 +50,9 @@ SCHEDULE_KEYS = {"train.lr-gamma": ("step", "exponential"), "train.lr-step-round
                  "train.lr-min": ("cosine",), "train.lr-horizon": ("cosine",)}
 
 
-@dataclass(frozen=True)
-class Field:
-    """One YAML key: its type(s), default, a range check and the allowed values in words."""
-
-    types: tuple[type, ...]
-    default: Any
-    check: Callable[[Any], bool] | None = None
-    allowed: str = ""
-    nullable: bool = False
-
-
-def _in(choices: Sequence[str]) -> Callable[[Any], bool]:
-    return lambda v: v in choices
-
-
-_POS = lambda v: v > 0  # noqa: E731 - a one-line check for the FIELDS table
-_NONNEG = lambda v: v >= 0  # noqa: E731 - a one-line check for the FIELDS table
-_FRACTION = lambda v: 0 < v <= 1  # noqa: E731 - a one-line check for the FIELDS table
-_OPEN_FRACTION = lambda v: 0 < v < 1  # noqa: E731 - a one-line check for the FIELDS table
-
-# Dotted key -> Field.  `strategy` and `hyper` are validated against the registry.
-FIELDS: dict[str, Field] = {
+# Dotted key -> Field.  `strategy` and `hyper` are validated against the registry; the
+# `data.*` keys are in data_fields.py, the `privacy.*` keys in privacy/fields.py.
+_CORE: dict[str, Field] = {
     "strategy": Field((str,), "fedavg", None, "a registered strategy name"),
     "rounds": Field((int,), 20, _POS, "an integer >= 1"),
     "clients": Field((int,), 20, lambda v: v >= 2, "an integer >= 2"),
@@ -109,27 +95,9 @@ FIELDS: dict[str, Field] = {
     "tracking-dir": Field((str,), None, None, "a folder or null: TensorBoard events go to "
                           "<tracking-dir>/<run name> (null: <results>/tensorboard)",
                           nullable=True),
-    "data.dataset": Field((str,), "fmnist", _in(DATASETS), f"one of {list(DATASETS)}"),
-    "data.root": Field((str,), None, None, "a directory holding the dataset", nullable=True),
-    "data.partition": Field((str,), "dirichlet", _in(PARTITIONS), f"one of {list(PARTITIONS)}"),
-    "data.alpha": Field((float, int), 0.5, _POS, "a number > 0 (Dirichlet concentration)"),
-    "data.classes-per-client": Field((int,), 2, _POS, "an integer >= 1"),
-    "data.groups": Field((int,), 3, _POS, "an integer >= 1"),
-    "data.dominant-share": Field((float, int), 0.8, _FRACTION, "a number in (0, 1]"),
-    "data.max-train-samples": Field((int,), None, _POS, "an integer >= 1 or null", nullable=True),
-    "data.subsample": Field((int,), None, _POS, "an integer >= 1 or null (pooled samples used)",
-                            nullable=True),
-    "data.test-fraction": Field((float,), 0.25, _OPEN_FRACTION, "a number in (0, 1)"),
-    "data.min-samples": Field((int,), 10, _POS, "an integer >= 1"),
-    # Self-FL section 2.1 two-level Gaussian: theta_m ~ N(theta0, sigma0^2), z ~ N(theta_m, noise^2)
-    "data.synthetic-theta0": Field((float, int), 0.0, None, "a number"),
-    "data.synthetic-sigma0-sq": Field((float, int), 1.0, _POS, "a number > 0 (inter-client "
-                                      "variance sigma_0^2)"),
-    "data.synthetic-noise-sq": Field((float, int), 1.0, _POS, "a number > 0 (per-sample "
-                                     "variance sigma^2)"),
-    "data.synthetic-samples": Field((int,), 20, _POS, "an integer >= 1 (samples N_m per client)"),
-    "data.synthetic-samples-max": Field((int,), None, _POS, "an integer >= 1 or null (N_m drawn "
-                                        "uniformly in [samples, samples-max])", nullable=True),
+}
+
+_TRAIN_AND_AFTER: dict[str, Field] = {
     "train.epochs": Field((int,), 1, _POS, "an integer >= 1"),
     "train.steps": Field((int,), None, _POS, "an integer >= 1 or null (null: use epochs)",
                          nullable=True),
@@ -168,7 +136,9 @@ FIELDS: dict[str, Field] = {
                                      nullable=True),
 }
 
-SECTIONS = {"data", "train", "client-resources", "server", "hyper"}
+FIELDS: dict[str, Field] = {**_CORE, **DATA_FIELDS, **_TRAIN_AND_AFTER, **PRIVACY_FIELDS}
+
+SECTIONS = {"data", "train", "client-resources", "server", "privacy", "hyper"}
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -357,30 +327,8 @@ def _recipe_checks(values: Mapping[str, Any]) -> list[str]:
 
 
 def _cross_checks(values: Mapping[str, Any]) -> list[str]:
-    problems = _model_checks(values) + _recipe_checks(values)
-    synthetic = values["data.dataset"] == "synthetic-gaussian"
-    if synthetic != (values["model"] == "scalar"):
-        problems.append(f"'model' = {values['model']!r} does not fit data.dataset = "
-                        f"{values['data.dataset']!r}: the scalar model goes with "
-                        f"'synthetic-gaussian' and only there")
-    mx = values["data.synthetic-samples-max"]
-    if mx is not None and mx < values["data.synthetic-samples"]:
-        problems.append(f"'data.synthetic-samples-max' = {mx} is below 'data.synthetic-samples'")
-    from flower_pfl.learning.data import NUM_CLASSES  # numpy only, no torch
-
-    classes = NUM_CLASSES.get(values["data.dataset"])
-    if values["data.partition"] == "pathological" and classes is not None \
-            and values["data.classes-per-client"] > classes:
-        problems.append(f"'data.classes-per-client' = {values['data.classes-per-client']} "
-                        f"exceeds the {classes} classes of {values['data.dataset']}")
-    if values["data.partition"] == "practical":
-        if classes is not None and values["data.groups"] > classes:
-            problems.append(f"'data.groups' = {values['data.groups']} exceeds the {classes} "
-                            f"classes of {values['data.dataset']} (each group needs its own "
-                            f"dominant classes)")
-        if values["data.groups"] > values["clients"]:
-            problems.append(f"'data.groups' = {values['data.groups']} exceeds 'clients' = "
-                            f"{values['clients']} (each group needs a client)")
+    problems = (_model_checks(values) + _recipe_checks(values) + data_checks(values)
+                + privacy_checks(values))
     if values["min-fit-clients"] > values["clients"]:
         problems.append(f"'min-fit-clients' = {values['min-fit-clients']} exceeds 'clients' = "
                         f"{values['clients']}")

@@ -1,0 +1,2 @@
+"""Differential privacy of what a client uploads (docs/privacy.md): the ``privacy.*`` keys
+(:mod:`flower_pfl.privacy.fields`)."""
