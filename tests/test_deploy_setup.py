@@ -129,7 +129,7 @@ FLOWER_LOG = ("import logging; from flwr.common.logger import log; "
 def test_no_colour_codes_in_log_files_or_piped_output(tmp_path, capsys):
     """Flower's logger colours its level names into any stream (a pipe, a file): every log
     file and every output that is not a terminal written here is without them."""
-    from flower_pfl.running import procs, sites
+    from flower_pfl.running import node_console, procs
 
     raw = subprocess.run([sys.executable, "-c", FLOWER_LOG], capture_output=True, text=True,
                          timeout=120)
@@ -145,9 +145,9 @@ def test_no_colour_codes_in_log_files_or_piped_output(tmp_path, capsys):
                      tmp_path / "flwr-run.log", True, 120, procs.ProcessSet())
     echoed = capsys.readouterr().out
     # `flower-pfl superlink` / `supernode`: their log and their piped output
-    rc = sites._foreground([sys.executable, "-c", FLOWER_LOG], dict(os.environ),
-                           "SuperNode", lambda line: None, tmp_path / "site.log",
-                           console=sites.NodeConsole())
+    rc = node_console.foreground([sys.executable, "-c", FLOWER_LOG], dict(os.environ),
+                                 "SuperNode", lambda line: None, tmp_path / "site.log",
+                                 console=node_console.NodeConsole())
     piped = capsys.readouterr().out
     assert rc == 0
     for name in ("started.log", "flwr-run.log", "site.log"):
@@ -192,7 +192,7 @@ def test_supernode_console_shows_one_line_per_failed_message_and_logs_the_traceb
         tmp_path, capsys):
     from flower_pfl.config import APP_DIR, load
     from flower_pfl.learning import shards
-    from flower_pfl.running import sites
+    from flower_pfl.running import node_console
 
     cfg = load(APP_DIR / "simulation.yaml").values
     with pytest.raises(shards.ShardError) as err:
@@ -203,8 +203,9 @@ def test_supernode_console_shows_one_line_per_failed_message_and_logs_the_traceb
     error = str(err.value)
     assert error.endswith("and give this machine <DIR>/1")  # the fix is at the very end
     log = tmp_path / "supernode.log"
-    assert sites._foreground([sys.executable, "-c", SUPERNODE], dict(os.environ), "SuperNode",
-                             lambda line: None, log, console=sites.NodeConsole(log)) == 0
+    assert node_console.foreground([sys.executable, "-c", SUPERNODE], dict(os.environ),
+                                   "SuperNode", lambda line: None, log,
+                                   console=node_console.NodeConsole(log)) == 0
     console = capsys.readouterr().out.splitlines()
     ours = [line for line in console if line.startswith("flower-pfl: ")]
     assert ours == [
@@ -222,15 +223,15 @@ def test_supernode_console_shows_one_line_per_failed_message_and_logs_the_traceb
 
 
 def test_supernode_console_holds_a_refused_retry_and_shows_an_accepted_one():
-    from flower_pfl.running import sites
+    from flower_pfl.running import node_console
 
     refused = ["INFO :      Starting Flower SuperNode", "ERROR :     Exit Code: 305",
                "Failed to initialize the connection to the SuperLink.",
                "[code: 2004] Failed to activate SuperNode."]
-    console = sites.NodeConsole(hold=True)
+    console = node_console.NodeConsole(hold=True)
     assert [console.feed(line) for line in refused] == [[], [], [], []]
     assert console.close() == []  # refused again: said once already, in the log only
-    console = sites.NodeConsole(hold=True)
+    console = node_console.NodeConsole(hold=True)
     assert console.feed(refused[0]) == []
     assert console.feed("INFO :      SuperNode ID: 42") == [refused[0], None]
     assert console.feed("INFO :      Receiving: train message (ID: 1)") == [None]

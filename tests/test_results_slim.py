@@ -132,7 +132,7 @@ def test_only_cells_written_under_docs_results_are_slimmed(tmp_path):
 
 
 def test_headers_mark_one_model_strategies_and_name_the_metric():
-    from flower_pfl.reporting.tables import GLOBAL_MARK, global_note, metric_words, one_model
+    from flower_pfl.reporting.pairs import GLOBAL_MARK, global_note, metric_words, one_model
     one = {"per_seed": {0: {"final_mean": 80.0, "global_final": 80.0},
                         1: {"final_mean": 81.5, "global_final": 81.5}}}
     two = {"per_seed": {0: {"final_mean": 80.0, "global_final": 80.0},  # equal on one seed only
