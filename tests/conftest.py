@@ -23,3 +23,18 @@ def small_config(**overrides):
             "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 6000},
             "train": {"epochs": 1, "batch-size": 32, "lr": 0.05}}
     return config.validate(config.merge(tree, overrides), source="test")
+
+
+def tiny_run_yaml(tmp_path: Path, name: str = "run.yaml", **changes) -> Path:
+    """A run's YAML file in ``tmp_path``: FedAvg, the MCLR model on a real FMNIST subset,
+    results under ``tmp_path/out/run``; ``changes`` replace top-level keys (``data=...``
+    replaces the whole data section)."""
+    import yaml
+
+    tree = {"strategy": "fedavg", "rounds": 2, "clients": 4, "model": "mclr", "seed": 3,
+            "output-dir": str(tmp_path / "out"), "run-name": "run",
+            "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 3000}}
+    tree.update(changes)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(tree))
+    return path

@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flower_pfl import child
 from flower_pfl.running.procs import free_port, proc_stats, process_tree
+from tests.conftest import tiny_run_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 BOUND_S = 30.0  # the reaper needs at most its grace (10 s) + 5 s after SIGKILL
@@ -210,15 +210,11 @@ def test_run_kills_its_child_on_timeout_and_checks():
 
 
 # ----------------------------------------------------------- slow: the real commands
-def _tiny_yaml(tmp_path: Path, **changes) -> Path:
-    tree = {"strategy": "fedavg", "rounds": 200, "clients": 2, "fraction-fit": 1.0,
-            "model": "mclr", "eval-every": 1, "seed": 3, "checkpoint-every": 0,
-            "output-dir": str(tmp_path / "out"), "run-name": "run",
-            "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 2000}}
-    tree.update(changes)
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(tree))
-    return path
+def _tiny_yaml(tmp_path: Path) -> Path:
+    """A run long enough to be killed in the middle: 200 rounds of 2 clients."""
+    return tiny_run_yaml(tmp_path, "tiny.yaml", rounds=200, clients=2, **{
+        "fraction-fit": 1.0, "eval-every": 1, "checkpoint-every": 0,
+        "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 2000}})
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.Popen:

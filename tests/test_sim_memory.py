@@ -12,9 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from tests.conftest import small_config
+from tests.conftest import small_config, tiny_run_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,21 +114,11 @@ print(json.dumps({"rc": rc, **seen, "torch_at_end": "torch" in sys.modules}))
 """
 
 
-def _tiny_run_yaml(tmp_path: Path, **changes) -> Path:
-    tree = {"strategy": "fedavg", "rounds": 2, "clients": 4, "model": "mclr", "seed": 3,
-            "output-dir": str(tmp_path / "out"), "run-name": "run",
-            "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 3000}}
-    tree.update(changes)
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(tree))
-    return path
-
-
 def test_the_launcher_checks_the_model_without_importing_torch(tmp_path):
     """``flower-pfl run`` checks the model against the data in a short-lived child: the
     launcher (alive for the whole run) never imports torch, yet the check ran (it made the
     output folder) and the run went on to the federation."""
-    path = _tiny_run_yaml(tmp_path)
+    path = tiny_run_yaml(tmp_path)
     done = subprocess.run([sys.executable, "-c", LAUNCHER_CHILD, str(path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
