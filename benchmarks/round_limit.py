@@ -26,8 +26,8 @@ alone on a quiet machine (the load average is printed before and after):
 
 ``--flower-engine`` adds, per strategy, an arm ``NAME-flower`` with Flower's own engine
 behaviour (``FLOWER_PFL_FLOWER_TICK=1``: the engine's 0.1 s tick and the waiting threads'
-10 ms looks, flower_pfl/engine_wakeup.py; ``FLOWER_PFL_FLOWER_POOL=1``: one message per
-actor at a time, flower_pfl/actor_queue.py) -- before and after in one invocation.
+10 ms looks, flower_pfl/tuned/engine_wakeup.py; ``FLOWER_PFL_FLOWER_POOL=1``: one message per
+actor at a time, flower_pfl/tuned/actor_queue.py) -- before and after in one invocation.
 ``--tree DIR`` runs the simulation arms from another copy of the project (a snapshot of
 an older revision: before and after, each from its own invocation).
 """

@@ -43,6 +43,7 @@ APP_DIR = Path(__file__).resolve().parent.parent
 
 MODELS = ("mclr", "dnn", "cnn", "resnet18", "scalar")
 DEVICES = ("auto", "cpu", "cuda")
+ENGINES = ("tuned", "stock")
 RESIDENT = ("auto", "always", "never")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 #: schedule parameters -> the schedules that read them (set for another: refused)
@@ -76,6 +77,9 @@ _CORE: dict[str, Field] = {
                               "for --resume; 0: none)"),
     "stall-timeout": Field((float, int), 1800.0, _POS, "seconds > 0 or null: the launcher stops "
                            "a run whose log shows no progress for this long", nullable=True),
+    "engine": Field((str,), "tuned", _in(ENGINES), f"one of {list(ENGINES)} (tuned: the "
+                    "project's fenced replacements of Flower's engine internals, on the Flower "
+                    "versions they were tested on; stock: Flower as released)"),
     "device": Field((str,), "auto", _in(DEVICES), f"one of {list(DEVICES)}"),
     "device-resident": Field((str,), "auto", _in(RESIDENT), f"one of {list(RESIDENT)} (a "
                              "client's data held on its training device for the process's "

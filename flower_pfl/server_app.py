@@ -17,6 +17,10 @@ Whatever raises once the strategy exists (a resume, a round's RoundError, a chec
 ends the run ``failed`` in its summary.json, with the error's type and message
 (``ResultsWriter.record_outcome``), before Flower sees the exception.
 
+Importing this module replaces nothing of Flower's: ``main`` installs the run's ``engine``
+(``tuned``: flower_pfl/tuned/, each replacement checked first; ``stock``: Flower as
+released; docs/engine.md) before anything else.
+
 The ServerApp's strategies do their math in numpy; only the initial model needs torch (its
 seeded initialisation).  :func:`initial_arrays_apart` builds it in a short-lived child
 process, so the ServerApp process never imports torch (importing this CUDA build of torch
@@ -33,36 +37,46 @@ from logging import INFO
 from pathlib import Path
 
 import numpy as np
-from flwr.common import Context
+from flwr.app import Context
+from flwr.common import Parameters  # the legacy loop's type (no newer home)
 from flwr.common.logger import log
-from flwr.server import Grid, Server, ServerApp, ServerAppComponents, ServerConfig
+from flwr.server import Server, ServerAppComponents, ServerConfig  # the legacy loop
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.server.history import History
+from flwr.serverapp import Grid, ServerApp
 
-from flower_pfl import (
-    actor_queue,
-    engine_wakeup,
-    initial_model,
-    linkstate_lookup,
-    registry,
-    timing,
-)
 from flower_pfl import config as config_mod
+from flower_pfl import initial_model, registry, timing
 from flower_pfl.child import run_python
 from flower_pfl.strategies.nodes import message_threads
+from flower_pfl.tuned import switch
+from flower_pfl.tuned.engine_wakeup import poll_faster
 
 
 class ResumableServer(Server):
     """Flower's legacy round loop (fit round, then federated evaluation), from
     ``strategy.start_round`` to ``num_rounds``.  After each round the strategy's
     ``after_round`` says whether the run ends there: its last round, or a stop asked for
-    by ``flower-pfl run`` (both checkpointed; strategies/checkpointing.py)."""
+    by ``flower-pfl run`` (both checkpointed; strategies/checkpointing.py).  Flower's
+    public ``Server`` API only (``fit_round``, ``evaluate_round``, ``client_manager``):
+    it is the same loop with ``engine: tuned`` and ``engine: stock``."""
+
+    def initial_parameters(self) -> Parameters:
+        """The strategy's initial parameters (our strategies always give them: the model is
+        built from the configuration), as Flower's ``Server`` asks for them first; raises
+        ``RuntimeError`` where a strategy gives none (Flower would ask a random client)."""
+        parameters = self.strategy.initialize_parameters(client_manager=self.client_manager())
+        if parameters is None:
+            raise RuntimeError(f"{type(self.strategy).__name__}.initialize_parameters gave "
+                               f"no initial parameters")
+        log(INFO, "Using initial global parameters provided by strategy")
+        return parameters
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         history = History()
         log(INFO, "[INIT]")
-        self.parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
+        self.parameters = self.initial_parameters()
         start = timeit.default_timer()
         for current_round in range(getattr(self.strategy, "start_round", 1), num_rounds + 1):
             log(INFO, "")
@@ -109,14 +123,23 @@ def _flag(value) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes")
 
 
-def build_strategy(context: Context):
+def read_config(context: Context) -> config_mod.RunConfig:
+    """The run's validated configuration: the launcher's (``cfg``, validated there: parsed
+    here, never validated twice), else the YAML file ``config-file`` with ``overrides``
+    (``flwr run`` by hand: validated here; raises ``config.ConfigError``)."""
     rc = context.run_config
-    if rc.get("cfg"):  # validated by the launcher: parsed here, never validated twice
-        cfg = config_mod.RunConfig.from_json(str(rc["cfg"]))
-    else:  # `flwr run` with a YAML path: validated here
-        path = config_mod.resolve_config_path(str(rc.get("config-file", "simulation.yaml")),
-                                                 config_mod.APP_DIR)
-        cfg = config_mod.load(path, str(rc.get("overrides", "")) or None)
+    if rc.get("cfg"):
+        return config_mod.RunConfig.from_json(str(rc["cfg"]))
+    path = config_mod.resolve_config_path(str(rc.get("config-file", "simulation.yaml")),
+                                             config_mod.APP_DIR)
+    return config_mod.load(path, str(rc.get("overrides", "")) or None)
+
+
+def build_strategy(context: Context, cfg: config_mod.RunConfig | None = None):
+    """(the configuration, the registered strategy built from it); ``cfg``: the one
+    :func:`read_config` read (None: read here)."""
+    rc = context.run_config
+    cfg = read_config(context) if cfg is None else cfg
     results_dir = str(rc.get("results-dir", "")) or None
     # the preflight check's copy (flower-pfl run), else built in a child process here
     initial = initial_model.read(str(rc.get("initial-arrays", "")) or None, cfg.values)
@@ -136,57 +159,34 @@ def build_strategy(context: Context):
     return cfg, strategy
 
 
-def server_fn(context: Context) -> ServerAppComponents:
-    cfg, strategy = build_strategy(context)
+def server_fn(context: Context, cfg: config_mod.RunConfig | None = None) -> ServerAppComponents:
+    cfg, strategy = build_strategy(context, cfg)
     server = ResumableServer(client_manager=SimpleClientManager(), strategy=strategy)
     server.set_max_workers(message_threads(cfg["clients"]))
     return ServerAppComponents(server=server, config=ServerConfig(
         num_rounds=cfg["rounds"], round_timeout=cfg["round-timeout"]))
 
 
-#: the most looks for replies per second, over all of a round's waiting threads, in simulation
-REPLY_POLLS_PER_S = 2000
-
-
-def reply_poll_s(threads: int) -> float:
-    """Seconds between two looks for its reply by each of ``threads`` waiting threads: as
-    short as 10 ms, as long as Flower's 0.1 s, so that all together look at most
-    :data:`REPLY_POLLS_PER_S` times a second (a look takes the LinkState's lock, ~20 us)."""
-    return min(0.1, max(0.01, threads / REPLY_POLLS_PER_S))
-
-
-def poll_faster(grid: Grid, threads: int) -> None:
-    """In simulation the grid is Flower's ``InMemoryGrid``: each message's thread looks for
-    its reply every ``pull_interval`` seconds (0.1 by default), so a step (fit, evaluate)
-    ends up to 0.1 s after its last reply.  With 20 clients, 10 ms (:func:`reply_poll_s`).
-    Only where the threads are not woken by the replies themselves
-    (``FLOWER_PFL_FLOWER_TICK=1``, :mod:`flower_pfl.engine_wakeup`).  A deployment's grid
-    (gRPC to the SuperLink) has no such attribute and is left alone."""
-    if hasattr(grid, "pull_interval"):
-        grid.pull_interval = reply_poll_s(threads)
-
-
-timing.install_server()  # nothing unless FLOWER_PFL_PHASES is set (flower_pfl.phases)
-# in the simulation's process, before its engine builds the actor pool and starts its threads:
-# the engine and the waiting threads woken by messages, each actor's next message queued
-engine_wakeup.install(engine_loaded_only=True)
-actor_queue.install(engine_loaded_only=True)
-app = ServerApp()
+app = ServerApp()  # importing this module replaces nothing of Flower's
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Flower's compatibility loop (``start_grid``) over our server and strategy; in
-    simulation, its engine and waiting threads woken by messages
-    (:mod:`flower_pfl.engine_wakeup`; else the reply polling shortened, :func:`poll_faster`),
-    each actor's next message queued while it works (:mod:`flower_pfl.actor_queue`; both
-    installed when this module was imported, and each logs a line to flwr-run.log where it
-    took effect) and the engine's lookup of a node's messages by destination
-    (:mod:`flower_pfl.linkstate_lookup`)."""
-    components = server_fn(context)
+    """Flower's compatibility loop (``start_grid``) over our server and strategy.  First
+    thing, before the strategy is built and before Flower's simulation engine (starting
+    Ray in this process meanwhile) builds its actor pool: the run's ``engine``
+    (:func:`flower_pfl.tuned.switch.install`: ``tuned``, our replacements of Flower's
+    engine code, each checked first; ``stock``, Flower as released; one log line either
+    way), then the opt-in phase timer (:func:`flower_pfl.timing.install_server`).  With
+    ``tuned`` but the engine's wake-up left out (``FLOWER_PFL_FLOWER_TICK=1``), the waiting
+    threads' reply polling is shortened instead (:func:`poll_faster`)."""
+    cfg = read_config(context)
+    engine = switch.install(str(cfg.values.get("engine", "tuned")),  # an older run's: none
+                            simulation=switch.in_simulation(grid))
+    timing.install_server()  # nothing unless FLOWER_PFL_PHASES is set (flower_pfl.phases)
+    components = server_fn(context, cfg)
     strategy = components.server.strategy
     with strategy.results.record_outcome():  # raised: summary.json says failed, and why
-        if not (hasattr(grid, "pull_interval") and engine_wakeup.install()):  # InMemoryGrid
+        if "engine_wakeup" in engine.kept:
             poll_faster(grid, message_threads(int(strategy.num_clients)))
-        linkstate_lookup.install()  # the engine's per-node lookups: flower_pfl/linkstate_lookup.py
         start_grid(grid=grid, server=components.server, config=components.config)

@@ -1,4 +1,4 @@
-"""A ClientApp actor SIGKILLed mid-run: every client goes on training (flower_pfl/actor_queue.py).
+"""A ClientApp actor SIGKILLed mid-run: every client goes on training (tuned/actor_queue.py).
 
 Slow tier.  A real ``flower-pfl run`` (FedAMP, 4 clients, all sampled each round, 2 Ray
 actors of 1 CPU each on one machine); once the console has printed round 2's line, one
@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flower_pfl.actor_queue import LOST
+from flower_pfl.tuned.actor_keeper import LOST
 
 pytestmark = pytest.mark.slow
 

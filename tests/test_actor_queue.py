@@ -1,4 +1,5 @@
-"""flower_pfl.actor_queue: each actor gets its next message while it works on the current one.
+"""flower_pfl.tuned.actor_queue and actor_keeper: each actor gets its next message while it
+works on the current one.
 
 By hand: which actor the slots hand out (the fewest in flight, ties by order, at most
 ``depth``); the engine's worker threads (``depth`` per actor); a pool made to queue, driven
@@ -19,8 +20,8 @@ from types import SimpleNamespace
 import pytest
 from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
-from flower_pfl import actor_queue
-from flower_pfl.actor_queue import ActorLost, Loss, NoActorLeft, Slots
+from flower_pfl.tuned import actor_keeper, actor_queue
+from flower_pfl.tuned.actor_keeper import ActorLost, Loss, NoActorLeft, Slots
 
 
 def test_the_fewest_in_flight_first_ties_by_order_never_more_than_depth():
@@ -47,9 +48,11 @@ def test_two_messages_on_two_actors_go_one_to_each():
 
 
 def test_the_engine_starts_depth_threads_per_actor():
-    backend = SimpleNamespace(pool=SimpleNamespace(num_actors=3))
-    assert actor_queue.num_workers(backend) == 3 * actor_queue.DEPTH == 6
-    assert actor_queue.num_workers(SimpleNamespace(pool=None)) == 0
+    backend = SimpleNamespace(pool=SimpleNamespace(num_actors=3), keeper=object())
+    assert actor_queue.num_workers(backend) == 3 * actor_keeper.DEPTH == 6
+    assert actor_queue.num_workers(SimpleNamespace(pool=None, keeper=object())) == 0
+    # a pool Flower's own build made (no keeper: installed too late): Flower's count, one each
+    assert actor_queue.num_workers(SimpleNamespace(pool=SimpleNamespace(num_actors=3))) == 3
 
 
 class Future:
@@ -103,16 +106,11 @@ def test_a_queued_pool_under_the_engines_threads():
     assert pool.pool == actors and pool.is_actor_available()  # Flower's list stays whole
 
 
-def test_install_uninstall_and_the_switch_to_keep_flowers(monkeypatch):
+def test_install_once_and_uninstall_puts_flowers_back():
     flower = {name: actor_queue.flowers_own(name) for name in actor_queue.NAMES}
-    actor_queue.uninstall()  # whatever an import installed in this process
     try:
-        monkeypatch.setenv(actor_queue.KEEP_FLOWER_ENV, "1")
-        assert actor_queue.install() is False
-        assert RayBackend.__dict__["build"] is flower["build"]
-        monkeypatch.delenv(actor_queue.KEEP_FLOWER_ENV)
-        assert actor_queue.install() is True
-        assert actor_queue.install() is True  # twice: still ours, Flower's kept
+        actor_queue.install()
+        actor_queue.install()  # twice: still ours, Flower's kept
         assert RayBackend.__dict__["build"] is actor_queue.build
         assert RayBackend.__dict__["num_workers"].fget is actor_queue.num_workers
         assert RayBackend.__dict__["process_message"] is actor_queue.process_message
@@ -258,11 +256,11 @@ def test_capacity_counts_live_nodes_as_flower_sizes_its_pool():
              {"Alive": True, "Resources": {"CPU": 1.0}},
              {"Alive": False, "Resources": {"CPU": 2.0}},
              {"Alive": True, "Resources": {}}]
-    assert actor_queue.capacity(nodes, {"num_cpus": 1, "num_gpus": 0.0}) == 2
-    assert actor_queue.capacity(nodes, {"num_cpus": 0.5, "num_gpus": 0.0}) == 4
-    assert actor_queue.capacity(nodes, {"num_cpus": 1, "num_gpus": 0.5}) == 1
+    assert actor_keeper.capacity(nodes, {"num_cpus": 1, "num_gpus": 0.0}) == 2
+    assert actor_keeper.capacity(nodes, {"num_cpus": 0.5, "num_gpus": 0.0}) == 4
+    assert actor_keeper.capacity(nodes, {"num_cpus": 1, "num_gpus": 0.5}) == 1
     nodes[3]["Alive"] = True
-    assert actor_queue.capacity(nodes, {"num_cpus": 1, "num_gpus": 0.0}) == 4
+    assert actor_keeper.capacity(nodes, {"num_cpus": 1, "num_gpus": 0.0}) == 4
 
 
 def test_slots_take_waits_for_a_replacement_then_says_none_is_left():
@@ -353,7 +351,7 @@ def test_process_message_turns_a_lost_message_into_an_error_reply(monkeypatch):
     a.dead = True
     reply, ctx = actor_queue.process_message(backend, message, context)
     assert ctx is context and reply.has_error()
-    assert reply.error.reason == ("<class 'flower_pfl.actor_queue.NoActorLeft'>:<'the actor "
+    assert reply.error.reason == ("<class 'flower_pfl.tuned.actor_keeper.NoActorLeft'>:<'the actor "
                                   "pool is empty: every ClientApp actor was lost and none "
                                   "could be started'>")  # one line
     assert reply.metadata.reply_to_message_id == "m1"

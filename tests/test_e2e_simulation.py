@@ -20,13 +20,14 @@ import pytest
 import torch
 import yaml
 
-from flower_pfl import actor_queue, config, engine_wakeup, initial_model, registry
+from flower_pfl import config, initial_model, registry
 from flower_pfl.running import inprocess
 from flower_pfl.running.launch import run_simulation, simulation_superlink
 from flower_pfl.running.procs import LaunchError, is_alive
 from flower_pfl.running.rayhead import shared_ray
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.message_passing import MessagePassingStrategy
+from flower_pfl.tuned import actor_queue, engine_wakeup
 
 TINY = {"strategy": "local", "rounds": 3, "clients": 4, "fraction-fit": 1.0, "model": "mclr",
         "eval-every": 1, "data": {"dataset": "fmnist", "partition": "dirichlet", "subsample": 3000}}
@@ -135,28 +136,36 @@ def _client_rows(path: Path) -> list[dict[str, str]]:
 
 
 @pytest.mark.slow
-def test_the_engine_woken_and_queued_keeps_every_clients_metrics(tmp_path, superlink):
-    """flower_pfl.engine_wakeup and flower_pfl.actor_queue in a real run (half the clients
-    a round, FedAMP: personal state and a cloud model per client): the ServerApp installed
-    both, and every client's row equals that of the same configuration run in one process,
+def test_the_engine_tuned_and_stock_keep_every_clients_metrics(tmp_path, superlink):
+    """flower_pfl/tuned/ in a real run (half the clients a round, FedAMP: personal state and
+    a cloud model per client): with ``engine: tuned`` the ServerApp installed the engine's
+    wake-up and the actor queue, with ``engine: stock`` nothing (Flower as released), and
+    every client's row of both equals that of the same configuration run in one process,
     where no engine runs."""
     tree = dict(TINY, strategy="fedamp", **{"fraction-fit": 0.5})
     path = _write(tmp_path, tree)
-    cfg = config.load(path)
-    out = run_simulation(cfg, path, [], tmp_path / "ray", echo=False, timeout_s=600,
-                         superlink=superlink)
-    assert out.status == "finished:completed"
-    log = (tmp_path / "ray" / "flwr-run.log").read_text()
-    assert f"[flower-pfl] simulation engine: {engine_wakeup.WOKEN}" in log
-    assert f"[flower-pfl] simulation engine: {actor_queue.QUEUED}" in log
+    for engine in ("tuned", "stock"):
+        cfg = config.load(path, [f"engine={engine}"])
+        out = run_simulation(cfg, path, [f"engine={engine}"], tmp_path / engine, echo=False,
+                             timeout_s=600, superlink=superlink)
+        assert out.status == "finished:completed"
+        log = (tmp_path / engine / "flwr-run.log").read_text()
+        tuned = [f"[flower-pfl] simulation engine: {engine_wakeup.WOKEN}",
+                 f"[flower-pfl] simulation engine: {actor_queue.QUEUED}",
+                 "[flower-pfl] simulation engine: tuned on flwr 1.42"]
+        assert [line in log for line in tuned] == [engine == "tuned"] * 3
+        assert ("[flower-pfl] simulation engine: stock (engine: stock)" in log) == \
+            (engine == "stock")
     # no preflight file without the launcher (run_simulation called directly): built apart
     assert f"[flower-pfl] initial model: {initial_model.BUILT}" in log
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each Ray actor (client-resources.num-cpus 1): the same sums
     try:
-        inprocess.run(cfg, tmp_path / "plain")
+        inprocess.run(config.load(path), tmp_path / "plain")
     finally:
         torch.set_num_threads(threads)
-    ray_rows, plain_rows = (_client_rows(tmp_path / d / "clients.csv") for d in ("ray", "plain"))
-    assert len(ray_rows) == 3 * 4
-    assert ray_rows == plain_rows
+    tuned_rows, stock_rows, plain_rows = (_client_rows(tmp_path / d / "clients.csv")
+                                          for d in ("tuned", "stock", "plain"))
+    assert len(tuned_rows) == 3 * 4
+    assert tuned_rows == plain_rows
+    assert stock_rows == plain_rows

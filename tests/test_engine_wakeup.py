@@ -1,4 +1,4 @@
-"""flower_pfl.engine_wakeup: Flower's extractor and waiting threads, woken by stored messages.
+"""flower_pfl.tuned.engine_wakeup: Flower's extractor and waiting threads, woken by stored messages.
 
 On a real in-memory LinkState and InMemoryGrid (three nodes of one run, as Flower's
 simulation registers them): with Flower's intervals raised to 60 s, a stored instruction
@@ -9,7 +9,6 @@ wait returns, is what Flower's own functions queue and return."""
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
 import uuid
@@ -29,14 +28,14 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
-from flower_pfl import engine_wakeup
+from flower_pfl.tuned import engine_wakeup
 
 RUN_ID = 7
 
 
 @pytest.fixture
 def installed():
-    assert engine_wakeup.install() is True
+    engine_wakeup.install()
     yield
     engine_wakeup.uninstall()
 
@@ -173,20 +172,12 @@ def test_a_wait_returns_what_flowers_returns_and_keeps_its_timeout(installed, ow
     assert time.time() - started >= 0.3  # nobody answers: it gave up at its timeout
 
 
-def test_install_uninstall_and_the_switch_to_keep_flowers(monkeypatch):
+def test_install_once_and_uninstall_puts_flowers_back():
     flower = {name: engine_wakeup.flowers_own(name) for name in
               ("add_messages_to_queue", "send_and_receive", "store_message_ins")}
-    engine_wakeup.uninstall()  # whatever an import installed in this process
     try:
-        monkeypatch.setenv(engine_wakeup.KEEP_FLOWER_ENV, "1")
-        assert engine_wakeup.install() is False
-        assert vce_api.add_messages_to_queue is flower["add_messages_to_queue"]
-        monkeypatch.delenv(engine_wakeup.KEEP_FLOWER_ENV)
-        with monkeypatch.context() as m:  # a process without Flower's engine: left alone
-            m.delitem(sys.modules, "flwr.server.superlink.fleet.vce.vce_api")
-            assert engine_wakeup.install(engine_loaded_only=True) is False
-        assert engine_wakeup.install() is True
-        assert engine_wakeup.install() is True  # twice: still ours, Flower's kept
+        engine_wakeup.install()
+        engine_wakeup.install()  # twice: still ours, Flower's kept (not wrapped twice)
         assert vce_api.add_messages_to_queue is engine_wakeup.add_messages_to_queue
         assert InMemoryGrid.send_and_receive is engine_wakeup.send_and_receive
         assert InMemoryLinkState.store_message_ins is not flower["store_message_ins"]

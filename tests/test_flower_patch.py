@@ -1,14 +1,12 @@
-"""flower_pfl.flower_patch: Flower's own object remembered once, callable while replaced,
+"""flower_pfl.tuned.patch: Flower's own object remembered once, callable while replaced,
 put back by undo -- a plain method, a property and a module function alike; and the
-switch / engine-loaded check every replacement makes first."""
+measurement override each replacement has (``FLOWER_PFL_FLOWER_*=1``)."""
 
 from __future__ import annotations
 
-import sys
 import types
 
-from flower_pfl import flower_patch
-from flower_pfl.flower_patch import Replaced
+from flower_pfl.tuned.patch import Replaced, kept
 
 
 class Owner:
@@ -42,13 +40,10 @@ def test_put_remembers_flowers_own_once_and_undo_puts_it_back():
     assert replaced.flowers("method", Owner) is own_method  # not replaced: the owner's own
 
 
-def test_wanted_honours_the_switch_and_the_engine_check(monkeypatch):
+def test_kept_reads_the_override_only_at_1(monkeypatch):
     monkeypatch.delenv("FLOWER_PFL_FLOWER_TEST", raising=False)
-    monkeypatch.delitem(sys.modules, flower_patch.ENGINE_MODULE, raising=False)
-    assert flower_patch.wanted("FLOWER_PFL_FLOWER_TEST")
-    assert not flower_patch.wanted("FLOWER_PFL_FLOWER_TEST", engine_loaded_only=True)
-    monkeypatch.setitem(sys.modules, flower_patch.ENGINE_MODULE, types.ModuleType("vce_api"))
-    assert flower_patch.wanted("FLOWER_PFL_FLOWER_TEST", engine_loaded_only=True)
+    assert not kept("FLOWER_PFL_FLOWER_TEST")
+    monkeypatch.setenv("FLOWER_PFL_FLOWER_TEST", "0")
+    assert not kept("FLOWER_PFL_FLOWER_TEST")
     monkeypatch.setenv("FLOWER_PFL_FLOWER_TEST", "1")
-    assert not flower_patch.wanted("FLOWER_PFL_FLOWER_TEST", engine_loaded_only=True)
-    assert not flower_patch.wanted("FLOWER_PFL_FLOWER_TEST")
+    assert kept("FLOWER_PFL_FLOWER_TEST")

@@ -59,8 +59,8 @@ def _mypy_sources():
 
 def test_no_mypy_option_switches_a_listed_files_errors_off():
     options, sources = _mypy_sources()
-    assert len(sources) >= 40 and {"flower_pfl.flower_patch", "flower_pfl.running.app_stage",
-                                    "flower_pfl.actor_queue"} <= {s.module for s in sources}
+    assert len(sources) >= 40 and {"flower_pfl.tuned.patch", "flower_pfl.running.app_stage",
+                                    "flower_pfl.tuned.actor_queue"} <= {s.module for s in sources}
     for source in sources:
         mine = options.clone_for_module(source.module)
         assert not mine.ignore_errors, f"{source.module}: ignore_errors is on"
@@ -114,7 +114,7 @@ def test_ruff_lints_every_python_file_but_the_recorded_scripts():
     wanted = {f for f in _python_files() if not f.startswith(RUFF_EXCLUDED)}
     assert wanted - linted == set()
     assert {"benchmarks/mutations.py", "tests/test_gates.py", "strategies/fedamp.py",
-            "flower_pfl/flower_patch.py"} <= linted
+            "flower_pfl/tuned/patch.py"} <= linted
 
 
 def test_ruff_reports_a_planted_file_in_every_linted_folder():

@@ -1,4 +1,4 @@
-"""flower_pfl.linkstate_lookup answers as Flower's InMemoryLinkState.get_message_ins does.
+"""flower_pfl.tuned.linkstate_lookup answers as Flower's InMemoryLinkState.get_message_ins does.
 
 Both methods run, on twin stores, the same sequence of stored messages (several nodes, two
 runs, an expired one) and queries (limit 1, 2, None, a run filter, a node with nothing);
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-from flower_pfl import linkstate_lookup
+from flower_pfl.tuned import linkstate_lookup
 
 FLOWER = InMemoryLinkState.__dict__["get_message_ins"]  # Flower's own, whatever is installed
 
@@ -90,15 +90,12 @@ def test_a_limit_below_one_is_refused_as_by_flower():
         linkstate_lookup.get_message_ins(TwinStore(), 1, 0)
 
 
-def test_install_and_the_switch_to_keep_flowers(monkeypatch):
+def test_install_puts_ours_once_and_uninstall_puts_flowers_back():
     try:
-        monkeypatch.setenv(linkstate_lookup.KEEP_FLOWER_ENV, "1")
-        assert linkstate_lookup.install() is False
-        assert InMemoryLinkState.get_message_ins is FLOWER
-        monkeypatch.delenv(linkstate_lookup.KEEP_FLOWER_ENV)
-        assert linkstate_lookup.install() is True
-        assert linkstate_lookup.install() is True  # twice: still ours, Flower's kept
+        linkstate_lookup.install()
+        linkstate_lookup.install()  # twice: still ours, Flower's kept
         assert InMemoryLinkState.get_message_ins is linkstate_lookup.get_message_ins
+        assert linkstate_lookup.installed()
     finally:
         linkstate_lookup.uninstall()
-    assert InMemoryLinkState.get_message_ins is FLOWER
+    assert InMemoryLinkState.get_message_ins is FLOWER and not linkstate_lookup.installed()

@@ -21,9 +21,11 @@ reply is stored.  Flower's intervals stay as the longest wait (a stop is seen wi
 finds, is Flower's: the same calls, made at other moments.  So a client's messages, and
 its metrics, are the same (the strategies aggregate uploads sorted by partition).
 
-``FLOWER_PFL_FLOWER_TICK=1`` keeps Flower's polling (for measuring one against the other:
-benchmarks/round_limit.py ``--flower-tick``).  No Flower import at module level: the
-ServerApp imports this everywhere, and a deployment's ServerApp has no in-memory LinkState.
+Installed by :func:`flower_pfl.tuned.switch.install` (``engine: tuned``) after :data:`NEEDS`
+are met.  ``FLOWER_PFL_FLOWER_TICK=1`` keeps Flower's polling (for measuring one against the
+other: benchmarks/round_limit.py ``--flower-tick``); the waiting threads then look every
+:func:`reply_poll_s` instead of 0.1 s (:func:`poll_faster`).  No Flower import at module
+level: a deployment's ServerApp has no in-memory LinkState.
 """
 
 from __future__ import annotations
@@ -33,10 +35,26 @@ import time
 from logging import INFO
 from typing import Any, Callable, Iterable
 
-from flower_pfl.flower_patch import Replaced, wanted
+from flower_pfl.tuned.gate import Need
+from flower_pfl.tuned.patch import Replaced
 
 #: set to 1 to keep Flower's polling (0.1 s ticks)
 KEEP_FLOWER_ENV = "FLOWER_PFL_FLOWER_TICK"
+
+_VCE = "flwr.server.superlink.fleet.vce.vce_api"
+_GRID = "flwr.superlink.grid.inmemory_grid:InMemoryGrid"
+_STATE = "flwr.server.superlink.linkstate.in_memory_linkstate:InMemoryLinkState"
+#: what of Flower's :func:`install` replaces, wraps and reads (flower_pfl/tuned/gate.py)
+NEEDS = [
+    Need(f"{_VCE}:add_messages_to_queue", "body", "953f4bd41a931a77"),  # Flower 1.42.0's
+    Need(f"{_VCE}:run_api", "names", "add_messages_to_queue"),  # looked up when it starts
+    Need(f"{_GRID}.send_and_receive", "body", "7b52ee5031060a2d"),  # Flower 1.42.0's
+    Need(f"{_GRID}.push_messages", "params", "self,messages"),
+    Need(f"{_GRID}.pull_messages", "params", "self,message_ids"),
+    Need(f"{_GRID}.__init__", "names", "pull_interval"),
+    Need(f"{_STATE}.store_message_ins", "params", "self,message"),
+    Need(f"{_STATE}.store_message_res", "params", "self,message"),
+]
 #: the longest the extractor waits between passes: Flower's tick
 EXTRACTOR_TICK_S = 0.1
 #: what the engine's extractor logs when it starts (flwr-run.log; not on the console)
@@ -121,35 +139,30 @@ def send_and_receive(self: Any, messages: Iterable[Any], *,
     return ret
 
 
-def install(engine_loaded_only: bool = False) -> bool:
+def install() -> None:
     """Wrap the LinkState's stores and put :func:`add_messages_to_queue` and
-    :func:`send_and_receive` in Flower's place, in this process (once; a no-op with
-    ``FLOWER_PFL_FLOWER_TICK=1`` or a Flower without these).  True when installed.
+    :func:`send_and_receive` in Flower's place, in this process (once; the caller,
+    :func:`flower_pfl.tuned.switch.install`, checked :data:`NEEDS` first).
 
     Must run before the engine starts its extractor thread (``vce_api.run_api`` looks the
-    function up when it starts it, after Ray and the actors are up): the ServerApp module
-    calls it when it is imported, with ``engine_loaded_only`` (only where Flower's
-    simulation has already imported its engine: the simulation process; a deployment's
-    ServerApp process is left alone and does not import it)."""
-    if not wanted(KEEP_FLOWER_ENV, engine_loaded_only):
-        return False
-    try:
-        from flwr.server.superlink.fleet.vce import vce_api
-        from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-        from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-    except ImportError:
-        return False
-    targets = [(vce_api, "add_messages_to_queue"), (InMemoryGrid, "send_and_receive"),
-               (InMemoryLinkState, "store_message_ins"), (InMemoryLinkState, "store_message_res")]
-    if any(name not in vars(owner) for owner, name in targets):
-        return False
+    function up when it starts it, after Ray and the actors are up): the ServerApp's
+    ``main`` installs it first thing.  Each part stands alone: an extractor already started
+    as Flower's polls on, while the waiting threads are woken by stored replies."""
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
     if _replaced:
-        return True
-    _replaced.put(vce_api, "add_messages_to_queue", add_messages_to_queue)
-    _replaced.put(InMemoryGrid, "send_and_receive", send_and_receive)
+        return
     for name, signal in (("store_message_ins", INSTRUCTIONS), ("store_message_res", REPLIES)):
         _replaced.put(InMemoryLinkState, name, _raising(vars(InMemoryLinkState)[name], signal))
-    return True
+    _replaced.put(vce_api, "add_messages_to_queue", add_messages_to_queue)
+    _replaced.put(InMemoryGrid, "send_and_receive", send_and_receive)
+
+
+def installed() -> bool:
+    """True while ours is in Flower's place."""
+    return bool(_replaced)
 
 
 def flowers_own(name: str) -> Callable[..., Any]:
@@ -166,5 +179,27 @@ def flowers_own(name: str) -> Callable[..., Any]:
 
 
 def uninstall() -> None:
-    """Put Flower's own functions back (tests)."""
+    """Put Flower's own functions back."""
     _replaced.undo()
+
+
+#: the most looks for replies per second, over all of a round's waiting threads, in simulation
+REPLY_POLLS_PER_S = 2000
+
+
+def reply_poll_s(threads: int) -> float:
+    """Seconds between two looks for its reply by each of ``threads`` waiting threads: as
+    short as 10 ms, as long as Flower's 0.1 s, so that all together look at most
+    :data:`REPLY_POLLS_PER_S` times a second (a look takes the LinkState's lock, ~20 us)."""
+    return min(0.1, max(0.01, threads / REPLY_POLLS_PER_S))
+
+
+def poll_faster(grid: Any, threads: int) -> None:
+    """In simulation the grid is Flower's ``InMemoryGrid``: each message's thread looks for
+    its reply every ``pull_interval`` seconds (0.1 by default), so a step (fit, evaluate)
+    ends up to 0.1 s after its last reply.  With 20 clients, 10 ms (:func:`reply_poll_s`).
+    Only where the threads are not woken by the replies themselves (``engine: tuned`` with
+    ``FLOWER_PFL_FLOWER_TICK=1``).  A deployment's grid (gRPC to the SuperLink) has no such
+    attribute and is left alone."""
+    if hasattr(grid, "pull_interval"):
+        grid.pull_interval = reply_poll_s(threads)

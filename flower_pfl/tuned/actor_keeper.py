@@ -1,23 +1,9 @@
-"""Each ClientApp actor is handed its next message while it still works on the current one;
-a lost actor is replaced and its messages sent once more.
+"""A pool of ClientApp actors that queues each one's next message and survives a lost actor.
 
-Flower's Ray backend (``flwr/server/superlink/fleet/vce/backend/raybackend.py``,
-``RayBackend``; its pool ``flwr/simulation/ray_transport/ray_actor.py``, ``BasicActorPool``)
-runs one engine worker thread per actor (``vce_api.run_api``: ``backend.num_workers``): it
-submits a message to an idle actor, waits for the reply (``ray.get``), stores the reply and
-the client's context, and only then submits the next one.  Meanwhile the actor idles (the
-(de)serialisation in the simulation process, under one GIL with the ServerApp; Ray's
-transfer) -- about 9 ms per message on 2 cores (docs/BENCHMARKS.md (a)).
-
-:func:`install` gives the engine :data:`DEPTH` worker threads per actor and makes the pool
-hand each submission to the actor with the fewest messages in flight (ties: the pool's
-order), never more than :data:`DEPTH` at once: Ray queues an actor's calls and runs them
-in order, so its next message is there when it finishes one.  Nothing else changes: a node
-never has two messages in flight (the engine takes one per node at a time), so a client's
-context is read and written as before; which actor ran a client's message was never fixed,
-and results do not depend on it (tests/test_e2e_simulation.py: a Ray run equals the same
-run in one process, client by client).  Flower's ``clientapp_runtime`` metric now includes
-the time a message waited in its actor's queue.
+The pure half of :mod:`flower_pfl.tuned.actor_queue`: which actor gets the next message
+(:class:`Slots`: the fewest in flight, at most :data:`DEPTH` each) and what becomes of the
+messages of an actor that was lost (:class:`Keeper`, :class:`Loss`).  Imports nothing of
+Flower or Ray: Flower's pool and Ray's calls come in as arguments (tests: fake actors).
 
 **A lost actor** (process killed, node gone: Ray raises ``RayActorError`` --
 ``ActorDiedError``; an ``ActorUnavailableError`` is given up on the same way -- for each
@@ -32,28 +18,17 @@ traceback).  A new actor is started in the background where the live Ray nodes h
 (:func:`capacity`) and joins once it answers (:data:`READY_TIMEOUT_S`).  One WARNING line
 (:meth:`Loss.line`) once the held messages are settled, a second if the new actor came
 later.  No actor left and none starting: every message fails at once (a clear stop).
-
-``FLOWER_PFL_FLOWER_POOL=1`` keeps Flower's pool, lost actors and all.  :class:`Slots`,
-:class:`Loss` and :class:`Keeper` import nothing of Flower or Ray (tests: fake actors).
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 from dataclasses import dataclass, field
-from logging import ERROR, INFO, WARNING
 from typing import Any, Callable, Mapping, Sequence
 
-from flower_pfl.flower_patch import Replaced, wanted
-
-#: set to 1 to keep Flower's pool (one message per actor at a time, lost actors kept)
-KEEP_FLOWER_ENV = "FLOWER_PFL_FLOWER_POOL"
 #: messages in flight per actor: the one it runs and the next one
 DEPTH = 2
-#: what the backend logs once its pool queues (flwr-run.log; not on the console)
-QUEUED = f"{DEPTH} messages in flight per actor (flower_pfl/actor_queue.py)"
 #: seconds a new actor has to answer (its process up, its imports) before it is killed
 READY_TIMEOUT_S = 300.0
 #: how a lost actor's lines start (WARNING: on the console)
@@ -341,140 +316,3 @@ class Keeper:
                           f"every message from now on fails")
         loss.settle(self.ops.warn, replaced=replaced)
 
-
-def ray_ops(pool: Any) -> Any:
-    """:class:`Keeper`'s ``ops`` with Ray and Flower's log."""
-    from types import SimpleNamespace
-
-    import ray
-    from flwr.common.logger import log
-
-    def kill(actor: Any) -> None:
-        with contextlib.suppress(Exception):  # already gone
-            ray.kill(actor, no_restart=True)
-
-    def ready(actor: Any) -> bool:
-        try:
-            return bool(ray.get(actor.__ray_ready__.remote(), timeout=READY_TIMEOUT_S))
-        except Exception:  # noqa: BLE001 -- GetTimeoutError, RayActorError: not started
-            return False
-
-    return SimpleNamespace(
-        get=ray.get, is_lost=lambda ex: isinstance(ex, ray.exceptions.RayActorError),
-        kill=kill, room=lambda: capacity(ray.nodes(), pool.client_resources), ready=ready,
-        spawn=lambda fn: threading.Thread(target=fn, daemon=True).start(),
-        warn=lambda text: log(WARNING, "%s", text))
-
-
-def queue_pool(pool: Any, depth: int = DEPTH, ops: Any = None) -> Keeper:
-    """Make Flower's ``BasicActorPool`` ``pool`` hand out its actors through :class:`Slots`
-    (up to ``depth`` messages in flight each) and keep going when one is lost
-    (:class:`Keeper`; ``ops``: Ray's, :func:`ray_ops`, when None); its actors stay in
-    ``pool.pool``, the list Flower's ``terminate_all_actors`` walks.  The keeper, for
-    inspection (``.slots``)."""
-    keeper = Keeper(pool, Slots(pool.pool, depth), ops if ops is not None else ray_ops(pool))
-    pool.submit = keeper.submit
-    pool.add_actor_back_to_pool = keeper.give_back
-    pool.fetch_result_and_return_actor_to_pool = keeper.fetch
-    pool.is_actor_available = lambda: keeper.slots.free() > 0
-    return keeper
-
-
-_replaced = Replaced()  # what install() put in place of RayBackend's own
-
-
-def build(self: Any, app_fn: Any) -> None:
-    """Flower's ``RayBackend.build`` (the pool and its actors), then :func:`queue_pool`;
-    logs :data:`QUEUED`."""
-    from flwr.common.logger import log
-    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-
-    _replaced.flowers("build", RayBackend)(self, app_fn)
-    self.keeper = queue_pool(self.pool, DEPTH)
-    log(INFO, "[flower-pfl] simulation engine: %s", QUEUED)
-
-
-def run_remote(actor: Any, app_fn: Any, message: Any, cid: str, context: Any) -> Any:
-    return actor.run.remote(app_fn, message, cid, context)  # as Flower's process_message
-
-
-def error_reply(message: Any, ex: ActorLost) -> Any:
-    """The error reply the engine makes of an exception (``vce_api.worker``), one line."""
-    from flwr.app import Message
-    from flwr.app.error import Error
-    from flwr.common.constant import ErrorCode
-
-    return Message(Error(code=ErrorCode.UNKNOWN, reason=f"{type(ex)}:<'{ex}'>"),
-                   reply_to=message)
-
-
-def process_message(self: Any, message: Any, context: Any) -> tuple[Any, Any]:
-    """Flower's ``RayBackend.process_message`` (submit, fetch, the actor back; the
-    ClientApp's exception raised), except that a message whose actor was lost is sent once
-    more (:meth:`Keeper.fetch`) and one that still cannot run gets an error reply, with
-    ``context`` unchanged, instead of an exception (the engine would log its traceback)."""
-    from flwr.common.constant import PARTITION_ID_KEY
-    from flwr.common.logger import log
-    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-
-    if self.pool is None or self.app_fn is None or not hasattr(self, "keeper"):
-        return _replaced.flowers("process_message", RayBackend)(self, message, context)
-    job = (self.app_fn, message, str(context.node_config[PARTITION_ID_KEY]), context)
-    future = None
-    try:
-        future = self.pool.submit(run_remote, job)
-        return self.pool.fetch_result_and_return_actor_to_pool(future)
-    except ActorLost as ex:
-        return error_reply(message, ex), context
-    except Exception:
-        log(ERROR, "An exception was raised when processing a message by %s",
-            type(self).__name__)
-        if future is not None:
-            self.pool.add_actor_back_to_pool(future)
-        raise
-
-
-def num_workers(self: Any) -> int:
-    """The engine's worker threads: :data:`DEPTH` per actor (Flower's: one)."""
-    return DEPTH * (self.pool.num_actors if self.pool else 0)
-
-
-NAMES = ("build", "num_workers", "process_message")  #: what :func:`install` replaces
-
-
-def install(engine_loaded_only: bool = False) -> bool:
-    """Put :func:`build`, :func:`num_workers` and :func:`process_message` on Flower's
-    ``RayBackend`` in this process (the class itself: the engine builds its backend's
-    pool, and counts its worker threads, seconds after it created the backend, which
-    starts Ray first).  Once; a no-op with ``FLOWER_PFL_FLOWER_POOL=1``, where Flower has
-    no such backend, or -- with ``engine_loaded_only`` -- in a process where Flower's
-    simulation engine is not loaded (a deployment's ServerApp).  True when installed."""
-    if not wanted(KEEP_FLOWER_ENV, engine_loaded_only):
-        return False
-    if _replaced:
-        return True
-    try:
-        from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-    except ImportError:
-        return False
-    own = RayBackend.__dict__
-    if not isinstance(own.get("num_workers"), property) or not callable(own.get("build")) \
-            or not callable(own.get("process_message")):
-        return False
-    _replaced.put(RayBackend, "build", build)
-    _replaced.put(RayBackend, "num_workers", property(num_workers))
-    _replaced.put(RayBackend, "process_message", process_message)
-    return True
-
-
-def flowers_own(name: str) -> Any:
-    """Flower's own ``RayBackend`` attribute ``name`` (one of :data:`NAMES`: ``build``,
-    the ``num_workers`` property, ``process_message``), installed or not."""
-    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-
-    return _replaced.flowers(name, RayBackend)
-
-
-def uninstall() -> None:
-    """Put Flower's methods back (tests)."""
-    _replaced.undo()

@@ -19,18 +19,30 @@ those, in the store's order.  What a call returns is what Flower's returns: the 
 marked delivered.  One difference: an expired message is deleted when ITS node is next
 asked (the engine asks every node on every tick), not when another node's query walks past
 it.  ``tests/test_linkstate_lookup.py`` runs both on the same sequences of stores and
-queries.  ``FLOWER_PFL_FLOWER_LOOKUP=1`` leaves Flower's own method in place (for
-measuring one against the other: benchmarks/client_scale.py).
+queries.  Installed by :func:`flower_pfl.tuned.switch.install` (``engine: tuned``) after
+:data:`NEEDS` are met; ``FLOWER_PFL_FLOWER_LOOKUP=1`` leaves Flower's own method in place
+(for measuring one against the other: benchmarks/client_scale.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from flower_pfl.flower_patch import Replaced, wanted
+from flower_pfl.tuned.gate import Need
+from flower_pfl.tuned.patch import Replaced
 
 #: set to 1 to keep Flower's own InMemoryLinkState.get_message_ins
 KEEP_FLOWER_ENV = "FLOWER_PFL_FLOWER_LOOKUP"
+
+_STATE = "flwr.server.superlink.linkstate.in_memory_linkstate:InMemoryLinkState"
+#: what of Flower's :func:`get_message_ins` replaces and reads (flower_pfl/tuned/gate.py)
+NEEDS = [
+    Need(f"{_STATE}.get_message_ins", "body", "224d79339150c8cb"),  # Flower 1.42.0's
+    Need(f"{_STATE}._check_stored_messages", "params", "self,message_ids,run_id"),
+    Need(f"{_STATE}.__init__", "names", "lock"),
+    Need(f"{_STATE}.__init__", "names", "message_ins_store"),
+    Need("flwr.supercore.date:now"),
+]
 
 _replaced = Replaced()  # what install() put in Flower's place
 
@@ -62,21 +74,20 @@ def get_message_ins(self: Any, node_id: int, limit: int | None, *,
     return found
 
 
-def install() -> bool:
-    """Put :func:`get_message_ins` on Flower's ``InMemoryLinkState`` (once; a no-op when
-    ``FLOWER_PFL_FLOWER_LOOKUP=1`` or when this Flower has no such class).  True when the
-    class now uses it."""
-    if not wanted(KEEP_FLOWER_ENV):
-        return False
-    try:
-        from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-    except ImportError:
-        return False
+def install() -> None:
+    """Put :func:`get_message_ins` on Flower's ``InMemoryLinkState`` (once; the caller,
+    :func:`flower_pfl.tuned.switch.install`, checked :data:`NEEDS` first)."""
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
     if InMemoryLinkState.get_message_ins is not get_message_ins:
         _replaced.put(InMemoryLinkState, "get_message_ins", get_message_ins)
-    return True
+
+
+def installed() -> bool:
+    """True while ours is in Flower's place."""
+    return bool(_replaced)
 
 
 def uninstall() -> None:
-    """Put Flower's own method back (tests)."""
+    """Put Flower's own method back."""
     _replaced.undo()

@@ -1,0 +1,142 @@
+"""``engine: tuned | stock``: every replacement of Flower's code, installed in one call.
+
+The ServerApp's ``main`` calls :func:`install` first thing, with the run's ``engine`` (the
+YAML key; ``flower-pfl run --engine``), before it builds its strategy and before Flower's
+simulation engine, starting Ray in the same process meanwhile, builds its actor pool and
+starts its threads.  Importing this package replaces nothing.  What :func:`install` decides,
+in this order, each ending in exactly one log line:
+
+1. ``engine: stock``: nothing replaced (Flower as released);
+2. no simulation engine in this process (a deployment's ServerApp): nothing to replace;
+3. the version gate (:func:`flower_pfl.tuned.gate.outside_tested`): a Flower (or Ray)
+   outside the release series the replacements were tested on -- Flower as released, and
+   a WARNING line naming the versions;
+4. every :data:`~flower_pfl.tuned.gate.Need` of every replacement checked
+   (:func:`flower_pfl.tuned.gate.unmet`: the private names each touches, the signatures,
+   the Flower bodies ours re-implements): one unmet -- Flower as released, and a WARNING
+   line naming each unmet need;
+5. else every replacement of :data:`REPLACEMENTS` put in Flower's place but those left out
+   by their measurement override (``FLOWER_PFL_FLOWER_LOOKUP`` / ``_TICK`` / ``_POOL`` =1).
+
+The replacements (docs/engine.md lists the Flower functions each stands in for):
+:mod:`~flower_pfl.tuned.linkstate_lookup`, :mod:`~flower_pfl.tuned.engine_wakeup`,
+:mod:`~flower_pfl.tuned.actor_queue`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from types import ModuleType
+from typing import Any, Callable
+
+from flower_pfl.tuned import actor_queue, engine_wakeup, gate, linkstate_lookup
+from flower_pfl.tuned.patch import kept
+
+#: the module of Flower's simulation engine; loaded only in the process that runs it
+ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
+#: every replacement: a module with NEEDS, KEEP_FLOWER_ENV, install, installed, uninstall
+REPLACEMENTS: tuple[ModuleType, ...] = (linkstate_lookup, engine_wakeup, actor_queue)
+#: the values of the ``engine`` key
+ENGINES = ("tuned", "stock")
+#: how the one line starts where Flower runs as released although ``tuned`` was asked for
+FALLBACK = "[flower-pfl] engine: stock --"
+
+
+def name(module: ModuleType) -> str:
+    """``engine_wakeup``: a replacement's short name."""
+    return module.__name__.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What :func:`install` did: ``engine`` (``"tuned"`` where anything of ours is in
+    Flower's place, else ``"stock"``), the replacements put in place and those left out by
+    their override (short names, :data:`REPLACEMENTS`' order), and the one ``line`` it
+    logged at ``level``."""
+
+    engine: str
+    replaced: tuple[str, ...]
+    kept: tuple[str, ...]
+    line: str
+    level: int = INFO
+
+
+_last: tuple[tuple[Any, ...], Installed] | None = None  # (the request, what it did)
+
+
+def in_simulation(grid: Any) -> bool:
+    """True in the process that runs Flower's simulation engine: its module is loaded and
+    the ServerApp's grid is the in-memory one (``pull_interval``); a deployment's
+    ServerApp talks to its SuperLink over gRPC."""
+    return ENGINE_MODULE in sys.modules and hasattr(grid, "pull_interval")
+
+
+def decide(engine: str, *, simulation: bool,
+           version_of: Callable[[str], str | None] = gate.installed_version) -> Installed:
+    """What :func:`install` does (nothing replaced, nothing logged).  Raises ``ValueError``
+    for an ``engine`` not in :data:`ENGINES`."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {list(ENGINES)}, not {engine!r}")
+    if engine == "stock":
+        return Installed("stock", (), (), "[flower-pfl] simulation engine: stock (engine: "
+                                          "stock): Flower as released")
+    if not simulation:
+        return Installed("stock", (), (), "[flower-pfl] simulation engine: none in this "
+                                          "process (a deployment): nothing replaced")
+    outside = gate.outside_tested(version_of)
+    if outside is not None:
+        tested = ", ".join(f"{d} {s}.x" for d, s in gate.TESTED.items())
+        return Installed("stock", (), (), f"{FALLBACK} {outside} is outside what the tuned "
+                         f"engine was tested on ({tested}): Flower runs as released",
+                         WARNING)
+    wanted = [m for m in REPLACEMENTS if not kept(m.KEEP_FLOWER_ENV)]
+    left = tuple(name(m) for m in REPLACEMENTS if m not in wanted)
+    unmet = gate.unmet([need for m in wanted for need in m.NEEDS])
+    if unmet:
+        return Installed("stock", (), (), f"{FALLBACK} this Flower lacks what the tuned "
+                         f"engine touches: {'; '.join(unmet)} (flower_pfl/tuned): Flower "
+                         f"runs as released", WARNING)
+    replaced = tuple(name(m) for m in wanted)
+    overrides = "".join(f"; {name(m)} kept Flower's ({m.KEEP_FLOWER_ENV}=1)"
+                        for m in REPLACEMENTS if m not in wanted)
+    return Installed("tuned" if replaced else "stock", replaced, left,
+                     f"[flower-pfl] simulation engine: tuned on flwr "
+                     f"{version_of('flwr')}: {', '.join(replaced) or 'nothing'} in "
+                     f"Flower's place{overrides}")
+
+
+def install(engine: str, *, simulation: bool,
+            version_of: Callable[[str], str | None] = gate.installed_version,
+            log: Callable[..., None] | None = None) -> Installed:
+    """Decide (:func:`decide`: every check made before anything is replaced), put the
+    chosen replacements in Flower's place, log the one line (``log(level, fmt, text)``;
+    default Flower's logger) and say what was done.  A second call with the same request
+    returns the first's answer and logs nothing; another request undoes the first's
+    replacements first (between runs, never during one).  Raises ``ValueError`` for an
+    ``engine`` not in :data:`ENGINES`."""
+    global _last
+    request = (engine, simulation, version_of)
+    if _last is not None and _last[0] == request:
+        return _last[1]
+    done = decide(engine, simulation=simulation, version_of=version_of)
+    uninstall()
+    for module in REPLACEMENTS:
+        if name(module) in done.replaced:
+            module.install()
+    if log is None:
+        from flwr.common.logger import log as flower_log
+
+        log = flower_log
+    log(done.level, "%s", done.line)
+    _last = (request, done)
+    return done
+
+
+def uninstall() -> None:
+    """Put Flower's own back everywhere (tests; between in-process runs)."""
+    global _last
+    for module in REPLACEMENTS:
+        module.uninstall()
+    _last = None
