@@ -1,9 +1,12 @@
 """FedRep client (Collins et al., "Exploiting Shared Representations for Personalized
 Federated Learning", ICML 2021), as PLGU section 5.1 / Algorithm 3 lines 7-12 describe it.
 
-The model is theta_i = h_i o phi: the head h_i is the LAST layer group of the model
-(``layer_names()[-1]``: ``fc`` / ``fc2`` / ``net.fc``), kept in ``context.state``; the body
-(representation) phi is every other layer and is shared.  One round:
+The model is theta_i = h_i o phi: the head h_i is the model's LAST ``head_count(model)``
+layer groups (flower_pfl/learning/layers.py: the built-ins' last layer, ``fc`` / ``fc2`` /
+``net.fc``; a user model's declared head, one layer or several, ordered last), kept in
+``context.state`` with its float buffers (a BatchNorm's running statistics in the head stay
+personal, the body's travel with the body); the body (representation) phi is every other
+layer and is shared.  One round:
 
 1. receive the global body phi^t; assemble (h_i, phi^t)  (a new client: the initial head);
 2. train the head for ``head-epochs`` passes with the body frozen (eq. 9, plain SGD);
@@ -21,7 +24,7 @@ import numpy as np
 
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
-from flower_pfl.learning.models import get_arrays
+from flower_pfl.learning.models import get_arrays, head_count, head_split
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.fedrep import FedRep
 
@@ -29,11 +32,9 @@ from flower_pfl.strategies.fedrep import FedRep
 @client_for(FedRep)
 class FedRepClient(LWSAMClientMixin, PFLClient):
     def split(self, model):
-        """(indices of head arrays, indices of body arrays) in get_arrays order."""
-        groups = self.groups(model)
-        head = list(groups[-1][1])
-        body = [i for _, idx in groups[:-1] for i in idx]
-        return head, body
+        """(indices of head arrays, indices of body arrays) in get_arrays order
+        (:func:`~flower_pfl.learning.models.head_split`)."""
+        return head_split(model)
 
     def assemble(self, body_arrays):
         """The model (h_i, phi): the stored head (or the initial one) and the given body."""
@@ -64,9 +65,9 @@ class FedRepClient(LWSAMClientMixin, PFLClient):
 
     def fit_round(self, parameters, config):
         model = self.assemble(parameters)
-        layers = layer_tensors(model)
-        head_t = layers[-1]
-        body_layers = layers[:-1]
+        layers, heads = layer_tensors(model), head_count(model)
+        head_t = [p for layer in layers[-heads:] for p in layer]
+        body_layers = layers[:-heads]
         # one "epoch" = one pass over the local data (or train.steps mini-batches if set)
         n_batches = self.spec.steps or self.spec.steps_per_pass(self.data.num_train)
         m_head = self.lwsam_train(model, [], [], 0.0, plain=head_t,

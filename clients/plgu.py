@@ -19,7 +19,8 @@ PLGU-LF, one round of sampled client i (Algorithm 2, lines 6-10):
   only (a mask says which arrays are shared).  Limits (tested): |L^Per| = 0 is FedSAM
   (while Lambda = I), |L^Per| = L is Local.
 
-PLGU-GRep: FedRep (clients/fedrep.py) whose body update is Algorithm 1 with Lambda from eq. 10
+PLGU-GRep: FedRep (clients/fedrep.py; the head: the last ``head_count`` layer groups, one or
+  several) whose body update is Algorithm 1 with Lambda from eq. 10
   (``reading: two-model``: the body phi~ by plain SGD, a copy w~ by the LWSAM gradient at
   phi~ + eps, w~ uploaded as the generalized representation; ``one-model``: one LWSAM body),
   xi_l = ||phi_{i,l} - phi_l|| / dim(phi_l) over the body layers, phi_i the body this client
@@ -49,7 +50,7 @@ from flower_pfl.clients.fedsam import (
     per_layer,
 )
 from flower_pfl.clients.pfedhn import PFedHNClient
-from flower_pfl.learning.models import get_arrays
+from flower_pfl.learning.models import get_arrays, head_count
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.plgu import PLGUGHN, PLGULF, PLGUGRep
 
@@ -111,7 +112,7 @@ class PLGUGRepClient(FedRepClient):
         if config["reading"] != "two-model" or not body_layers:  # (mclr: no body)
             return super().train_body(model, body_layers, scales, rho, num_steps, config)
         w_model = self.new_model(get_arrays(model))
-        w_layers = layer_tensors(w_model)[:-1]
+        w_layers = layer_tensors(w_model)[:-head_count(w_model)]
         theta = [p for layer in body_layers for p in layer]
         w = [p for layer in w_layers for p in layer]
         per_tensor = [s for layer, s in zip(body_layers, scales) for _ in layer]
@@ -125,8 +126,9 @@ class PLGUGRepClient(FedRepClient):
         if not body_layers:
             return []
         model = self.new_model()
-        groups = self.groups(model)[:-1]
-        scored = parameter_groups(model)[:-1]  # eq. 10 over parameters (not BN statistics)
+        heads = head_count(model)
+        groups = self.groups(model)[:-heads]
+        scored = parameter_groups(model)[:-heads]  # eq. 10 over parameters (not BN statistics)
         # body arrays are the get_arrays entries of the body groups, in order
         offsets, pos = [], 0
         for (_, idx), (_, params) in zip(groups, scored):

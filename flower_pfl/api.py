@@ -2,12 +2,12 @@
 
     import flower_pfl
     result = flower_pfl.run("simulation.yaml", strategy="fedamp", rounds=3,
-                            data={"alpha": 0.1}, engine="inprocess")
+                            data={"alpha": 0.1}, backend="inprocess")
     result.rounds        # rounds.csv: a pandas DataFrame (a list of dicts without pandas)
     result.summary       # summary.json: status, coverage, final, bmta, error, ...
     result.dir           # the results folder
 
-Two engines, the same configuration, checks and results folder:
+Two backends (``backend=``), the same configuration, checks and results folder:
 
 * ``simulation`` (the default): what ``flower-pfl run`` does
   (:func:`flower_pfl.running.launch.run_simulation`): a private SuperLink, ``flwr run``,
@@ -17,6 +17,10 @@ Two engines, the same configuration, checks and results folder:
 * ``inprocess``: the same Strategy and ClientApp in this process through Flower's message
   path (:func:`flower_pfl.running.inprocess.run`), clients one after another; no Ray or
   SuperLink to start, so a small run takes seconds -- for quick experiments.
+
+``backend`` is this function's own parameter; ``engine`` is not: like any other
+configuration key it goes through ``**overrides`` (``run(cfg, engine="stock")`` sets the
+YAML's ``engine: tuned | stock``, Flower's engine replacements on or off).
 
 Nothing here parses YAML, validates, checks the machine or reads a CSV by itself: the
 configuration goes through :mod:`flower_pfl.config`, the checks before start through
@@ -43,10 +47,10 @@ if TYPE_CHECKING:
     from flower_pfl.config import RunConfig
 
 __all__ = ["run", "load_config", "RunResult", "RunFailed", "ConfigError", "PreflightError",
-           "ENGINES", "TABLES"]
+           "BACKENDS", "TABLES"]
 
-#: the two ways a run goes (module docstring); the first is the default
-ENGINES = ("simulation", "inprocess")
+#: the two ways a run goes, ``backend=`` (module docstring); the first is the default
+BACKENDS = ("simulation", "inprocess")
 #: the CSV files of a results folder a :class:`RunResult` reads as tables
 TABLES = ("rounds", "clients", "fit", "server", "failures")
 
@@ -67,7 +71,8 @@ class RunResult:
     """A run's results folder, read back.  Every attribute reads the files when asked, so
     a result of a run still going shows its rounds so far.
 
-    ``dir``: the folder (``<output-dir>/<run-name>``); ``engine``: how it ran;
+    ``dir``: the folder (``<output-dir>/<run-name>``); ``backend``: how it ran (one of
+    :data:`BACKENDS`; the configuration's ``engine`` key is in ``config``);
     ``config``: its validated configuration (dotted keys -> values, as ``config.json``).
     Tables (:meth:`table`): :attr:`rounds`, :attr:`clients`, :attr:`fit`, :attr:`server`,
     :attr:`failures` -- a pandas DataFrame per file where pandas is installed, else a list
@@ -75,10 +80,10 @@ class RunResult:
     empty (NaN in a DataFrame); a file the run did not write is an empty table.
     """
 
-    def __init__(self, results_dir: str | Path, engine: str,
+    def __init__(self, results_dir: str | Path, backend: str,
                  config: Mapping[str, Any] | None = None) -> None:
         self.dir = Path(results_dir)
-        self.engine = engine
+        self.backend = backend
         if config is None:
             from flower_pfl.reporting.results import read_values
 
@@ -88,7 +93,7 @@ class RunResult:
     def __repr__(self) -> str:
         summary = self.summary
         return (f"RunResult({self.config.get('strategy', '?')}, {summary.get('status', '?')}, "
-                f"{len(summary.get('rounds') or [])} evaluated round(s), engine={self.engine}, "
+                f"{len(summary.get('rounds') or [])} evaluated round(s), backend={self.backend}, "
                 f"dir={str(self.dir)!r})")
 
     @property
@@ -231,13 +236,14 @@ def _results_dir(cfg: RunConfig) -> Path:
 
 # ------------------------------------------------------------------------------ run
 def run(config: str | os.PathLike[str] | Mapping[str, Any] | None = None, *,
-        engine: str = "simulation", quiet: bool = False, timeout: float | None = None,
+        backend: str = "simulation", quiet: bool = False, timeout: float | None = None,
         ray_address: str | None = None, **overrides: Any) -> RunResult:
     """Run one configuration and return its :class:`RunResult`.
 
     ``config``/``overrides``: as :func:`load_config` (``strategy="fedamp"``,
-    ``**{"data.alpha": 0.1}``, ``data={"alpha": 0.1}``, ``run_name="x"``).
-    ``engine``: ``"simulation"`` (default: Ray, as ``flower-pfl run``) or ``"inprocess"``
+    ``**{"data.alpha": 0.1}``, ``data={"alpha": 0.1}``, ``run_name="x"``; ``engine="stock"``
+    is the configuration's ``engine`` key, an override like the others).
+    ``backend``: ``"simulation"`` (default: Ray, as ``flower-pfl run``) or ``"inprocess"``
     (module docstring).  ``quiet``: warnings only, no round lines (simulation: the console
     of ``flower-pfl run``, the full log in ``<results>/flwr-run.log``; in process: Flower's
     log above WARNING).  ``timeout`` (simulation only): seconds before the run is stopped
@@ -245,19 +251,20 @@ def run(config: str | os.PathLike[str] | Mapping[str, Any] | None = None, *,
     default ``RAY_ADDRESS``, else a private Ray instance).
 
     Raises, before anything is started or any folder made: ConfigError (a bad key, type or
-    value; an unknown engine), PreflightError (this machine, the folders, the data or the
+    value; an unknown backend), PreflightError (this machine, the folders, the data or the
     model cannot serve the run: the checks ``flower-pfl run`` makes).  Raises RunFailed
     (``.result``: the recorded run, status failed) when the run fails, KeyboardInterrupt
     (status stopped) when interrupted.  A run ``stopped`` by a stop request is returned."""
-    if engine not in ENGINES:
-        raise ConfigError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
-    if timeout is not None and engine != "simulation":
-        raise ConfigError(f"timeout: only the simulation engine has one (engine {engine!r})")
-    if ray_address is not None and engine != "simulation":
-        raise ConfigError(f"ray_address: only the simulation engine uses Ray (engine {engine!r})")
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend {backend!r}: one of {', '.join(BACKENDS)}")
+    if timeout is not None and backend != "simulation":
+        raise ConfigError(f"timeout: only the simulation backend has one (backend {backend!r})")
+    if ray_address is not None and backend != "simulation":
+        raise ConfigError(f"ray_address: only the simulation backend uses Ray "
+                          f"(backend {backend!r})")
     cfg = load_config(config, **overrides)
     results_dir = _results_dir(cfg)
-    if engine == "inprocess":
+    if backend == "inprocess":
         return _run_inprocess(cfg, results_dir, quiet)
     return _run_simulation(cfg, results_dir, quiet, timeout, ray_address)
 

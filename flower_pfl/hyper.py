@@ -48,15 +48,11 @@ class Entry:
     hyper: Mapping[str, Hyper] = field(default_factory=dict)
     #: checks that need the rest of the configuration: (values, hyper) -> problems
     cross_check: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] | None = None
-    #: ``train.*`` keys this method does not use, each with the paper's reason: a value other
-    #: than the key's default is refused at validation (config.py); every other train key
-    #: changes what the client uploads (tests/test_training_recipe.py, docs/training.md)
+    #: ``train.*`` keys this method does not use (or whose role the method's own
+    #: hyper-parameters take; the reason names them), each with the paper's reason: a value
+    #: other than the key's default is refused at validation (config.py); every other train
+    #: key changes what the client uploads (tests/test_training_recipe.py, docs/training.md)
     refuses: Mapping[str, str] = field(default_factory=dict)
-    #: ``train.*`` keys whose role the method's own hyper-parameters take (key -> which, in
-    #: words): accepted and documented as not used -- the upload is the same whatever their
-    #: value (tests/test_training_recipe.py); refusing them would refuse every shared
-    #: ``train`` section of a benchmark matrix
-    replaced_by: Mapping[str, str] = field(default_factory=dict)
 
     def validate_hyper(self, params: Mapping[str, Any], prefix: str
                        ) -> tuple[dict[str, Any], list[str]]:

@@ -229,13 +229,16 @@ def bindings() -> dict[str, tuple[type | None, type | None]]:
 
 def training_table(keys: Sequence[str]) -> str:
     """The Markdown table of docs/training.md: strategy x ``train.*`` key, each cell "used"
-    (changing it changes what the client uploads), "refused (n)" (validation stops with the
-    entry's reason n, listed below the table) or "not used: <hyper> (n)" (the method's own
-    hyper-parameters take that role; the upload is the same whatever the value).  Identical
-    notes share a number.  tests/test_training_recipe.py checks the cells and that
-    docs/training.md holds this table.  ``keys``: the columns, the configuration's
-    ``train.*`` keys (:func:`flower_pfl.config.train_keys`; the registry does not import
-    the configuration, which imports it)."""
+    (changing it changes what the client uploads) or "refused (n)" (validation stops with the
+    entry's reason n, listed below the table, when the key is set to anything but its
+    default).  There is no third kind: a key whose role the method's own hyper-parameters
+    take is refused, the reason naming them (``hyper.<name>.alpha``, written
+    ``hyper.<strategy>.alpha`` in the note, so that a family's identical notes share a
+    number).
+    tests/test_training_recipe.py checks every cell and that docs/training.md holds this
+    table.  ``keys``: the columns, the configuration's ``train.*`` keys
+    (:func:`flower_pfl.config.train_keys`; the registry does not import the configuration,
+    which imports it)."""
     notes: list[str] = []
 
     def note(text: str) -> int:
@@ -246,14 +249,10 @@ def training_table(keys: Sequence[str]) -> str:
     rows = ["| strategy | " + " | ".join(f"`{k}`" for k in keys) + " |",
             "|---|" + "---|" * len(keys)]
     for name in sorted(REGISTRY):
-        entry, cells = REGISTRY[name], []
-        for key in keys:
-            if key in entry.refuses:
-                cells.append(f"refused ({note(entry.refuses[key])})")
-            elif key in entry.replaced_by:
-                cells.append(f"not used ({note(f'{key}: {entry.replaced_by[key]} instead')})")
-            else:
-                cells.append("used")
+        reasons = {key: reason.replace(f"hyper.{name}.", "hyper.<strategy>.")
+                   for key, reason in REGISTRY[name].refuses.items()}
+        cells = [f"refused ({note(reasons[key])})" if key in reasons else "used"
+                 for key in keys]
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
     lines = [f"{i}. {text}." for i, text in enumerate(notes, 1)]
     return "\n".join(rows) + ("\n\n" + "\n".join(lines) if lines else "") + "\n"

@@ -1,7 +1,8 @@
 """FedRep (Collins et al., ICML 2021) server, as PLGU Algorithm 3 lines 5 and 14 use it.
 
 The server holds only the global body (representation) phi: every layer group of the model
-but the last (the head, which each client keeps; clients/fedrep.py). Each round it sends
+but the head's (the last one of a built-in, a user model's declared head of one or more
+layers: ``models.head_split``; each client keeps its head, clients/fedrep.py). Each round it sends
 phi^t to the sampled clients and sets phi^{t+1} = (1/C) sum_i phi_i (Algorithm 3, line 14:
 an unweighted mean of the uploaded bodies). There is no global model to evaluate: the
 personalized model of client i is (h_i, phi^t), evaluated by every client.
@@ -18,7 +19,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
-from flower_pfl.learning.models import layer_groups, model_for
+from flower_pfl.learning.models import head_split, model_for
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 from flower_pfl.strategies.mechanism import Mechanism
@@ -40,12 +41,12 @@ class FedRep(PersonalizedStrategy):
         self.body: list[np.ndarray] = []  # the shared body, averaged each round
 
     def setup(self, initial_arrays):
-        groups = layer_groups(model_for(self.cfg))
-        self.body_index = [i for _, idx in groups[:-1] for i in idx]
+        self.body_index = head_split(model_for(self.cfg))[1]
         self.body = [np.array(initial_arrays[i], copy=True) for i in self.body_index]
         if not self.body_index:
-            log(WARNING, "[flower-pfl] %s: model '%s' has one layer group, so the shared body "
-                "is empty and every client trains only its own head (= Local training)",
+            log(WARNING, "[flower-pfl] %s: model '%s' is all head (one layer group), so the "
+                "shared body is empty and every client trains only its own head (= Local "
+                "training)",
                 self.cfg.strategy, self.cfg["model"])
 
     def upload_template(self):

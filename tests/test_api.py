@@ -2,16 +2,18 @@
 written; the result's tables are the CSV files' rows; overrides (keywords, dotted, nested)
 reach the configuration; a refused configuration raises before any folder exists; a failed
 run raises with its record; ``import flower_pfl`` stays light.  Real in-process runs on a
-small real Fashion-MNIST subset; the Ray simulation engine in the slow tier.
+small real Fashion-MNIST subset; the Ray simulation backend in the slow tier.  ``backend=``
+is ``run``'s own parameter; ``engine=`` is the configuration's ``engine`` key, an override.
 
 The docs page's ``python`` blocks run top to bottom in one namespace, in a scratch working
-directory, except a block that says ``engine="simulation"`` (a Ray run of the shipped
-configuration: minutes; the slow test below runs that engine on a tiny configuration).
+directory, except a block that says ``backend="simulation"`` (a Ray run of the shipped
+configuration: minutes; the slow test below runs that backend on a tiny configuration).
 """
 
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import math
 import re
@@ -47,7 +49,7 @@ def _blocks() -> list[str]:
 
 # ------------------------------------------------------------------ the docs example
 def test_the_docs_example_runs_as_written(tmp_path, monkeypatch, capsys):
-    blocks = [b for b in _blocks() if 'engine="simulation"' not in b]
+    blocks = [b for b in _blocks() if 'backend="simulation"' not in b]
     assert len(blocks) >= 5 and len(_blocks()) == len(blocks) + 1
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__"}
@@ -55,7 +57,7 @@ def test_the_docs_example_runs_as_written(tmp_path, monkeypatch, capsys):
         exec(compile(block, str(DOC), "exec"), namespace)
     out = capsys.readouterr().out
     result = namespace["result"]
-    assert result.status == "completed" and result.engine == "inprocess"
+    assert result.status == "completed" and result.backend == "inprocess"
     assert result.dir.parent == tmp_path / "outputs" / "api"
     assert "unknown key 'data.alpah' (did you mean 'data.alpha'?)" in out
     assert "failed RoundError" in out
@@ -68,7 +70,7 @@ def test_the_docs_example_runs_as_written(tmp_path, monkeypatch, capsys):
 
 # ------------------------------------------------------------------ tables vs files
 def test_the_tables_are_the_csv_files_rows_typed(tmp_path):
-    result = flower_pfl.run(TINY, engine="inprocess", output_dir=str(tmp_path), quiet=True,
+    result = flower_pfl.run(TINY, backend="inprocess", output_dir=str(tmp_path), quiet=True,
                             run_name="t")
     assert result.dir == tmp_path / "t" and result.status == "completed"
     for name in ("rounds", "clients", "fit", "server"):
@@ -104,7 +106,7 @@ def test_the_tables_are_the_csv_files_rows_typed(tmp_path):
 
 
 def test_without_pandas_a_table_is_the_list_of_rows(tmp_path, monkeypatch):
-    result = flower_pfl.run(TINY, engine="inprocess", output_dir=str(tmp_path), quiet=True)
+    result = flower_pfl.run(TINY, backend="inprocess", output_dir=str(tmp_path), quiet=True)
     monkeypatch.setattr(api, "_pandas", lambda: None)
     assert result.rounds == result.rows("rounds") and isinstance(result.rounds, list)
     assert result.clients[0]["partition-id"] == 0 and result.clients[0]["round"] == 1
@@ -133,7 +135,7 @@ def test_overrides_by_keyword_dotted_key_and_nested_dict_reach_the_configuration
     assert cfg["fraction-fit"] == 0.5 and cfg["data.alpha"] == 0.3 and cfg["clients"] == 4
     assert TINY["data"] == {"dataset": "fmnist", "partition": "dirichlet", "subsample": 2000}
     # a run gets them: its config.json
-    result = flower_pfl.run(TINY, engine="inprocess", output_dir=str(tmp_path / "o"),
+    result = flower_pfl.run(TINY, backend="inprocess", output_dir=str(tmp_path / "o"),
                             quiet=True, rounds=1, data={"alpha": 0.2}, **{"train.epochs": 2})
     values = json.loads((result.dir / "config.json").read_text())["values"]
     assert values["rounds"] == 1 and values["data.alpha"] == 0.2 and values["train.epochs"] == 2
@@ -152,13 +154,16 @@ def test_the_default_configuration_is_the_apps_simulation_yaml():
 @pytest.mark.parametrize("bad, error, match", [
     ({"data.alpah": 0.1}, api.ConfigError, r"unknown key 'data\.alpah' \(did you mean"),
     ({"strategy": "fedamq"}, api.ConfigError, r"fedamq"),
-    ({"engine": "ray"}, api.ConfigError, r"engine 'ray': one of simulation, inprocess"),
-    ({"timeout": 5.0}, api.ConfigError, r"timeout: only the simulation engine"),
+    ({"backend": "ray"}, api.ConfigError, r"backend 'ray': one of simulation, inprocess"),
+    # engine= is the configuration's key (tuned | stock), not the backend
+    ({"engine": "inprocess"}, api.ConfigError, r"'engine' = 'inprocess' is out of range: "
+                                               r"allowed is one of \['tuned', 'stock'\]"),
+    ({"timeout": 5.0}, api.ConfigError, r"timeout: only the simulation backend"),
     ({"data.subsample": 5}, api.PreflightError, r"'data\.subsample' = 5 cannot give 4 clients"),
 ])
 def test_a_refused_run_raises_before_any_folder_exists(tmp_path, bad, error, match):
     out = tmp_path / "out"
-    kwargs = {"engine": "inprocess", **bad}
+    kwargs = {"backend": "inprocess", **bad}
     with pytest.raises(error, match=match):
         flower_pfl.run(TINY, output_dir=str(out), **kwargs)
     assert not out.exists()
@@ -167,11 +172,11 @@ def test_a_refused_run_raises_before_any_folder_exists(tmp_path, bad, error, mat
 
 def test_a_run_name_holding_a_run_is_refused_and_without_one_each_run_gets_its_folder(
         tmp_path):
-    first = flower_pfl.run(TINY, engine="inprocess", output_dir=str(tmp_path), run_name="x",
+    first = flower_pfl.run(TINY, backend="inprocess", output_dir=str(tmp_path), run_name="x",
                            quiet=True, rounds=1)
     rows = _csv(first.dir / "rounds.csv")
     with pytest.raises(api.PreflightError, match="holds a run already"):
-        flower_pfl.run(TINY, engine="inprocess", output_dir=str(tmp_path), run_name="x",
+        flower_pfl.run(TINY, backend="inprocess", output_dir=str(tmp_path), run_name="x",
                        rounds=1)
     assert _csv(first.dir / "rounds.csv") == rows  # nothing appended
     cfg = api.load_config(TINY, output_dir=str(tmp_path / "d"))
@@ -180,10 +185,26 @@ def test_a_run_name_holding_a_run_is_refused_and_without_one_each_run_gets_its_f
     assert api._results_dir(cfg) == base.with_name(base.name + "-2")
 
 
+# ------------------------------------------------------------------ engine= vs backend=
+def test_engine_is_the_configuration_key_and_backend_the_way_it_runs(tmp_path):
+    """``run(cfg, engine="stock")`` reaches the configuration as the YAML key ``engine``
+    (an override like ``rounds=``), on the in-process backend; its config.json says so and
+    the default is ``tuned``."""
+    result = flower_pfl.run(TINY, backend="inprocess", engine="stock", output_dir=str(tmp_path),
+                            run_name="stock", quiet=True, rounds=1)
+    assert result.backend == "inprocess" and result.status == "completed"
+    assert result.config["engine"] == "stock"
+    assert api.RunResult(result.dir, "inprocess").config["engine"] == "stock"  # config.json
+    assert "backend=inprocess" in repr(result)
+    assert api.load_config(TINY)["engine"] == "tuned"
+    params = inspect.signature(api.run).parameters  # no engine parameter to shadow the key
+    assert "engine" not in params and params["backend"].default == "simulation"
+
+
 # ------------------------------------------------------------------ a failed run
 def test_a_failed_run_raises_with_its_record(tmp_path):
     with pytest.raises(api.RunFailed) as info:
-        flower_pfl.run(TINY, engine="inprocess", output_dir=str(tmp_path), run_name="nan",
+        flower_pfl.run(TINY, backend="inprocess", output_dir=str(tmp_path), run_name="nan",
                        quiet=True, model="dnn", **{"train.lr": 1e6})
     assert isinstance(info.value.__cause__, RoundError)
     result = info.value.result
@@ -210,12 +231,12 @@ def test_importing_the_package_imports_neither_torch_nor_flower():
         flower_pfl.rn  # noqa: B018
 
 
-# ------------------------------------------------------------------ the Ray engine
+# ------------------------------------------------------------------ the Ray backend
 @pytest.mark.slow
-def test_the_simulation_engine_runs_flwr_run_in_ray_and_returns_its_tables(tmp_path):
+def test_the_simulation_backend_runs_flwr_run_in_ray_and_returns_its_tables(tmp_path):
     result = flower_pfl.run(TINY, output_dir=str(tmp_path), run_name="ray", quiet=True,
                             timeout=600)
-    assert result.engine == "simulation" and result.status == "completed"
+    assert result.backend == "simulation" and result.status == "completed"
     assert (result.dir / "flwr-run.log").is_file()  # written by `flwr run`, not in process
     assert not (result.dir / ".initial-arrays.npz").exists()  # the preflight's, removed
     assert list(result.rounds["round"]) == [1, 2]

@@ -25,9 +25,12 @@ ROUNDS, CLIENTS = 2, 3
 
 
 def _tiny(strategy: str, **changes):
+    """The shared small run; a ``train.*`` key the strategy refuses (pFedBreD / pFedMe take
+    their batch size from their own hyper-parameters) is left at its default for it."""
+    settings = {"eval-every": 1, "data.subsample": 1500, "train.batch-size": 50, **changes}
+    refused = registry.REGISTRY[strategy].refuses
     return small_config(strategy=strategy, rounds=ROUNDS, clients=CLIENTS, model="mclr",
-                        **{"eval-every": 1, "data.subsample": 1500, "train.batch-size": 50,
-                           **changes})
+                        **{k: v for k, v in settings.items() if k not in refused})
 
 
 def _rows(path, name):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from flower_pfl import registry
 from flower_pfl.learning import models
 from flower_pfl.learning import user_model as um
 from flower_pfl.reliability import preflight as pf
@@ -191,15 +192,88 @@ def test_a_module_nowhere_is_named(tmp_path):
         um.import_factory("a-b:make")
 
 
-def test_a_head_of_two_layers_suits_fedavg_but_not_fedrep(tmp_path):
-    source = _module(tmp_path, "usernet_two")
-    args = {"head": ["fc1", "classifier"]}
-    pf.check_model(_cfg(source, "usernet_two:make", args).values, None, [str(Path(source).parent)],
-                   torch.zeros(4, 1, 28, 28), 10, [100])
-    with pytest.raises(PreflightError, match=r"fedrep keeps one layer personal .* spans 2 "
-                                             r"layers \['classifier', 'fc1'\]"):
-        pf.check_model(_cfg(source, "usernet_two:make", args, strategy="fedrep").values, None,
-                       [str(Path(source).parent)], torch.zeros(4, 1, 28, 28), 10, [100])
+#: the two-layer head (the classifier and BatchNorm1d bn1, in module order) and the body,
+#: by hand
+TWO_HEAD = ["net.classifier.weight", "net.classifier.bias", "net.bn1.weight", "net.bn1.bias",
+            "net.bn1.running_mean", "net.bn1.running_var"]
+TWO_BODY = ["net.conv.weight", "net.conv.bias", "net.bn.weight", "net.bn.bias",
+            "net.bn.running_mean", "net.bn.running_var", "net.fc1.weight", "net.fc1.bias"]
+
+
+@pytest.mark.parametrize("strategy", ["fedrep", "plgu-grep"])
+def test_a_head_of_two_layers_runs_fedrep_and_plgu_grep(strategy, tmp_path, monkeypatch):
+    """A declared head of 2 layers (bn1 with its running statistics, and the classifier)
+    passes the preflight check and runs 2 rounds: each client uploads exactly the body
+    (TWO_BODY, none of the head's arrays), keeps exactly the head (TWO_HEAD), the server
+    averages the body, and the head's layers both train (eq. 9 on the whole head)."""
+    from flower_pfl.clients.base import PFLClient
+    from flower_pfl.clients.state import ClientState
+
+    name = f"usernet_two_{strategy.replace('-', '_')}"
+    cfg = _cfg(_module(tmp_path, name), f"{name}:make", {"head": ["bn1", "classifier"]},
+               strategy=strategy)
+    model = models.model_for(cfg)
+    keys = [k for k, v in model.state_dict().items() if v.is_floating_point()]
+    head, body = models.head_split(model)
+    assert models.head_count(model) == 2
+    assert [keys[i] for i in head] == TWO_HEAD and [keys[i] for i in body] == TWO_BODY
+    initial = dict(zip(keys, models.get_arrays(model)))
+
+    uploads, heads = [], []
+    fit, set_arrays = PFLClient.fit, ClientState.set_arrays
+
+    def spy_fit(self, parameters, config):
+        arrays, n, metrics = fit(self, parameters, config)
+        uploads.append([np.array(a, copy=True) for a in arrays])
+        return arrays, n, metrics
+
+    def spy_set(self, key, arrays):
+        if key == "head":
+            heads.append([np.array(a, copy=True) for a in arrays])
+        return set_arrays(self, key, arrays)
+
+    # what each phase trains, by parameter name: the head phase (eq. 9, salt 0) the head's
+    # parameters, the body phase exactly the body's
+    client = registry.client_class(strategy)
+    trained: dict[str, set] = {"head": set(), "body": set()}
+    lwsam, train_body = client.lwsam_train, client.train_body
+
+    def names(model, tensors):
+        return {n for n, p in model.named_parameters() if any(p is t for t in tensors)}
+
+    def spy_lwsam(self, model, perturbed, scales, rho, plain=(), **kw):
+        if kw.get("salt") == 0:
+            trained["head"] |= names(model, list(plain)) | names(model, perturbed)
+        return lwsam(self, model, perturbed, scales, rho, plain=plain, **kw)
+
+    def spy_body(self, model, body_layers, *a, **kw):
+        trained["body"] |= names(model, [p for layer in body_layers for p in layer])
+        return train_body(self, model, body_layers, *a, **kw)
+
+    monkeypatch.setattr(client, "lwsam_train", spy_lwsam)
+    monkeypatch.setattr(client, "train_body", spy_body)
+    monkeypatch.setattr(PFLClient, "fit", spy_fit)
+    monkeypatch.setattr(ClientState, "set_arrays", spy_set)
+    out = tmp_path / "run"
+    pf.preflight(cfg, out, out / "initial.npz")  # a head of 2 layers is not refused
+    s = inprocess.run(cfg, out)
+    monkeypatch.undo()
+    assert len(uploads) == 8 and len(heads) == 8  # 4 clients x 2 rounds
+    params = {n for n, _ in model.named_parameters()}
+    assert trained == {"head": set(TWO_HEAD) & params, "body": set(TWO_BODY) & params}
+    shapes = lambda names: [initial[k].shape for k in names]  # noqa: E731
+    assert all([a.shape for a in up] == shapes(TWO_BODY) for up in uploads)
+    assert all([a.shape for a in h] == shapes(TWO_HEAD) for h in heads)
+    assert s.body_index == body and [a.shape for a in s.body] == shapes(TWO_BODY)
+    # the server's body is the mean of round 2's uploads (Algorithm 3, line 14)
+    mean = [np.mean(np.stack([u[k] for u in uploads[4:]]).astype(np.float64), axis=0)
+            for k in range(len(body))]
+    assert all(np.allclose(a, m, atol=1e-6) for a, m in zip(s.body, mean))
+    # both head layers trained: bn1's affine weight and statistics, the classifier's weight
+    last = dict(zip(TWO_HEAD, heads[-1]))
+    for name in ("net.bn1.weight", "net.bn1.running_mean", "net.classifier.weight"):
+        assert not np.allclose(last[name], initial[name]), name
+    assert float(_rows(out)[-1]["personal_mean"]) > 0.2  # chance: 0.1
 
 
 # ------------------------------------------------------------------ head declarations

@@ -9,6 +9,7 @@ rejected by the range checks.
 
 from __future__ import annotations
 
+from flower_pfl.catalog import refusals
 from flower_pfl.hyper import NUM, POS, Entry, Hyper
 
 FINETUNE = Hyper(10, (int,), POS, "an integer >= 1",
@@ -94,7 +95,7 @@ SCAFFOLD = Entry(
     {"global-lr": Hyper(1.0, NUM, POS, "a number > 0",
                         "global step size eta_g (1 in the paper's experiments: the server "
                         "takes the mean client model)")},
-    refuses=SCAFFOLD_REFUSES,
+    refuses=refusals(SCAFFOLD_REFUSES),
 )
 
 
@@ -111,7 +112,7 @@ APFL = Entry(
      "alpha-lr": Hyper(0.05, NUM, POS, "a number > 0",
                        "step size of the alpha update; the paper uses the model step size "
                        "eta (our train.lr default 0.05)")},
-    refuses=APFL_REFUSES,
+    refuses=refusals(APFL_REFUSES),
 )
 
 
@@ -148,7 +149,7 @@ PERFEDAVG = Entry(
      "personal-steps": Hyper(1, (int,), POS, "an integer >= 1",
                              "SGD steps from the global model before personalized "
                              "evaluation (the paper: one step)")},
-    refuses=PERFEDAVG_REFUSES,
+    refuses=refusals(PERFEDAVG_REFUSES),
 )
 
 ENTRIES = [FEDAVG, LOCAL, FEDAVG_FT, FEDPROX, FEDPROX_FT, SCAFFOLD, APFL, DITTO, PERFEDAVG]

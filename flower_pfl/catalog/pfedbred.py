@@ -9,6 +9,7 @@ The choices the paper leaves open, and the runs: docs/algorithms/pfedbred.md.
 
 from __future__ import annotations
 
+from flower_pfl.catalog import refusals
 from flower_pfl.hyper import NUM, POS, Entry, Hyper
 
 _PAPER = "pFedBreD section 6.1 'Hyperparameter Settings'"
@@ -42,7 +43,7 @@ COMMON = {
                         f"'number of proximal iterations')"),
     "batch-size": Hyper(20, (int,), POS, "an integer >= 1",
                         f"mini-batch size of each local iteration; 20 ({_PAPER}, non-Sent140). "
-                        f"train.batch-size/lr/epochs/steps are not used by this family "
+                        f"train.batch-size/lr/epochs/steps are refused for this family "
                         f"(docs/training.md)"),
     "theta-init": _theta_init("carry"),
     "weighting": Hyper("uniform", (str,), lambda v: v in ("uniform", "samples"),
@@ -51,20 +52,35 @@ COMMON = {
                        "uniform sampling) or the sample-weighted mean"),
 }
 
-#: the family's local solver is the paper's, with its own step sizes
-REFUSES = {
-    key: "pFedBreD / pFedMe (Alg. 1 lines 6-10) run their own bi-level solver: K plain SGD "
-         "steps of size alpha on f_i(theta) + lambda/2 ||theta - mu||^2, then w -= alpha_m "
-         "lambda (mu - theta) (eq. 13); the step sizes are hyper-parameters, the prox "
-         "problem's solution is what the envelope gradient needs, and the paper defines no "
-         "momentum buffer, decay term or adaptive (Adam) step in either step"
-    for key in ("train.momentum", "train.weight-decay", "train.optimizer")
-} | {"train.lr-schedule": "pFedBreD / pFedMe (Alg. 1) take constant step sizes alpha and "
-                         "alpha_m (hyper-parameters, section 6.1), not train.lr, whose "
-                         "schedule this key sets"}
-#: train keys whose role the family's own hyper-parameters take (pFedBreD section 6.1)
-REPLACED_BY = {"train.lr": "hyper alpha, alpha-m", "train.batch-size": "hyper batch-size",
-               "train.epochs": "hyper local-iterations", "train.steps": "hyper local-iterations"}
+_SOLVER = ("pFedBreD / pFedMe (Alg. 1 lines 6-10) run their own bi-level solver: K plain SGD "
+           "steps of size alpha on f_i(theta) + lambda/2 ||theta - mu||^2, then w -= alpha_m "
+           "lambda (mu - theta) (eq. 13); the step sizes are hyper-parameters, the prox "
+           "problem's solution is what the envelope gradient needs, and the paper defines no "
+           "momentum buffer, decay term or adaptive (Adam) step in either step")
+
+
+def refuses(name: str) -> dict[str, str]:
+    """The train keys entry ``name`` refuses: the family's local solver is the paper's, on its
+    own hyper-parameters (``hyper.<name>.*``, section 6.1), which the reasons name."""
+    hyper = f"hyper.{name}"
+    iterations = (f"pFedBreD / pFedMe (Alg. 1 lines 6-8) run, per round, {hyper}.local-iterations "
+                  f"(R) local iterations of one mini-batch each, with {hyper}.prox-steps (K) "
+                  f"prox steps per iteration (section 6.1)")
+    return refusals({
+        "train.epochs": f"{iterations}, not epochs: train.epochs has no role",
+        "train.steps": f"{iterations}: train.steps has no role",
+        "train.batch-size": f"each local iteration of pFedBreD / pFedMe (Alg. 1 line 7) draws "
+                            f"one mini-batch of {hyper}.batch-size samples (section 6.1): "
+                            f"train.batch-size has no role",
+        "train.lr": f"pFedBreD / pFedMe's solver takes its step sizes from {hyper}.alpha (the "
+                    f"K prox steps, Alg. 1 line 8) and {hyper}.alpha-m (the step on w, line 9, "
+                    f"eq. 13), constant hyper-parameters (section 6.1): train.lr has no role",
+        **{key: _SOLVER for key in ("train.momentum", "train.weight-decay", "train.optimizer")},
+        "train.lr-schedule": f"pFedBreD / pFedMe (Alg. 1) take constant step sizes alpha and "
+                             f"alpha_m ({hyper}.alpha, {hyper}.alpha-m; section 6.1), not "
+                             f"train.lr, whose schedule this key sets",
+    })
+
 
 _ETA = Hyper(0.05, NUM, lambda v: v >= 0, "a number >= 0",
              f"eta, meta-step size of the memorized envelope gradient in eq. 14 (meg, mh); "
@@ -116,15 +132,13 @@ PFEDBRED = Entry(
                     "mh-lookahead: the authors' code's mh (a look-ahead gradient on a "
                     "second batch applied to w, then the meg term)"),
      **META, **COMMON},
-    cross_check=_stability, refuses=REFUSES,
-                 replaced_by=REPLACED_BY)
+    cross_check=_stability, refuses=refuses("pfedbred"))
 
 
 def _fixed_prior(prior: str) -> Entry:
     """``pfedbred-<prior>``: pFedBreD with its prior fixed (no 'prior' hyper-parameter)."""
     return Entry(f"pfedbred-{prior}", f"{_PRIORS[prior]}. " + _SUMMARY, {**META, **COMMON},
-                 cross_check=_stability, refuses=REFUSES,
-                 replaced_by=REPLACED_BY)
+                 cross_check=_stability, refuses=refuses(f"pfedbred-{prior}"))
 
 
 PFEDBRED_LG = _fixed_prior("lg")
@@ -136,7 +150,6 @@ PFEDME = Entry(
     "pFedMe (Dinh et al., NeurIPS 2020): no prior, mu = w (Moreau envelope, no "
     "meta-step; pFedBreD's 'Non-PP' row), theta restarts at w each round.",
     {**COMMON, "theta-init": _theta_init("restart")},
-    cross_check=_stability, refuses=REFUSES,
-                 replaced_by=REPLACED_BY)
+    cross_check=_stability, refuses=refuses("pfedme"))
 
 ENTRIES = [PFEDBRED, PFEDBRED_LG, PFEDBRED_MEG, PFEDBRED_MH, PFEDBRED_MH_LOOKAHEAD, PFEDME]

@@ -56,12 +56,21 @@ PLGU_LF = Entry(
 )
 
 
+def _epochs_refused(name: str) -> dict[str, str]:
+    """FedRep and PLGU-GRep count a round's passes per part, in their own hyper-parameters."""
+    return {"train.epochs": f"FedRep (Collins et al. 2021, Alg. 1; PLGU Alg. 3 lines 7-12, "
+                            f"eq. 9) trains the head for hyper.{name}.head-epochs passes with "
+                            f"the body frozen, then the body for hyper.{name}.body-epochs "
+                            f"passes: train.epochs has no role (train.steps, when set, is the "
+                            f"mini-batches of one such pass)"}
+
+
 FEDREP = Entry(
     "fedrep",
     "FedRep (Collins et al., ICML 2021): personal head (last layer) trained first, then the "
     "shared body; server averages the bodies.",
     {"head-epochs": HEAD, "body-epochs": BODY},
-    replaced_by={"train.epochs": "hyper head-epochs, body-epochs"},
+    refuses=_epochs_refused("fedrep"),
 )
 
 
@@ -70,7 +79,7 @@ PLGU_GREP = Entry(
     "PLGU-GRep (Qu et al., CVPR 2023, Alg. 3): FedRep whose body update is LWSAM with the "
     "eq. 10 layer scores.",
     {"head-epochs": HEAD, "body-epochs": BODY, "rho": RHO, "reading": READING},
-    replaced_by={"train.epochs": "hyper head-epochs, body-epochs"},
+    refuses=_epochs_refused("plgu-grep"),
 )
 
 

@@ -6,6 +6,7 @@ words here and measured in docs/algorithms/selffl.md (the section each ``doc`` n
 
 from __future__ import annotations
 
+from flower_pfl.catalog import refusals
 from flower_pfl.hyper import NUM, POS, Entry, Hyper, auto_or_positive
 
 ESTIMATORS = ("bootstrap", "surrogate")
@@ -94,15 +95,14 @@ SELFFL = Entry(
          "contraction is measured on the bootstrap fit)"]
         if hyper.get("contraction") == "measured"
         and hyper.get("variance-estimator", "bootstrap") != "bootstrap" else []),
-    refuses={"train.optimizer": "Self-FL's eq. 8 (Chen et al., section 3.3) sets the local "
-                                "step count l_m and step size eta_m for plain gradient steps "
-                                "on the local loss, whose contraction (1 - eta_m/sigma_m^2)^l_m "
-                                "is what eq. 8 solves; an adaptive optimizer's step is not "
-                                "that contraction",
-             "train.lr-schedule": "Self-FL's eq. 8 (Chen et al., section 3.3) sets each "
-                                  "round's step size eta_m from the variances and hyper eta; "
-                                  "train.lr (and so its schedule) acts only in the FedAvg "
-                                  "warm-up rounds"},
+    refuses=refusals({
+        "train.optimizer": "Self-FL's eq. 8 (Chen et al., section 3.3) sets the local step count "
+                           "l_m and step size eta_m for plain gradient steps on the local loss, "
+                           "whose contraction (1 - eta_m/sigma_m^2)^l_m is what eq. 8 solves; "
+                           "an adaptive optimizer's step is not that contraction",
+        "train.lr-schedule": "Self-FL's eq. 8 (Chen et al., section 3.3) sets each round's step "
+                             "size eta_m from the variances and hyper eta; train.lr (and so its "
+                             "schedule) acts only in the FedAvg warm-up rounds"}),
 )
 
 ENTRIES = [SELFFL]

@@ -57,11 +57,20 @@ def layer_groups(model: NamedLayers) -> list[tuple[str, list[int]]]:
     return _groups(model, model.layer_names())
 
 
+def head_count(model: nn.Module) -> int:
+    """How many of the model's layer groups, the last ones in ``layer_names()`` order, are
+    its head (FedRep's h_i, PLGU-GRep's personal part): a user model's declared head
+    (``head_groups``, ordered last by :class:`~flower_pfl.learning.user_model.UserModel`),
+    one or more layers; 1 for the built-ins (their last layer)."""
+    return len(getattr(model, "head_groups", ())) or 1
+
+
 def head_split(model: NamedLayers) -> tuple[list[int], list[int]]:
-    """(head indices, body indices) into ``get_arrays(model)``: the head is the model's
-    ``head_groups`` (a :class:`UserModel`) or its last layer group (the built-ins)."""
+    """(head indices, body indices) into ``get_arrays(model)``: the last
+    :func:`head_count` layer groups are the head (each with its float buffers, e.g. a
+    BatchNorm's running statistics), every other group the body."""
     groups = layer_groups(model)
-    count = len(getattr(model, "head_groups", ())) or 1
+    count = head_count(model)
     head = [i for _, idx in groups[-count:] for i in idx]
     return head, [i for _, idx in groups[:-count] for i in idx]
 

@@ -21,7 +21,8 @@ resnet18   41   net.conv1, net.bn1, then per block conv1, bn1, conv2, bn2
 =========  ===  ===========================================================
 
 Your own model (``model: package.module:factory``, docs/own-model.md) is built by
-flower_pfl/learning/user_model.py: the same groups, its declared head ordered last;
+flower_pfl/learning/user_model.py: the same groups, its declared head -- one layer or
+several -- ordered last; :func:`head_count` says how many groups the head is and
 :func:`head_split` gives any model's (head, body) arrays.
 """
 
@@ -43,6 +44,7 @@ from flower_pfl.factory_ref import check_factory_reference as check_factory_refe
 from flower_pfl.learning.layers import MAX_BUILT
 from flower_pfl.learning.layers import NamedLayers as NamedLayers
 from flower_pfl.learning.layers import get_arrays as get_arrays
+from flower_pfl.learning.layers import head_count as head_count
 from flower_pfl.learning.layers import head_split as head_split
 from flower_pfl.learning.layers import layer_groups as layer_groups
 from flower_pfl.learning.layers import set_arrays as set_arrays

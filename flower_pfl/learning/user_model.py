@@ -149,10 +149,12 @@ class UserModel(NamedLayers):
     """A user's model ``net`` (what the factory returned) with its body/head split.
 
     Layer groups are those of :class:`NamedLayers` (each module that holds parameters, its
-    names prefixed ``net.``), ordered body first and head last, so the last group is the
-    head that FedRep and PLGU-GRep keep on the client.  ``head_groups``: the head's groups
-    (the declared head, or the last group by default); ``head_problem``: why the declared
-    head cannot be used (None: it can; the preflight check refuses the run otherwise)."""
+    names prefixed ``net.``), ordered body first and head last, so the last
+    ``len(head_groups)`` groups are the head that FedRep and PLGU-GRep keep on the client
+    (:func:`~flower_pfl.learning.layers.head_split`).  ``head_groups``: the head's groups,
+    one or more (the declared head, or the last group by default); ``head_problem``: why
+    the declared head cannot be used (None: it can; the preflight check refuses the run
+    otherwise)."""
 
     def __init__(self, net: nn.Module, reference: str) -> None:
         super().__init__()
@@ -276,9 +278,10 @@ def user_model_problems(model: UserModel, rebuild: Callable[[], NamedLayers],
     line per problem: ``rebuild()`` after the cache is cleared gives the weights it gave
     before; where ``one_sample_batches`` > 0 clients train a last batch of 1 sample, the
     model takes one in training mode (BatchNorm does not).  The ``strategy``'s needs:
-    ``one_head`` (FedRep, PLGU-GRep keep exactly the last layer group on the client): a
-    head of one layer, and no float state outside every layer group (a module with buffers
-    but no parameters: neither head nor body, reset each round); ``hidden`` (pFedHN,
+    ``one_head`` (FedRep, PLGU-GRep keep the declared head -- its layer groups, one or
+    several -- on the client and share the rest): no float state outside every layer group
+    (a module with buffers but no parameters: neither head nor body, reset each round);
+    ``hidden`` (pFedHN,
     PLGU-GHN): the hypernetwork's output layer, ``hidden`` x D floats with its gradient and
     the round's sum (3 copies), fits this machine's memory."""
     name = model.reference
@@ -304,10 +307,6 @@ def user_model_problems(model: UserModel, rebuild: Callable[[], NamedLayers],
         problems.append(f"model '{name}': {loose} belong to a module without parameters (e.g. "
                         f"BatchNorm with affine=False): {strategy} would reset them each round "
                         f"(neither head nor body); give the module parameters")
-    if one_head and len(model.head_groups) > 1:
-        problems.append(f"model '{name}': {strategy} keeps one layer personal (the head), but "
-                        f"the declared head spans {len(model.head_groups)} layers "
-                        f"{[g[4:] for g in model.head_groups]}; declare one layer")
     if hidden is not None:
         dim = sum(a.size for a in get_arrays(model))
         need = 3 * 4 * hidden * dim
