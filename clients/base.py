@@ -35,7 +35,9 @@ from flower_pfl.learning.models import (
     resolve_device,
     set_arrays,
 )
-from flower_pfl.learning.training import TrainSpec, evaluate, gaussian_nll, train
+from flower_pfl.learning.splits import unseen_classes
+from flower_pfl.learning.training import TrainSpec, dp_train, evaluate, gaussian_nll, train
+from flower_pfl.privacy.client_side import is_private, private_upload
 from flower_pfl.reliability.uploads import EXTRA_ARRAYS, parse_parts, split_parts
 from flower_pfl.reporting.results import metric_of
 
@@ -66,6 +68,7 @@ class PFLClient(NumPyClient):
         self.spec: TrainSpec | None = None
         self.round = 0  # the server round of the message being answered (setup)
         self.eval_steps = 0  # local SGD steps personal_model took in this evaluation
+        self.in_fit = False  # sample-level DP: local training in a fit runs DP-SGD
 
     # ------------------------------------------------------------------ subclass hooks
     def fit_round(self, parameters: NDArrays, config: Mapping[str, Scalar]
@@ -86,7 +89,15 @@ class PFLClient(NumPyClient):
         self.state.begin(self.round)  # kept only if the server accepts this round's upload
         try:
             devices.start_fit(self.device)  # CUDA: this fit's peak memory, not the process'
-            arrays, metrics = self.fit_round(parameters, config)
+            self.in_fit = True
+            try:
+                arrays, metrics = self.fit_round(parameters, config)
+            finally:
+                self.in_fit = False
+            if is_private(config):  # client-level DP: clipped (+ its noise share) as it leaves
+                arrays, dp_metrics = private_upload(
+                    arrays, self.split_download(parameters, config)[0], config)
+                metrics = {**metrics, **dp_metrics}
             device = devices.fit_report(self.device)  # where it trained (learning.devices)
             meta = self.state.get_values("meta") or {"fit-rounds": 0}
             meta["fit-rounds"] = int(meta["fit-rounds"]) + 1  # survives rounds: context.state
@@ -116,6 +127,8 @@ class PFLClient(NumPyClient):
                                       "fit-rounds": int(meta["fit-rounds"])}
         if int(meta["fit-rounds"]) == 0:  # the never-trained warning says what this is
             metrics["evaluated"] = self.evaluated_model(parameters, model)
+        if self.data.task == "classification":  # classes it tests on but never trains on
+            metrics["unseen-classes"] = unseen_classes(self.data.y_train, self.data.y_test)
         # the device of its last accepted fit; one that has not trained yet: where it evaluated
         metrics.update(devices.select(meta) or devices.fit_report(self.device, peak=False))
         if config.get("eval-global") and parameters:
@@ -196,11 +209,34 @@ class PFLClient(NumPyClient):
 
     def local_train(self, model: NamedLayers, regularizer=None, num_steps: int | None = None,
                     salt: int = 0, lr: float | None = None) -> dict[str, float]:
+        if self.in_fit and self.cfg.values.get("privacy.mode") == "sample-level":
+            return self.private_train(model, regularizer, num_steps, salt, lr)
         out = train(model, self.data.x_train, self.data.y_train, self.spec,
                     self.generator(salt), self.device, regularizer=regularizer,
                     num_steps=num_steps, lr=lr, loss_fn=self.loss_fn())
         self.eval_steps += int(out.get("local_steps", 0))  # read only by evaluate
         return out
+
+    def private_train(self, model: NamedLayers, regularizer, num_steps: int | None,
+                      salt: int, lr: float | None) -> dict[str, float]:
+        """Sample-level DP (docs/privacy.md): DP-SGD with opacus (``dp_train``); every step
+        joins this client's accountant history (its state, privacy/sample_level.py) and the
+        metrics carry its ε after them (``dp_epsilon``, at ``dp_delta``: privacy.delta, or
+        1/its training examples).  Every local training of a fit counts, also one whose
+        result stays on the client (Ditto's v_i): ε is an upper bound."""
+        from flower_pfl.privacy import sample_level as sl  # opacus: only under DP
+
+        values = self.cfg.values
+        z = float(values["privacy.noise-multiplier"])
+        out, q = dp_train(model, self.data.x_train, self.data.y_train, self.spec,
+                          self.generator(salt), self.device, z,
+                          float(values["privacy.max-grad-norm"]), regularizer=regularizer,
+                          num_steps=num_steps, lr=lr, loss_fn=self.loss_fn())
+        history = sl.extend(sl.history_of(self.state.get_values(sl.STATE_KEY)), z, q,
+                            int(out["local_steps"]))
+        self.state.set_values(sl.STATE_KEY, sl.stored(history))
+        delta = values.get("privacy.delta") or 1.0 / self.data.num_train
+        return {**out, "dp_epsilon": sl.epsilon(history, delta), "dp_delta": float(delta)}
 
     def loss_fn(self):
         """The data loss of every local step: cross-entropy for images, the Gaussian NLL

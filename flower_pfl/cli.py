@@ -1,8 +1,9 @@
 """``flower-pfl``: run, check and benchmark personalized FL on Flower (the command line).
 
     flower-pfl run [--config simulation.yaml] [--set key=value ...] [--resume RESULTS_DIR]
-                   [--tensorboard DIR] [--verbose | --quiet] [--ray-address HOST:PORT]
-    flower-pfl validate [--config FILE] [--set key=value ...]
+                   [--engine tuned|stock] [--tensorboard DIR] [--verbose | --quiet]
+                   [--ray-address HOST:PORT]
+    flower-pfl validate [--config FILE] [--set key=value ...] [--engine tuned|stock]
     flower-pfl strategies [NAME]
     flower-pfl compare RUN_DIR ... [--metric KEY ...] [--out DIR]  (reporting/compare.py)
     flower-pfl partition [--config FILE] [--set key=value ...] --out DIR   (learning/shards.py)
@@ -76,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the run's YAML file (default: the app's simulation.yaml)")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override one key for this run (repeatable), e.g. --set rounds=5")
+        p.add_argument("--engine", choices=("tuned", "stock"), default=None, help="tuned: our "
+                       "replacements of Flower's engine code; stock: Flower as released "
+                       "(docs/engine.md); the same as --set engine=...")
         if name == "run":
             p.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
             loud = p.add_mutually_exclusive_group()
@@ -185,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "compare":
         return compare_command(args)
     resume_dir = Path(args.resume).resolve() if getattr(args, "resume", None) else None
-    sets = list(args.set or [])
+    sets = list(args.set or []) + ([f"engine={args.engine}"] if getattr(args, "engine", None)
+                                   else [])
     if getattr(args, "tensorboard", None):  # tracking changes no result: it may join a resume
         sets += ["tracking=tensorboard",
                  f"tracking-dir={Path(args.tensorboard).expanduser().resolve()}"]

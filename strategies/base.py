@@ -29,6 +29,7 @@ from __future__ import annotations
 import resource
 import time
 import uuid
+from dataclasses import replace
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -52,6 +53,8 @@ from flower_pfl import raynode
 from flower_pfl.config import RunConfig
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.model_store import LazyArrays
+from flower_pfl.privacy.clipping import clip_update
+from flower_pfl.privacy.server_side import ClientLevelDP
 from flower_pfl.reliability.upload_checks import flat
 from flower_pfl.reliability.uploads import EXTRA_ARRAYS, UploadTemplate, describe_parts
 from flower_pfl.reporting.results import (
@@ -129,6 +132,10 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         self._federation_checked = False
         self._restored = False
         self._sent: dict[int, np.ndarray] = {}
+        # differential privacy (docs/privacy.md): client-level's clip/noise/accountant
+        self.privacy_mode = str(cfg.values.get("privacy.mode", "none"))
+        self.dp = ClientLevelDP.of(cfg.values)
+        self._sent_arrays: dict[int, list[np.ndarray]] = {}  # under DP: what each was sent
         self.upload_spec: ParamSpec | None = None  # the model part of an upload
         self.mechanism_count = MechanismCount()  # client-rounds that used ``mechanism``
         self.ray_cluster_said = False  # flower_pfl.raynode.cluster_line, logged once
@@ -230,6 +237,10 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         every = int(self.cfg.values.get("checkpoint-every", 0) or 0)
         if every and server_round > self.start_round and (server_round - 1) % every == 0:
             self.save_checkpoint(server_round - 1)  # the state after round server_round - 1
+        if self.dp is not None and self.dp.next_round_exceeds():  # e.g. resuming a spent run
+            raise RoundError(f"round {server_round} would take client-level DP's ε past "
+                             f"privacy.target-epsilon = {self.dp.target} (ε now "
+                             f"{self.dp.epsilon():.4g}): the budget is spent")
         self.handshake(client_manager)
         self._round_server_log = {}
         sampled = self.sample(server_round)
@@ -237,11 +248,15 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         self.prepare_round(server_round, sampled)
         instructions = []
         max_norm = self.cfg.values.get("max-update-norm")
-        self._sent = {}
+        self._sent, self._sent_arrays = {}, {}
         for pid in sampled:
             arrays, extra = self.fit_payload(pid, server_round)
             if max_norm is not None:  # the update's starting point, for the norm check
                 self._sent[pid] = flat(arrays if arrays else self._initial)
+            if self.privacy_mode != "none":  # ... and for clipping it (docs/privacy.md)
+                self._sent_arrays[pid] = list(arrays if arrays else self._initial)
+            if self.dp is not None:  # the client's clip, reference and noise share
+                extra = {**extra, **self.dp.client_config(len(sampled))}
             extra_arrays = self.fit_extra(pid, server_round)
             if extra_arrays:  # after the model, named in the config
                 arrays = [*arrays, *(a for part in extra_arrays.values() for a in part)]
@@ -285,7 +300,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         self.require_min_fit_answers(server_round, updates, failed)
         started = time.perf_counter()
         if updates:
-            self.aggregate_updates(server_round, sorted(updates, key=lambda u: u.pid))
+            self.aggregate_updates(server_round, self.private_round(server_round, updates))
         self.count_mechanism(server_round, updates, carried)
         self.log_server(server_aggregate_s=round(time.perf_counter() - started, 4),
                         fit_ok=len(updates), fit_failed=len(failed),
@@ -312,8 +327,47 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
             if reason is not None:
                 rejected.append(ClientFailure(pid, f"update rejected: {reason}"))
                 continue
+            if self.dp is not None or (self.privacy_mode != "none" and max_norm is not None):
+                # under DP a norm bound clips, never rejects (a lazy store's bytes kept else)
+                arrays = self.clip_upload(pid, arrays, template, max_norm)
+                updates.append(self.client_update(pid, arrays, res, template, lazy=False))
+                continue
             updates.append(self.client_update(pid, arrays, res, template))
         return updates, rejected
+
+    def clip_upload(self, pid: int, arrays: list[np.ndarray], template: UploadTemplate,
+                    max_norm: float | None) -> list[np.ndarray]:
+        """Under DP an upload's norm bound clips it (a rejection would depend on the data and
+        break the guarantee): client-level clips its whole update (model part against what
+        was sent, extra parts against zero, one vector) to privacy.clip-norm; otherwise
+        ``max-update-norm`` clips the model's update and each bounded extra part."""
+        model, extra = template.split(arrays)
+        sent = self._sent_arrays.get(pid)
+        if self.dp is not None:
+            model, extra, _ = self.dp.clip_upload(model, extra, sent)
+        elif max_norm is not None:
+            model = clip_update(model, sent, max_norm)[0]
+            extra = {k: clip_update(v, None, max_norm)[0] if k in template.bounded else v
+                     for k, v in extra.items()}
+        return [*model, *(a for part in extra.values() for a in part)]
+
+    def private_round(self, server_round: int, updates: list[ClientUpdate]
+                      ) -> list[ClientUpdate]:
+        """What ``aggregate_updates`` gets, sorted by partition-id.  Client-level DP:
+        copies weighted equally (num_examples 1: a sample-weighted mean would let one
+        client weigh more than 1/n), the server's noise added (privacy/server_side.py), the
+        round accounted (server.csv: epsilon).  Sample-level: the largest per-client ε
+        reported (epsilon_max)."""
+        ordered = sorted(updates, key=lambda u: u.pid)
+        if self.dp is not None:
+            ordered = [replace(u, num_examples=1) for u in ordered]
+            self.dp.add_noise(ordered)
+            self.log_server(**self.dp.record(
+                ordered, int(self._round_server_log.get("sampled", len(ordered)))))
+        elif self.privacy_mode == "sample-level":
+            eps = [float(u.metrics["dp_epsilon"]) for u in updates if "dp_epsilon" in u.metrics]
+            self.log_server(epsilon_max=round(max(eps), 6) if eps else float("nan"))
+        return ordered
 
     def upload_problem(self, pid: int, arrays: list[np.ndarray], res: FitRes,
                        template: UploadTemplate, max_norm: float | None) -> str | None:
@@ -323,13 +377,14 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
             return f"the upload claims partition-id {claimed}"
         if self.uploads_model or arrays:
             return template.check(arrays, res.num_examples, res.metrics, self._sent.get(pid),
-                                  max_norm)
+                                  max_norm, clip=self.privacy_mode != "none")
         return None
 
     def client_update(self, pid: int, arrays: list[np.ndarray], res: FitRes,
-                      template: UploadTemplate) -> ClientUpdate:
-        """An accepted upload split into its model part and its named extra parts."""
-        if self.lazy_uploads:  # checked above; decoded again when the strategy reads it
+                      template: UploadTemplate, lazy: bool | None = None) -> ClientUpdate:
+        """An accepted upload split into its model part and its named extra parts
+        (``lazy``: None = the class's ``lazy_uploads``; False: ``arrays`` as given)."""
+        if self.lazy_uploads if lazy is None else lazy:  # decoded again when read
             model, extra = template.split(res.parameters.tensors)
             model = LazyArrays(model, bytes_to_ndarray)
             extra = {k: LazyArrays(v, bytes_to_ndarray) for k, v in extra.items()}

@@ -4,7 +4,9 @@ Every ``checkpoint-every`` rounds :meth:`Checkpointing.save_checkpoint` writes, 
 (:mod:`flower_pfl.reliability.checkpoints`), the round, the configuration's identity, the
 strategy's state and the results state; :meth:`Checkpointing.after_round` also writes one after the
 run's last round and after a round at whose end ``flower-pfl run`` asked it to stop (status
-``stopped``).  :meth:`Checkpointing.resume` continues from the newest one, rewinding the
+``stopped``; or, under client-level DP, ``budget-exhausted`` before a round that would take ε
+past ``privacy.target-epsilon``).  The DP accountant's state goes with the strategy's
+(:data:`PRIVACY_STATE`).  :meth:`Checkpointing.resume` continues from the newest one, rewinding the
 results files so that no round is written twice; only the configuration keys that cannot
 change the past (``checkpoints.RESUME_FREE_KEYS``: ``rounds`` extends a run) may differ.
 
@@ -33,6 +35,11 @@ from flower_pfl.reliability import checkpoints
 from flower_pfl.reliability.stop import stop_requested
 from flower_pfl.strategies.federation import ResumeError
 
+#: the status of a run that stopped before the round that would exceed its target ε
+BUDGET_EXHAUSTED = "budget-exhausted"
+#: the checkpoint entry holding client-level DP's accountant (privacy/accountant.py)
+PRIVACY_STATE = "privacy-accountant"
+
 
 class Checkpointing:
     """save_checkpoint / resume and the state they carry (see the module docstring)."""
@@ -49,13 +56,23 @@ class Checkpointing:
         if missing:
             raise AttributeError(f"{type(self).__name__} names {missing} in 'checkpointed' "
                                  f"but has no such attribute(s)")
-        return {name: getattr(self, name) for name in checkpointed_names(type(self))}
+        state = {name: getattr(self, name) for name in checkpointed_names(type(self))}
+        dp = getattr(self, "dp", None)
+        if dp is not None:  # client-level DP's accountant: a resumed run continues its ε
+            state[PRIVACY_STATE] = dp.state()
+        return state
 
     def restore_state(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`checkpoint_state` (default: set the named attributes back)."""
         for name in checkpointed_names(type(self)):
             if name in state:
                 setattr(self, name, state[name])
+        dp = getattr(self, "dp", None)
+        if dp is not None:
+            if PRIVACY_STATE not in state:
+                raise ResumeError("the checkpoint holds no privacy accountant state but "
+                                  "privacy.mode is client-level: its ε cannot be continued")
+            dp.restore(state[PRIVACY_STATE])
 
     # -------------------------------------------------------------- checkpoint/resume
     def save_checkpoint(self, server_round: int) -> Path:
@@ -78,13 +95,24 @@ class Checkpointing:
         round ends it ``completed``; a stop asked for by ``flower-pfl run`` (its stop file
         in the results folder, :func:`flower_pfl.reliability.stop.request_stop`) ends it
         ``stopped`` after the round in progress.  Either way that round is checkpointed."""
-        if server_round >= last_round:
-            self.end_after(server_round, "completed")
-            return True
-        if stop_requested(self.results.dir):
-            self.end_after(server_round, "stopped")
-            return True
-        return False
+        status = "completed" if server_round >= last_round else \
+            BUDGET_EXHAUSTED if self.budget_exhausted_after(server_round) else \
+            "stopped" if stop_requested(self.results.dir) else None
+        if status is None:
+            return False
+        self.end_after(server_round, status)
+        line = privacy_line(self.cfg.values, self.results.server_rows)
+        if line:
+            log(INFO, "[flower-pfl] %s", line)
+        return True
+
+    def budget_exhausted_after(self, server_round: int) -> bool:
+        """Whether client-level DP's next round would take ε past ``privacy.target-epsilon``
+        (docs/privacy.md): the run then ends after ``server_round`` with status
+        ``budget-exhausted`` (False without DP or a target, and after the last round)."""
+        dp = getattr(self, "dp", None)
+        return dp is not None and server_round < int(self.cfg["rounds"]) \
+            and dp.next_round_exceeds()
 
     def end_after(self, server_round: int, status: str) -> Path | None:
         """The run ends after ``server_round`` (``completed``, or ``stopped`` on request):
@@ -95,7 +123,8 @@ class Checkpointing:
         if int(self.cfg.values.get("checkpoint-every", 0) or 0) > 0:
             folder = self.save_checkpoint(server_round)
         if status != "completed":  # a completed run's status was set with its last round
-            self.results.finish(status)
+            if self.results.status != status:  # (budget-exhausted: set by its evaluation)
+                self.results.finish(status)
             log(INFO, "[flower-pfl] run %s after round %d of %d", status, server_round,
                 self.cfg["rounds"])
         return folder
@@ -128,6 +157,10 @@ class Checkpointing:
             raise ResumeError(f"{folder.parent.parent} has run {r} round(s) already; set "
                               f"rounds above {r} to extend it")
         self.restore_state(state["strategy"])
+        if self.budget_exhausted_after(r):
+            raise ResumeError(f"{folder.parent.parent} has spent its privacy budget: one more "
+                              f"round would take ε past privacy.target-epsilon = "
+                              f"{self.cfg.values['privacy.target-epsilon']} (docs/privacy.md)")
         res = state["results"]
         self.results.rounds = list(res["rounds"])
         self.results.server_rows = list(res["server"])
@@ -146,6 +179,24 @@ class Checkpointing:
         log(INFO, "[flower-pfl] resuming %s from the checkpoint after round %d (%s)",
             self.cfg.strategy, r, folder)
         return r
+
+
+def privacy_line(values: Any, server_rows: list[dict[str, Any]]) -> str | None:
+    """The run's closing privacy line (None without DP): client-level ε at its δ, or
+    sample-level's largest per-client ε, after the last round that recorded it."""
+    mode = values.get("privacy.mode", "none")
+    key = {"client-level": "epsilon", "sample-level": "epsilon_max"}.get(mode)
+    rows = [r for r in server_rows if key and key in r]
+    if not rows:
+        return None
+    if mode == "client-level":
+        delta = values.get("privacy.delta") or 1.0 / int(values["clients"])
+        return (f"privacy: client-level DP, noise on the {values['privacy.noise']}, "
+                f"ε = {float(rows[-1][key]):.4g} at δ = {delta:.3g} after round "
+                f"{rows[-1]['round']} (docs/privacy.md)")
+    return (f"privacy: sample-level DP-SGD, largest per-client ε = {float(rows[-1][key]):.4g} "
+            f"(each at its δ: fit.csv dp_delta) after round {rows[-1]['round']} "
+            f"(docs/privacy.md)")
 
 
 def checkpointed_names(cls: type) -> tuple[str, ...]:

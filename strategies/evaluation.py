@@ -42,6 +42,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from flower_pfl.learning import devices
 from flower_pfl.learning.metrics import summarize
+from flower_pfl.learning.splits import UNSEEN_KEY
 from flower_pfl.reporting.coverage import coverage_line
 from flower_pfl.strategies.federation import RoundError, TaggedProxy
 
@@ -94,6 +95,9 @@ class EvaluationReporting:
                                    lower_is_better) if trained else None)
         self.results.log_round(server_round, personal, global_, rows, trained=trained_stats,
                                trained_clients=len(trained))
+        if any("unseen-classes" in res.metrics for _, res in results):  # docs/own-data.md
+            self.results.set_summary(UNSEEN_KEY, sum(
+                int(res.metrics.get("unseen-classes", 0)) > 0 for _, res in results))
         best = (min if lower_is_better else max)(h["mean"] for h in self.eval_history)
         log(INFO, "[flower-pfl] round %d: personalized %s mean %.4f weighted %.4f std %.4f "
             "worst10%% %.4f top10%% %.4f min %.4f | best mean %.4f%s | %d clients answered, "
@@ -102,11 +106,12 @@ class EvaluationReporting:
             personal["top10_mean"], personal["min"], best,
             f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
             self.num_clients - len(rows), devices.describe(rows))
-        if server_round >= self.cfg["rounds"]:
+        exhausted = self.budget_exhausted_after(server_round)  # privacy: no next round
+        if server_round >= self.cfg["rounds"] or exhausted:
             self.report_run_end(rows, trained_stats, {
                 int(res.metrics["partition-id"]): str(res.metrics["evaluated"])
                 for _, res in results if "evaluated" in res.metrics})
-            self.results.finish("completed")
+            self.results.finish("budget-exhausted" if exhausted else "completed")
             log(INFO, "[flower-pfl] final per-round table: %s", self.results.dir / "rounds.csv")
             log(INFO, "[flower-pfl] per-client table: %s", self.results.dir / "clients.csv")
         metrics: dict[str, Scalar] = {f"personal_{k}": v for k, v in personal.items()}
@@ -153,8 +158,10 @@ class EvaluationReporting:
         return None  # no centralised test set: pFL is evaluated on each client's own split
 
     def is_eval_round(self, server_round: int) -> bool:
-        """Every ``eval-every`` rounds, and the last round."""
-        return server_round % self.cfg["eval-every"] == 0 or server_round >= self.cfg["rounds"]
+        """Every ``eval-every`` rounds, and the last round (also the last one a privacy
+        budget allows: ``budget_exhausted_after``)."""
+        return server_round % self.cfg["eval-every"] == 0 or server_round >= self.cfg["rounds"] \
+            or self.budget_exhausted_after(server_round)
 
 
 def untrained_evaluated(untrained: list[dict[str, Any]], said: dict[int, str]

@@ -262,8 +262,11 @@ def test_pathological_keeps_flwr_datasets_rule_where_it_covered(labels, monkeypa
         blob = json.dumps({k: values[k] for k in partitions.PARTITION_KEYS}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    assert partitions.partition_key(cfg) == old_key(cfg)
-    assert partitions.partition_key(_pathological(6, 2)) != old_key(_pathological(6, 2))
+    random = dict(cfg, **{"data.split": "random"})  # the split those keys were made with
+    assert partitions.partition_key(random) == old_key(random)
+    assert partitions.partition_key(cfg) != old_key(cfg)  # stratified: a new partition
+    six = dict(_pathological(6, 2), **{"data.split": "random"})
+    assert partitions.partition_key(six) != old_key(six)
 
 
 def test_no_shipped_config_or_matrix_changes_its_pathological_partition(tmp_path):

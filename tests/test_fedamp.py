@@ -290,8 +290,9 @@ def test_evaluate_cloud_scores_next_rounds_u_i_not_w_i(evaluate, tmp_path):
 
 
 # ------------------------------------------------------------------- guard: beat Local
+# data.split random: the split docs/algorithms/fedamp.md's numbers for this guard were made with
 GUARD = {"clients": 12, "rounds": 8, "data.partition": "practical", "data.groups": 3,
-         "data.subsample": 6000}
+         "data.subsample": 6000, "data.split": "random"}
 
 
 def _late(history):

@@ -92,7 +92,8 @@ def test_manifest_counts_histograms_and_settings_match_the_data(made):
         assert manifest["label-histogram"]["train"] == np.bincount(y[tr], minlength=10).tolist()
         assert manifest["label-histogram"]["test"] == np.bincount(y[te], minlength=10).tolist()
         assert manifest["settings-hash"] == partitions.partition_key(cfg.values)
-        assert manifest["settings"] == {k: cfg.values[k] for k in partitions.PARTITION_KEYS}
+        assert manifest["settings"] == {**{k: cfg.values[k] for k in partitions.PARTITION_KEYS},
+                                        "data.split": "stratified"}  # not the first value
         with np.load(out / str(pid) / "shard.npz") as z:  # the raw arrays, as pooled
             assert z["x_train"].dtype == np.uint8 and np.array_equal(z["x_train"], x[tr])
             assert np.array_equal(z["y_train"], y[tr]) and np.array_equal(z["y_test"], y[te])

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import torch
 
-from flower_pfl.learning import data, partitions, shards
+from flower_pfl.learning import data, own_data, partitions, shards
 from flower_pfl.learning.data import ClientData
 
 _CACHE: dict[tuple[str, int], ClientData] = {}
@@ -98,11 +98,12 @@ def load_host_data(cfg: Mapping[str, Any], partition_id: int,
     elif root_override and shards.is_shard_folder(root_override):
         loaded = shards.load_shard(root_override, cfg, partition_id)  # never the pooled set
     else:
-        x, y = data.load_pooled(dataset, root_override or cfg["data.root"], cfg.get("cache-dir"))
-        part = partitions.get_partition(cfg, y)
+        root = root_override or cfg["data.root"]
+        x, y = data.load_pooled(dataset, root, cfg.get("cache-dir"), own_data.settings_of(cfg))
+        part = partitions.get_partition(cfg, y, root)
         tr, te = part.train[partition_id], part.test[partition_id]
-        loaded = ClientData(data.NormalizedImages(x, tr, dataset), torch.from_numpy(y[tr]),
-                            data.NormalizedImages(x, te, dataset), torch.from_numpy(y[te]),
+        loaded = ClientData(data.rows_of(x, tr, dataset), torch.from_numpy(y[tr]),
+                            data.rows_of(x, te, dataset), torch.from_numpy(y[te]),
                             data.NUM_CLASSES[dataset])
     if len(_CACHE) > MAX_CACHED:
         _CACHE.clear()

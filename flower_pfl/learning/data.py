@@ -9,7 +9,8 @@ How a client's data is made (deterministic in ``seed``):
    (alpha) and ``pathological`` (k classes per client) through flwr-datasets'
    partitioners; ``practical`` (FedAMP section 7 groups) by :func:`practical_partition`.
 3. Each client's samples are shuffled and split into a local train and a local test
-   part (``data.test-fraction``), so each client's test set follows its own label
+   part (``data.test-fraction``; per class by default, ``data.split``:
+   :mod:`flower_pfl.learning.splits`), so each client's test set follows its own label
    distribution (as in FedAMP, pFedMe and pFedBreD). ``data.max-train-samples`` then caps
    the local train part (FedACS' 50-sample setting); the test part is kept.
 4. A client's images stay row numbers of the pooled uint8 array, which every process maps
@@ -22,7 +23,9 @@ memory, so hundreds of clients do not re-partition every round.
 
 Fashion-MNIST loads offline from the Debian package ``dataset-fashion-mnist`` (or any
 directory holding its four IDX ``.gz`` files, ``data.root``); other datasets go through
-torchvision's downloader and fail with a clear error offline.
+torchvision's downloader and fail with a clear error offline.  Your own data (an image
+folder, a table, a Hugging Face dataset, ``module:function``): :mod:`.sources`,
+:mod:`.own_data`, docs/own-data.md.
 """
 
 from __future__ import annotations
@@ -46,7 +49,21 @@ DEBIAN_FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                 "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
-NUM_CLASSES = {"fmnist": 10, "mnist": 10, "emnist": 62, "cifar10": 10, "cifar100": 100}
+
+
+class _Classes(dict):  # type: ignore[type-arg]
+    """The built-in datasets' class counts; another ``data.dataset`` (a source of
+    :mod:`flower_pfl.learning.sources`) answers with its inferred count
+    (:func:`flower_pfl.learning.own_data.info`; ``get`` does not look it up)."""
+
+    def __missing__(self, dataset: str) -> int:
+        from flower_pfl.learning import own_data
+
+        return own_data.info(dataset).num_classes
+
+
+NUM_CLASSES = _Classes({"fmnist": 10, "mnist": 10, "emnist": 62, "cifar10": 10,
+                        "cifar100": 100})
 #: pooled (train + test) samples of each dataset as torchvision ships it (EMNIST: the
 #: "byclass" split); a data.root may hold fewer
 POOLED_SIZE = {"fmnist": 70_000, "mnist": 70_000, "emnist": 814_255, "cifar10": 60_000,
@@ -74,9 +91,12 @@ _POOLED: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
 
 
 def clear_cache() -> None:
-    """Forget this process's open pooled arrays: the next :func:`load_pooled` re-opens the
-    cache file (as a new process would)."""
+    """Forget this process's open pooled arrays and data fingerprints: the next
+    :func:`load_pooled` re-opens the cache file (as a new process would)."""
+    from flower_pfl.learning import own_data
+
     _POOLED.clear()
+    own_data.clear_cache()
 
 
 def _prepare_fmnist_raw(root: Path | None, cache: Path) -> Path:
@@ -132,20 +152,34 @@ def _link_raw(directory: Path, cache: Path) -> Path:
     return root
 
 
-def load_pooled(dataset: str, root: str | None = None, cache_dir: str | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Pooled (train + test) images as uint8 ``(N, C, H, W)`` and int64 labels.
+def load_pooled(dataset: str, root: str | None = None, cache_dir: str | None = None,
+                settings: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled (train + test) images as uint8 ``(N, C, H, W)`` (a table source: float32
+    ``(N, F)`` features) and int64 labels.
 
     Both come memory-mapped read-only from a ``.npy`` copy in the cache: the pages are the
     page cache's, shared by every process of a run (launcher, Ray actors) instead of one
-    private copy each; a client's slice (``x[indices]``) is its own array."""
+    private copy each; a client's slice (``x[indices]``) is its own array.  The copy's name
+    hashes what the data are (:func:`flower_pfl.learning.sources.fingerprint`): changed
+    files are read again.  A source that is not a built-in name is read by
+    :func:`flower_pfl.learning.own_data.load_own` with ``settings`` (the run's ``data.*``
+    values; default: only ``root`` and ``cache_dir``).  Raises DataError."""
+    from flower_pfl.learning import sources
+
+    if dataset not in POOLED_SIZE:
+        from flower_pfl.learning import own_data
+
+        own = dict(settings or {}, **{"data.root": root, "cache-dir": cache_dir})
+        x, y, _ = own_data.load_own(dataset, own)
+        return x, y
     key = (dataset, root, cache_dir)
     if key in _POOLED:
         return _POOLED[key]
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     # A numpy copy of the pooled arrays: later processes (a deployed SuperNode starts a new
     # ClientApp process per message) map it in ~1 ms without importing torchvision.
-    tag = hashlib.sha256(f"{dataset}|{root}".encode()).hexdigest()[:12]
+    what = sources.fingerprint(dataset, root)
+    tag = hashlib.sha256(f"{dataset}|{root}|{what}".encode()).hexdigest()[:12]
     files = {part: cache / "pooled" / f"{dataset}-{tag}-{part}.npy" for part in ("x", "y")}
     if all(f.is_file() for f in files.values()):
         try:
@@ -252,6 +286,13 @@ def to_tensor(x: np.ndarray, dataset: str) -> torch.Tensor:
     """uint8 images ``(N, C, H, W)`` as float tensors normalised with ``dataset``'s mean/std."""
     import torch
 
+    if x.dtype != np.uint8:  # a table source's features: standardised per feature
+        from flower_pfl.learning import own_data
+
+        source = own_data.info(dataset)
+        flat = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).reshape(len(x), -1)
+        return (flat - torch.tensor(source.mean, dtype=torch.float32)) / \
+            torch.tensor(source.std, dtype=torch.float32)
     mean, std = NORMALIZATION[dataset]
     t = torch.from_numpy(x).float().div_(255.0)
     m = torch.tensor(mean).view(1, -1, 1, 1)
@@ -365,5 +406,19 @@ def synthetic_client_data(cfg: Mapping[str, Any], partition_id: int) -> ClientDa
                       theta_true=float(truth.theta[partition_id]))
 
 
-def input_shape(dataset: str) -> tuple[int, int, int]:
-    return (3, 32, 32) if dataset in ("cifar10", "cifar100") else (1, 28, 28)
+def input_shape(dataset: str) -> tuple[int, ...]:
+    """One sample's shape: ``(C, H, W)`` for images, ``(F,)`` for a table source (a source's:
+    inferred, :func:`flower_pfl.learning.own_data.info`)."""
+    if dataset in POOLED_SIZE or dataset == "synthetic-gaussian":
+        return (3, 32, 32) if dataset in ("cifar10", "cifar100") else (1, 28, 28)
+    from flower_pfl.learning import own_data
+
+    return own_data.info(dataset).shape
+
+
+def rows_of(pooled: np.ndarray, rows: np.ndarray, dataset: str) -> Any:
+    """A client's samples ``rows`` of ``pooled``: :class:`NormalizedImages` for uint8
+    images, else a float32 tensor ``(len(rows), F)`` (:func:`to_tensor`)."""
+    if pooled.dtype == np.uint8:
+        return NormalizedImages(pooled, rows, dataset)
+    return to_tensor(pooled[rows], dataset)

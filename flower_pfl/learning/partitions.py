@@ -5,13 +5,19 @@ Deterministic in ``seed`` (see :mod:`flower_pfl.learning.data` for the whole rec
 * the pooled labels are split among ``clients`` partitions: ``iid``, ``dirichlet`` (alpha)
   and ``pathological`` (k classes per client, every class used where ``clients * k``
   allows: :func:`pathological_classes`) through flwr-datasets' partitioners;
-  ``practical`` (FedAMP section 7 groups) by :func:`practical_partition`;
+  ``practical`` (FedAMP section 7 groups) by :func:`practical_partition`; ``natural``
+  (a column names the client) and ``file`` (the user's lists) by
+  :mod:`flower_pfl.learning.fixed_partitions`;
 * each client's samples are shuffled and split into a local train and a local test part
-  (``data.test-fraction``), so each client's test set follows its own label distribution;
-  ``data.max-train-samples`` then caps the local train part.
+  (``data.test-fraction``; ``data.split``: per class by default,
+  :mod:`flower_pfl.learning.splits`), so each client's test set follows its own label
+  distribution; ``data.max-train-samples`` then caps the local train part.
 
-The index lists are cached on disk (``<cache-dir>/partitions/<hash>.npz``, the hash of
-:data:`PARTITION_KEYS`) and in memory, so hundreds of clients do not re-partition every round.
+The index lists are cached on disk (``<cache-dir>/partitions/<hash>.npz``) and in memory, so
+hundreds of clients do not re-partition every round.  The hash (:func:`cache_key`) is of
+what the data are (:func:`flower_pfl.learning.sources.fingerprint`: the source, its root,
+its files' sizes and modification times; a partition file's too) and every setting that
+shapes the partition (:func:`partition_key`): changed data rebuild it, never reuse it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from flower_pfl.atomic import atomic_write
+from flower_pfl.learning import fixed_partitions, splits
 from flower_pfl.learning.data import DataError, default_cache_dir
 
 
@@ -199,17 +206,39 @@ class Partition:
 PARTITION_KEYS = ("data.dataset", "data.partition", "data.alpha", "data.classes-per-client",
                   "data.groups", "data.dominant-share", "data.max-train-samples",
                   "data.subsample", "data.test-fraction", "data.min-samples", "clients", "seed")
+#: keys hashed by :func:`partition_key` only where they differ from these values (so the
+#: keys of partitions made before them stay as they were: a random split, no own source)
+LATER_KEYS = {"data.root": None, "data.split": "random", "data.partition-by": None,
+              "data.partition-file": None, "data.image-size": None, "data.features": None,
+              "data.label": None, "data.normalize": "auto"}
 
 
-def make_partition(labels: np.ndarray, cfg: Mapping[str, Any]) -> Partition:
-    """Split pooled ``labels`` into per-client train/test index arrays (pure, seeded)."""
+def make_partition(labels: np.ndarray, cfg: Mapping[str, Any],
+                   columns: Mapping[str, np.ndarray] | None = None) -> Partition:
+    """Split pooled ``labels`` into per-client train/test index arrays (pure, seeded);
+    ``columns``: the source's extra per-sample columns (``natural``: the client's column;
+    ``file``: ids).  Raises DataError naming the key at fault."""
     seed = cfg["seed"]
     rng = np.random.default_rng([seed, 0x5EED])
     pool = np.arange(len(labels))
     if cfg["data.subsample"] and cfg["data.subsample"] < len(labels):
         pool = np.sort(rng.choice(len(labels), cfg["data.subsample"], replace=False))
     sub = labels[pool]
-    if cfg["data.partition"] == "practical":
+    columns = columns or {}
+    kind = cfg["data.partition"]
+    if kind == "natural":
+        by = cfg.get("data.partition-by")
+        if by not in columns:
+            raise DataError(f"'data.partition-by' = {by!r}: no such column in the data "
+                            f"(columns besides features and label: {sorted(columns)})")
+        parts = fixed_partitions.natural_partition(columns[str(by)], cfg["clients"],
+                                                   "data.partition-by")
+    elif kind == "file":
+        by = cfg.get("data.partition-by")
+        ids = columns.get(by) if by else columns.get("path")
+        parts = fixed_partitions.file_partition(cfg["data.partition-file"], len(labels),
+                                                cfg["clients"], ids)
+    elif kind == "practical":
         parts = practical_partition(sub, cfg["clients"], cfg["data.groups"],
                                     cfg["data.dominant-share"], rng, cfg["data.min-samples"])
     else:
@@ -222,8 +251,8 @@ def make_partition(labels: np.ndarray, cfg: Mapping[str, Any]) -> Partition:
                             f"and a test one); lower 'clients'"
                             f"{_subsample_hint(cfg, len(labels))}")
         local = pool[rng.permutation(local)]
-        n_test = max(1, int(round(len(local) * cfg["data.test-fraction"])))
-        tr, te = local[n_test:], local[:n_test]
+        tr, te = splits.split_local(local, labels[local], cfg["data.test-fraction"],
+                                    cfg.get("data.split", "random"))
         if cap is not None:
             tr = tr[:cap]
         if len(tr) == 0 or len(te) == 0:
@@ -242,6 +271,7 @@ def partition_key(cfg: Mapping[str, Any]) -> str:
     from flower_pfl.learning.data import NUM_CLASSES
 
     blob_of = {k: cfg[k] for k in PARTITION_KEYS}
+    blob_of.update({k: cfg.get(k, v) for k, v in LATER_KEYS.items() if cfg.get(k, v) != v})
     if covering_changed(cfg, NUM_CLASSES.get(cfg["data.dataset"], 0)):
         blob_of["pathological-classes"] = "every class covered"
     blob = json.dumps(blob_of, sort_keys=True)
@@ -257,9 +287,54 @@ def clear_cache() -> None:
     _PARTITIONS.clear()
 
 
-def get_partition(cfg: Mapping[str, Any], labels: np.ndarray) -> Partition:
-    """Cached :func:`make_partition` (memory, then ``<cache>/partitions/<hash>.npz``)."""
-    key = partition_key(cfg)
+def cache_key(cfg: Mapping[str, Any], root: str | None = None) -> str:
+    """The partition's cache name: :func:`partition_key` with what the data are (the
+    :func:`~flower_pfl.learning.sources.fingerprint` of ``data.dataset`` read from ``root``,
+    default ``data.root``; a partition file's size and modification time)."""
+    from flower_pfl.learning import sources
+
+    what = sources.fingerprint(cfg["data.dataset"], root or cfg.get("data.root"))
+    blob = f"{partition_key(cfg)}|{what}|{fixed_partitions.file_digest(cfg)}"
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def source_columns(cfg: Mapping[str, Any], root: str | None = None) -> dict[str, np.ndarray]:
+    """The extra per-sample columns of ``cfg``'s own source (none for a built-in name)."""
+    from flower_pfl.learning import own_data
+    from flower_pfl.learning.data import POOLED_SIZE
+
+    if cfg["data.dataset"] in POOLED_SIZE:
+        return {}
+    settings = dict(own_data.settings_of(cfg), **{"data.root": root or cfg.get("data.root")})
+    return own_data.load_own(cfg["data.dataset"], settings)[2]
+
+
+def unseen_class_clients(cfg: Mapping[str, Any], labels: np.ndarray,
+                         root: str | None = None) -> dict[int, list[int]]:
+    """``{client: classes}`` of the clients whose local test set holds classes their training
+    set lacks (:func:`flower_pfl.learning.splits.unseen_test_classes`; cached partition)."""
+    part = get_partition(cfg, labels, root)
+    return splits.unseen_test_classes(part.train, part.test, labels)
+
+
+def unseen_count(cfg: Mapping[str, Any]) -> int | None:
+    """How many clients of ``cfg``'s run test on a class their training set lacks (the
+    pooled labels and the partition from the caches; None for the synthetic task): the
+    number for a run's summary."""
+    from flower_pfl.learning import data, own_data
+
+    if cfg["data.dataset"] == "synthetic-gaussian":
+        return None
+    _, y = data.load_pooled(cfg["data.dataset"], cfg.get("data.root"), cfg.get("cache-dir"),
+                            own_data.settings_of(cfg))
+    return len(unseen_class_clients(cfg, np.asarray(y)))
+
+
+def get_partition(cfg: Mapping[str, Any], labels: np.ndarray, root: str | None = None
+                  ) -> Partition:
+    """Cached :func:`make_partition` (memory, then ``<cache>/partitions/<hash>.npz``; the
+    hash: :func:`cache_key`, ``root``: where the data were read, default ``data.root``)."""
+    key = cache_key(cfg, root)
     if key in _PARTITIONS:
         return _PARTITIONS[key]
     cache = Path(cfg.get("cache-dir") or default_cache_dir()) / "partitions"
@@ -269,7 +344,8 @@ def get_partition(cfg: Mapping[str, Any], labels: np.ndarray) -> Partition:
             part = Partition(np.split(z["train"], z["train_ends"][:-1]),
                              np.split(z["test"], z["test_ends"][:-1]))
     else:
-        part = make_partition(labels, cfg)
+        part = make_partition(labels, cfg, source_columns(cfg, root)
+                              if cfg["data.partition"] in ("natural", "file") else None)
         cache.mkdir(parents=True, exist_ok=True)
         # atomic: several Ray actors may build it at once
         atomic_write(path, partial(np.savez, train=np.concatenate(part.train),

@@ -30,6 +30,7 @@ is not the node's, or when ``shard.npz`` does not match its manifest (checksum, 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -43,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from flower_pfl.atomic import atomic_write, atomic_write_text
-from flower_pfl.learning import data, partitions
+from flower_pfl.learning import data, own_data, partitions
 
 MANIFEST = "manifest.json"
 SHARD_FILE = "shard.npz"
@@ -57,8 +58,10 @@ class ShardError(data.DataError):
 
 
 def settings_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The data settings a shard depends on (those :func:`partitions.partition_key` hashes)."""
-    return {k: cfg[k] for k in partitions.PARTITION_KEYS}
+    """The data settings a shard depends on (those :func:`partitions.partition_key` hashes:
+    :data:`~.partitions.LATER_KEYS` where they differ from their first value)."""
+    later = {k: cfg.get(k, v) for k, v in partitions.LATER_KEYS.items() if cfg.get(k, v) != v}
+    return {**{k: cfg[k] for k in partitions.PARTITION_KEYS}, **later}
 
 
 def is_shard_folder(path: str | os.PathLike[str] | None) -> bool:
@@ -87,7 +90,8 @@ def write_shards(cfg: Mapping[str, Any], out_dir: str | os.PathLike[str], comman
     if dataset == "synthetic-gaussian":
         raise data.DataError("data.dataset = synthetic-gaussian: no shards are needed (each "
                              "client generates its samples from the run's settings)")
-    x, y = data.load_pooled(dataset, cfg["data.root"], cfg.get("cache-dir"))
+    x, y = data.load_pooled(dataset, cfg["data.root"], cfg.get("cache-dir"),
+                            own_data.settings_of(cfg))
     part = partitions.get_partition(cfg, y)
     num_classes = data.NUM_CLASSES[dataset]
     settings = settings_of(cfg)
@@ -115,6 +119,8 @@ def write_shards(cfg: Mapping[str, Any], out_dir: str | os.PathLike[str], comman
             "shard-sha256": _sha256(folder / SHARD_FILE),
             "command": command,
         }
+        if dataset not in data.POOLED_SIZE:  # your own source: what a site needs of it
+            manifest["source"] = dataclasses.asdict(own_data.info(dataset))
         text = _HIST.sub(lambda m: "[" + " ".join(m.group(1).split()) + "]",
                          json.dumps(manifest, indent=2)) + "\n"  # a histogram on one line
         atomic_write_text(folder / MANIFEST, text)
@@ -253,6 +259,10 @@ def load_shard(folder: str | os.PathLike[str], cfg: Mapping[str, Any], partition
         raise ShardError(f"{path} holds {counts} samples but its manifest says "
                          f"{manifest.get('counts')}; {remake}")
     dataset = cfg["data.dataset"]
+    if isinstance(manifest.get("source"), dict):  # your own source: no pool at this site
+        source: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in manifest["source"].items()}
+        own_data.register(dataset, own_data.SourceInfo(**source))
     return data.ClientData(data.to_tensor(arrays["x_train"], dataset),
                            torch.from_numpy(arrays["y_train"]),
                            data.to_tensor(arrays["x_test"], dataset),

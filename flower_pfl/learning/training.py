@@ -23,6 +23,7 @@ pass).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -233,3 +234,71 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.d
         correct += int((out.argmax(1) == yb).sum())
     n = max(len(y), 1)
     return loss / n, correct / n
+
+
+def dp_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
+             generator: torch.Generator, device: torch.device, noise_multiplier: float,
+             max_grad_norm: float,
+             regularizer: Callable[[nn.Module], torch.Tensor] | Prox | None = None,
+             num_steps: int | None = None, lr: float | None = None,
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+             ) -> tuple[dict[str, float], float]:
+    """DP-SGD (Abadi et al., CCS 2016, Algorithm 1) with opacus: ``num_steps`` steps (default
+    ``spec.num_steps``), each on a Poisson-sampled batch (every sample in with probability
+    q = batch_size / n, what opacus' accountant assumes), per-sample gradients clipped to
+    ``max_grad_norm``, Gaussian noise of std ``noise_multiplier x max_grad_norm`` on their sum,
+    divided by the expected batch size q n (opacus ``GradSampleModule`` + ``DPOptimizer`` around
+    :func:`make_optimizer`).  A regulariser must not read data (a prox term, SCAFFOLD's linear
+    term): its gradient is added after the noise (post-processing).  Returns (the metrics of
+    :func:`train`, q).  Raises ValueError for a model opacus cannot train per sample
+    (BatchNorm).  Source of the sampling rate: opacus' ``make_private`` (poisson_sampling)."""
+    from opacus import GradSampleModule  # type: ignore[import-untyped]
+    from opacus.optimizers import DPOptimizer  # type: ignore[import-untyped]
+    from opacus.validators import ModuleValidator  # type: ignore[import-untyped]
+
+    errors = ModuleValidator.validate(model, strict=False)
+    if errors:
+        raise ValueError(f"privacy.mode sample-level: opacus cannot train this model per "
+                         f"sample: {errors[0]}")
+    model.to(device).train()
+    n = len(y)
+    q = min(1.0, spec.batch_size / n)
+    steps = num_steps if num_steps is not None else spec.num_steps(n)
+    gsm = GradSampleModule(model, loss_reduction="mean")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = DPOptimizer(make_optimizer(params, spec, lr), noise_multiplier=noise_multiplier,
+                      max_grad_norm=max_grad_norm, expected_batch_size=max(1, round(q * n)),
+                      loss_reduction="mean")
+    prox = regularizer if isinstance(regularizer, Prox) else None
+    total, total_reg = 0.0, 0.0
+    try:
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")  # opacus'
+        for _ in range(steps):
+            idx = torch.nonzero(torch.rand(n, generator=generator) < q).flatten()
+            opt.zero_grad(set_to_none=True)
+            if len(idx):
+                xb, yb = x[idx].to(device), y[idx].to(device)
+                loss = loss_fn(gsm(xb), yb)
+                total += float(loss.detach())
+                loss.backward()
+            else:  # an empty Poisson batch still gets its noise (a zero-gradient sample)
+                for p in params:
+                    p.grad_sample = torch.zeros(  # type: ignore[attr-defined]
+                        (1, *p.shape), device=p.device, dtype=p.dtype)
+            if not opt.pre_step():  # clipped, summed, noised, / expected batch size
+                continue
+            if prox is not None:
+                total_reg += float(add_prox_grad_(params, [c for p, c in zip(
+                    model.parameters(), prox.center) if p.requires_grad], prox.coef,
+                    value=True) or 0.0)
+            elif regularizer is not None:
+                reg = regularizer(model)
+                total_reg += float(reg.detach())
+                for p, g in zip(params, torch.autograd.grad(reg, params, allow_unused=True)):
+                    if g is not None and p.grad is not None:
+                        p.grad = p.grad + g
+            opt.original_optimizer.step()
+    finally:
+        gsm._close()  # hooks and per-sample buffers off: the model is a plain module again
+    return ({"train_loss": total / max(steps, 1), "reg_loss": total_reg / max(steps, 1),
+             "local_steps": float(steps)}, q)

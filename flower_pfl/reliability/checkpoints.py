@@ -100,7 +100,7 @@ def restore_client_state(folder: Path, client_state_dir: Path) -> None:
 #: time limits and checkpoint interval of the rounds still to come.  Any other key (data,
 #: model, strategy, hyper-parameters, seed, sampling, training) would make the continued
 #: run a different experiment than its first rounds.
-RESUME_FREE_KEYS = ("rounds", "output-dir", "run-name", "cache-dir", "tracking",
+RESUME_FREE_KEYS = ("rounds", "output-dir", "run-name", "cache-dir", "tracking", "engine",
                     "tracking-dir", "checkpoint-every", "stall-timeout", "round-timeout")
 
 

@@ -306,12 +306,21 @@ def preflight(cfg: Configured, results_dir: str | Path | None = None,
 
     if values["data.dataset"] == "synthetic-gaussian":
         return
+    import numpy as np
+
+    from flower_pfl.learning import own_data, splits
+
     try:
         x, y = data_mod.load_pooled(values["data.dataset"], values["data.root"],
-                                    values.get("cache-dir"))
+                                    values.get("cache-dir"), own_data.settings_of(values))
         part = get_partition(values, y)
     except data_mod.DataError as exc:
         raise PreflightError(str(exc)) from exc
+    unseen = splits.unseen_test_classes(part.train, part.test, np.asarray(y))
+    if unseen:
+        warnings.warn(f"{len(unseen)} of {len(part.train)} clients test on classes their "
+                      f"training set lacks (clients {sorted(unseen)[:10]}); data.split = "
+                      f"{values.get('data.split')!r}", UserWarning, stacklevel=2)
     for pid, (tr, te) in enumerate(zip(part.train, part.test)):
         if len(tr) == 0 or len(te) == 0:
             raise PreflightError(f"the partition leaves client {pid} with {len(tr)} training and "
@@ -354,6 +363,11 @@ def check_model(values: Mapping[str, Any], hyper: Mapping[str, Any] | None,
         model = models.model_for(values, search)
     except um.UserModelError as exc:
         raise PreflightError(str(exc)) from exc
+    except (ValueError, TypeError, RuntimeError) as exc:  # a built-in that cannot take them
+        raise PreflightError(f"model '{name}' does not fit dataset '{dataset}': it cannot be "
+                             f"built for samples of shape {tuple(batch.shape[1:])} ({exc}); "
+                             f"images need 'cnn' or 'resnet18' (or 'mclr'/'dnn'), a table "
+                             f"'mclr' or 'dnn'") from exc
     own = isinstance(model, um.UserModel)
     if isinstance(model, um.UserModel) and model.head_problem is not None:
         raise PreflightError(f"model '{name}': {model.head_problem}")

@@ -9,6 +9,9 @@ An upload is rejected when
 * ``max_norm`` is set and ``||upload - sent||_2 > max_norm``, where ``sent`` is what the
   server sent that client this round (its starting point; the initial model when the
   strategy sent nothing); an extra part named ``bounded`` gets the same bound on its norm.
+  Under differential privacy (``clip=True``, docs/privacy.md) the norm bound is NOT a reason:
+  a rejection that depends on the data would break the guarantee, so the caller clips the
+  update instead (strategies/base.py ``clip_upload``); NaN/Inf is still refused.
 
 Open choice (ours): the bound is on the *update*, not on the model, so it does not depend
 on the model's size or its distance from 0.
@@ -27,12 +30,14 @@ def check_update(arrays: Sequence[np.ndarray], num_examples: int,
                  metrics: Mapping[str, Any] | None = None, sent: np.ndarray | None = None,
                  max_norm: float | None = None, model_count: int | None = None,
                  parts: Sequence[tuple[str, int]] = (),
-                 bounded: frozenset[str] | set[str] = frozenset()) -> str | None:
+                 bounded: frozenset[str] | set[str] = frozenset(),
+                 clip: bool = False) -> str | None:
     """Why this upload must be rejected, or None when it is acceptable.
 
     ``shapes``/``dtypes`` cover the whole upload: the first ``model_count`` arrays (all by
     default) are the model part, normed against ``sent``; then the extra ``parts`` (name,
-    count), each in ``bounded`` normed against zero."""
+    count), each in ``bounded`` normed against zero.  ``clip``: the norm bound is left to
+    the caller's clipping (differential privacy), every other check stays."""
     n_model = len(shapes) if model_count is None else model_count
     labels = [f"array {i}" for i in range(n_model)]
     for name, count in parts:
@@ -59,7 +64,7 @@ def check_update(arrays: Sequence[np.ndarray], num_examples: int,
     for key, value in (metrics or {}).items():
         if isinstance(value, float) and not math.isfinite(value):
             return f"metric '{key}' = {value}"
-    if max_norm is not None:
+    if max_norm is not None and not clip:
         model = flat(arrays[:n_model])
         ref = np.zeros_like(model) if sent is None else np.asarray(sent, dtype=np.float64)
         norm = float(np.linalg.norm(model - ref))

@@ -6,7 +6,8 @@ upload: FedRep's body) followed by named extra parts that a strategy declares
 is laid out the same way: the model, then the parts named in the config key
 :data:`EXTRA_ARRAYS` (``"name:count,..."``: SCAFFOLD's c).  Extra parts named ``bounded``
 are updates in the model's units (offsets from the round's model) and get the
-``max-update-norm`` bound of the model's update (:mod:`.upload_checks`).
+``max-update-norm`` bound of the model's update (:mod:`.upload_checks`); under differential
+privacy that bound clips instead of rejecting (strategies/base.py ``clip_upload``).
 """
 
 from __future__ import annotations
@@ -45,13 +46,14 @@ class UploadTemplate:
 
     def check(self, arrays: Sequence[np.ndarray], num_examples: int,
               metrics: Mapping[str, Any] | None = None, sent: np.ndarray | None = None,
-              max_norm: float | None = None) -> str | None:
-        """:func:`check_update` against this template."""
+              max_norm: float | None = None, clip: bool = False) -> str | None:
+        """:func:`check_update` against this template (``clip``: under DP, a norm above
+        ``max_norm`` is clipped by the caller, not a rejection)."""
         template = self.arrays
         return check_update(arrays, num_examples, [np.shape(a) for a in template],
                             [np.asarray(a).dtype for a in template], metrics, sent, max_norm,
                             model_count=len(self.model), parts=self.parts,
-                            bounded=self.bounded)
+                            bounded=self.bounded, clip=clip)
 
 
 #: the config key naming the extra parts that follow the model in a download ("name:count,...")

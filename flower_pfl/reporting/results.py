@@ -46,6 +46,7 @@ from flower_pfl import raynode
 from flower_pfl.atomic import atomic_write_text
 from flower_pfl.learning import devices
 from flower_pfl.learning.metrics import STAT_KEYS, best_mean
+from flower_pfl.learning.sources import display_name  # imagefolder:/a/b -> imagefolder-b
 from flower_pfl.reporting import tracking
 from flower_pfl.reporting.coverage import client_failures as client_failures  # re-exported
 from flower_pfl.reporting.coverage import coverage_record
@@ -69,8 +70,8 @@ MAX_ERROR = 4000
 def default_results_dir(cfg: RunConfig) -> Path:
     """``<output-dir>/<run-name>`` (a run without a name: strategy, dataset, partition and
     the start time); a relative output dir resolves against the cwd."""
-    name = cfg["run-name"] or (f"{cfg.strategy}-{cfg['data.dataset']}-{cfg['data.partition']}-"
-                               f"{time.strftime('%Y%m%d-%H%M%S')}")
+    name = cfg["run-name"] or (f"{cfg.strategy}-{display_name(cfg['data.dataset'])}-"
+                               f"{cfg['data.partition']}-{time.strftime('%Y%m%d-%H%M%S')}")
     return (Path(cfg["output-dir"]).expanduser().resolve() / name)
 
 
@@ -141,6 +142,9 @@ class ResultsWriter:
             row["fit_accepted"] = int(fit["fit_ok"])
             row["fit_sampled"] = int(fit.get("sampled", int(fit["fit_ok"])
                                              + int(fit.get("fit_failed", 0))))
+        for key in PRIVACY_KEYS:  # ε after this round (docs/privacy.md)
+            if fit is not None and key in fit:
+                row[key] = fit[key]
         if trained_clients is not None:
             row["personal_trained_clients"] = int(trained_clients)
             for k in TRAINED_KEYS:
@@ -288,6 +292,9 @@ class ResultsWriter:
         coverage = self.coverage()
         if coverage is not None:
             summary["coverage"] = coverage
+        spent = privacy_spent(self.server_rows)
+        if spent:
+            summary["privacy"] = spent
         if self.rounds:
             last = self.rounds[-1]
             summary["final"] = {k: v for k, v in last.items() if k != "round"}
@@ -295,6 +302,22 @@ class ResultsWriter:
             if "global_mean" in last:
                 summary["global_bmta"] = self._best("global_mean")
         _write_json(self.dir / "summary.json", summary)
+
+
+#: server.csv's privacy measures copied into rounds.csv: client-level ε, sample-level's
+#: largest per-client ε (docs/privacy.md)
+PRIVACY_KEYS = ("epsilon", "epsilon_max")
+
+
+def privacy_spent(server_rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """summary.json's ``privacy``: each privacy measure's value after the last round that
+    recorded it, and that round ({} without DP)."""
+    out: dict[str, Any] = {}
+    for row in server_rows:
+        for key in PRIVACY_KEYS:
+            if key in row:
+                out[key], out["after_round"] = row[key], row["round"]
+    return out
 
 
 def error_record(error: BaseException | str) -> dict[str, str]:

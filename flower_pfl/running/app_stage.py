@@ -87,7 +87,7 @@ def stage(app_dir: Path, dest: Path) -> Path:
         target.mkdir(exist_ok=True)
         for name in filenames:
             src = Path(dirpath) / name
-            if src.is_symlink():
+            if src.is_symlink() or name == ".git":  # a worktree's or submodule's git pointer
                 continue
             try:
                 os.link(src, target / name)

@@ -1,0 +1,105 @@
+"""The ε of client-level DP over the rounds run, from Google's dp-accounting (never by hand).
+
+A round samples m of the N clients uniformly WITHOUT replacement (strategies/nodes.py:
+``m = max(min-fit-clients, round(fraction-fit * N))``), each sampled client's update is
+clipped to C and Gaussian noise of std z_eff C goes on their sum (:mod:`.noise`).  Fixed-size
+sampling is analysed under the "replace one client" neighbouring relation (the subsampled
+RDP bound of Wang, Balle & Kasiviswanathan, AISTATS 2019, Thm 27 -- dp-accounting's
+``SampledWithoutReplacementDpEvent`` in its ``RdpAccountant`` with ``REPLACE_ONE``).
+Replacing one client's clipped update by another's moves the sum by up to 2C, so the
+Gaussian event's multiplier (std / L2 sensitivity) is ``z_eff / 2``
+(:data:`REPLACE_ONE_SENSITIVITY`).  Rounds compose (``SelfComposedDpEvent`` of each
+distinct (m, z_eff)); ε is the RDP accountant's ``get_epsilon(delta)``.
+
+The state (:meth:`ClientLevelAccountant.state`) is plain JSON -- N, δ and one
+(m, z_eff) pair per round done -- so a checkpoint carries it and a resumed run continues
+the same ε (strategies/checkpointing.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import dp_accounting  # type: ignore[import-untyped]
+from dp_accounting.rdp import RdpAccountant  # type: ignore[import-untyped]
+
+#: the L2 sensitivity of the sum of updates clipped to C, in units of C, when neighbouring
+#: federations differ by REPLACING one client (fixed-size sampling needs this relation)
+REPLACE_ONE_SENSITIVITY = 2.0
+
+
+def round_event(num_clients: int, sampled: int, multiplier: float) -> dp_accounting.DpEvent:
+    """The DpEvent of one round: m = ``sampled`` of N = ``num_clients`` clients without
+    replacement, Gaussian noise of std ``multiplier`` x C on the sum of updates clipped to
+    C (the event's own multiplier is ``multiplier / REPLACE_ONE_SENSITIVITY``)."""
+    if not 1 <= sampled <= num_clients:
+        raise ValueError(f"a round samples {sampled} of {num_clients} clients")
+    if not multiplier > 0:
+        raise ValueError(f"noise multiplier must be > 0, got {multiplier}")
+    gaussian = dp_accounting.GaussianDpEvent(multiplier / REPLACE_ONE_SENSITIVITY)
+    return dp_accounting.SampledWithoutReplacementDpEvent(num_clients, sampled, gaussian)
+
+
+@dataclass
+class ClientLevelAccountant:
+    """ε(δ) of the rounds done so far.  ``rounds``: one [m, z_eff] per round, in order."""
+
+    num_clients: int
+    delta: float
+    rounds: list[list[float]] = field(default_factory=list)
+
+    def record(self, sampled: int, multiplier: float) -> None:
+        """One more round: ``sampled`` clients, noise multiplier ``multiplier`` on the sum."""
+        round_event(self.num_clients, sampled, multiplier)  # validates
+        self.rounds.append([int(sampled), float(multiplier)])
+
+    def epsilon(self, extra: tuple[int, float] | None = None) -> float:
+        """ε after the rounds done (and one more ``extra`` = (m, z_eff) round: what the
+        next round would cost); 0.0 before any round."""
+        rounds = [*self.rounds, *([list(extra)] if extra is not None else [])]
+        if not rounds:
+            return 0.0
+        accountant = RdpAccountant(
+            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        for (m, z), count in Counter((int(m), float(z)) for m, z in rounds).items():
+            accountant.compose(round_event(self.num_clients, m, z), count)
+        return float(accountant.get_epsilon(self.delta))
+
+    def state(self) -> dict[str, Any]:
+        """JSON-ready: everything :meth:`from_state` needs to continue the same ε."""
+        return {"num_clients": self.num_clients, "delta": self.delta,
+                "rounds": [list(r) for r in self.rounds]}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "ClientLevelAccountant":
+        return cls(int(state["num_clients"]), float(state["delta"]),
+                   [[int(m), float(z)] for m, z in state["rounds"]])
+
+
+def noise_for_epsilon(num_clients: int, sampled: int, rounds: int, delta: float,
+                      target: float) -> float:
+    """The smallest noise multiplier z whose ``rounds`` rounds (m = ``sampled`` of N) stay
+    within ε(δ) <= ``target``: dp-accounting's ``calibrate_dp_mechanism`` (a bracketed search
+    of the same events :func:`round_event` builds) -- for a matrix that fixes ε, not z."""
+    from dp_accounting import mechanism_calibration as mc
+
+    def fresh() -> RdpAccountant:
+        return RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+
+    return float(mc.calibrate_dp_mechanism(
+        fresh, lambda z: dp_accounting.SelfComposedDpEvent(
+            round_event(num_clients, sampled, z), rounds), target, delta,
+        mc.ExplicitBracketInterval(0.1, 100.0), tol=1e-3))
+
+
+def rounds_within(num_clients: int, sampled: int, multiplier: float, delta: float,
+                  target: float, limit: int) -> int:
+    """How many full rounds (at most ``limit``) keep ε(δ) <= ``target`` (0: not even one)."""
+    acc = ClientLevelAccountant(num_clients, delta)
+    done = 0
+    while done < limit and acc.epsilon((sampled, multiplier)) <= target:
+        acc.record(sampled, multiplier)
+        done += 1
+    return done

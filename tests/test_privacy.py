@@ -1,0 +1,244 @@
+"""Client-level DP's math (flower_pfl/privacy/): clipping, noise, the accountant.
+
+Hand-computed asymmetric inputs; ε checked against dp-accounting called here directly."""
+
+from __future__ import annotations
+
+import json
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting.rdp import RdpAccountant
+
+from flower_pfl.privacy import noise as nz
+from flower_pfl.privacy.accountant import ClientLevelAccountant
+from flower_pfl.privacy.client_side import private_upload
+from flower_pfl.privacy.clipping import INSIDE, clip_update, l2_norm
+from flower_pfl.privacy.server_side import ClientLevelDP
+from flower_pfl.reliability.upload_checks import check_update
+
+VALUES = {"privacy.mode": "client-level", "privacy.clip-norm": 2.0,
+          "privacy.noise-multiplier": 1.5, "privacy.noise": "server", "privacy.delta": None,
+          "privacy.target-epsilon": None, "strategy": "fedavg", "clients": 20,
+          "fraction-fit": 0.2, "min-fit-clients": 2}
+
+
+class Up:
+    """A ClientUpdate's duck type."""
+
+    def __init__(self, arrays, metrics=None, extra=None):
+        self.arrays, self.metrics, self.extra = arrays, metrics or {}, extra or {}
+        self.num_examples = 7
+
+
+def test_epsilon_after_k_rounds_equals_dp_accounting_computed_here():
+    acc = ClientLevelAccountant(num_clients=20, delta=1e-3)
+    for _ in range(5):
+        acc.record(4, 1.3)
+    # 4 of 20 without replacement, replace-one neighbours: the sum's sensitivity is 2C, so
+    # the Gaussian's multiplier (std / sensitivity) is 1.3 / 2
+    event = dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+        20, 4, dp_accounting.GaussianDpEvent(1.3 / 2)), 5)
+    ref = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    ref.compose(event)
+    assert acc.epsilon() == pytest.approx(ref.get_epsilon(1e-3), rel=1e-12)
+    # the next round's cost is the 6-round ε, and recording does not change the past
+    assert acc.epsilon((4, 1.3)) > acc.epsilon() > 0
+    assert ClientLevelAccountant(20, 1e-3).epsilon() == 0.0
+
+
+def test_accountant_state_round_trip_continues_the_same_epsilon():
+    whole = ClientLevelAccountant(20, 0.05)
+    first = ClientLevelAccountant(20, 0.05)
+    for z in (1.0, 1.0, 0.8):
+        whole.record(4, z)
+        first.record(4, z)
+    resumed = ClientLevelAccountant.from_state(json.loads(json.dumps(first.state())))
+    for z in (1.0, 2.0):
+        whole.record(4, z)
+        resumed.record(4, z)
+    assert resumed.epsilon() == whole.epsilon()
+    assert resumed.state() == whole.state()
+
+
+def test_clip_update_hand_computed_asymmetric():
+    sent = [np.array([1.0, 1.0], np.float32), np.array([[0.0]], np.float32)]
+    upload = [np.array([4.0, 1.0], np.float32), np.array([[4.0]], np.float32)]
+    # delta = (3, 0 | 4): norm 5; clip 2 -> delta * 0.4 = (1.2, 0 | 1.6)
+    out, norm = clip_update(upload, sent, 2.0)
+    assert norm == pytest.approx(5.0)
+    np.testing.assert_allclose(out[0], [1 + 1.2 * INSIDE, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(out[1], [[1.6 * INSIDE]], rtol=1e-6)
+    assert out[0].dtype == np.float32 and out[1].shape == (1, 1)
+    assert l2_norm([o.astype(np.float64) - s for o, s in zip(out, sent)]) <= 2.0
+    same, n = clip_update(upload, sent, 6.0)  # inside the ball: untouched
+    assert n == pytest.approx(5.0) and all(np.array_equal(a, b) for a, b in zip(same, upload))
+    with pytest.raises(ValueError, match="refused"):
+        clip_update([np.array([np.nan])], None, 1.0)
+
+
+def test_every_upload_within_the_clip_client_and_server_side():
+    rng = np.random.default_rng(3)
+    dp = ClientLevelDP(VALUES, rng=np.random.default_rng(0))
+    sent = [rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=2).astype(np.float32)]
+    for scale in (0.01, 0.5, 3.0, 50.0):
+        up = [(s + scale * rng.normal(size=s.shape)).astype(np.float32) for s in sent]
+        dc = [np.float32(scale) * rng.normal(size=2).astype(np.float32)]
+        # the client: model part against what it received, the extra part against zero
+        out, metrics = private_upload([*up, *dc], sent, {"dp-clip": 2.0, "dp-reference": "sent"})
+        delta = [o.astype(np.float64) - r for o, r in zip(out, [*sent, np.zeros(2)])]
+        assert l2_norm(delta) <= 2.0
+        norm = l2_norm([u.astype(np.float64) - r for u, r in zip([*up, *dc],
+                                                                  [*sent, np.zeros(2)])])
+        assert metrics == {"dp_clipped": float(norm > 2.0)}
+        # the server clips again: every upload's update within C
+        model, extra, _ = dp.clip_upload(up, {"control-delta": dc}, sent)
+        assert l2_norm([*(m.astype(np.float64) - s for m, s in zip(model, sent)),
+                        *extra["control-delta"]]) <= 2.0
+
+
+def test_server_noise_std_over_many_draws_and_one_draw_for_all():
+    dp = ClientLevelDP(VALUES, rng=np.random.default_rng(1))  # z 1.5, C 2
+    updates = [Up([np.full(200_000, float(i), np.float64)]) for i in range(4)]
+    dp.add_noise(updates)
+    noise = [u.arrays[0] - i for i, u in enumerate(updates)]
+    assert np.std(noise[0]) == pytest.approx(1.5 * 2.0 / 4, rel=0.01)  # z C / n = 0.75
+    assert all(np.allclose(n, noise[0]) for n in noise)  # the same draw on every update
+
+
+def test_server_noise_per_array_contributors_plgu_mask():
+    dp = ClientLevelDP(VALUES, rng=np.random.default_rng(2))
+    # array 0 shared by both, array 1 by the first only: std z C / 2 and z C / 1
+    updates = [Up([np.zeros(100_000), np.zeros(100_000)], {"shared": "11"}),
+               Up([np.zeros(100_000), np.zeros(100_000)], {"shared": "10"})]
+    dp.add_noise(updates)
+    assert np.std(updates[0].arrays[0]) == pytest.approx(1.5, rel=0.02)
+    assert np.std(updates[0].arrays[1]) == pytest.approx(3.0, rel=0.02)
+    assert dp.contributors(updates) == [2, 1]
+
+
+def test_client_noise_shares_sum_to_the_aggregate_noise():
+    assert nz.client_std(1.5, 2.0, 4) == pytest.approx(1.5)
+    config = {"dp-clip": 2.0, "dp-reference": "zero", "dp-noise-std": nz.client_std(1.5, 2.0, 4)}
+    rng = np.random.default_rng(5)
+    shares = [private_upload([np.zeros(100_000)], [np.zeros(100_000)], config, rng)[0][0]
+              for _ in range(4)]
+    assert np.std(np.sum(shares, axis=0)) == pytest.approx(1.5 * 2.0, rel=0.02)  # z C
+    assert nz.effective_multiplier(1.5, "clients", 1, 4) == pytest.approx(0.75)
+    assert nz.effective_multiplier(1.5, "server", 1, 4) == 1.5
+
+
+def test_round_recorded_with_the_effective_multiplier():
+    dp = ClientLevelDP({**VALUES, "privacy.noise": "clients"})
+    row = dp.record([Up([np.zeros(1)]), Up([np.zeros(1)])], sampled=4)
+    assert row["dp_noise_multiplier"] == pytest.approx(1.5 * np.sqrt(2 / 4))
+    assert dp.accountant.rounds == [[4, pytest.approx(1.5 * np.sqrt(0.5))]]
+    assert row["epsilon"] == pytest.approx(dp.epsilon(), abs=1e-6)
+
+
+def test_under_dp_the_norm_bound_clips_and_nan_is_still_refused():
+    shapes, dtypes = [(2,)], [np.dtype(np.float32)]
+    big = [np.array([30.0, 40.0], np.float32)]
+    assert "exceeds max-update-norm" in check_update(big, 1, shapes, dtypes, max_norm=1.0)
+    assert check_update(big, 1, shapes, dtypes, max_norm=1.0, clip=True) is None
+    nan = [np.array([np.nan, 0.0], np.float32)]
+    assert "NaN" in check_update(nan, 1, shapes, dtypes, max_norm=1.0, clip=True)
+
+
+def test_strategy_round_weights_equally_noises_and_accounts(tmp_path):
+    from flower_pfl import config
+    from flower_pfl.strategies.base import ClientUpdate
+    from flower_pfl.strategies.fedavg import FedAvg
+
+    cfg = config.validate({"strategy": "fedavg", "clients": 4, "fraction-fit": 0.5,
+                           "model": "mclr", "privacy": {"mode": "client-level", "clip-norm": 1.0,
+                                                        "noise-multiplier": 1e-9}})
+    strategy = FedAvg(cfg, initial_arrays=[np.zeros(3, np.float32)], results_dir=tmp_path)
+    strategy.global_arrays = [np.zeros(3, np.float32)]
+    strategy._round_server_log = {"sampled": 2}
+    updates = [ClientUpdate(3, [np.array([0.5, 0.0, 0.0], np.float32)], 300),
+               ClientUpdate(1, [np.array([0.0, 0.25, 0.0], np.float32)], 100)]
+    ordered = strategy.private_round(1, updates)
+    assert [u.pid for u in ordered] == [1, 3] and {u.num_examples for u in ordered} == {1}
+    assert [u.num_examples for u in updates] == [300, 100]  # fit.csv keeps the real ones
+    strategy.aggregate_updates(1, ordered)
+    # the plain mean (a sample-weighted one would give (0.375, 0.0625, 0))
+    np.testing.assert_allclose(strategy.global_arrays[0], [0.25, 0.125, 0.0], atol=1e-6)
+    row = strategy.round_server_log
+    assert row["epsilon"] == pytest.approx(strategy.dp.epsilon(), abs=1e-6)
+    assert strategy.dp.accountant.rounds == [[2, pytest.approx(1e-9)]]
+
+
+def test_adaptive_clip_hand_computed():
+    from flower_pfl.privacy import adaptive
+
+    # Andrew et al. 2021: z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2 = (1 - 1/4)^-1/2
+    assert adaptive.update_multiplier(1.0, 1.0) == pytest.approx(0.75 ** -0.5)
+    with pytest.raises(ValueError, match="too small"):
+        adaptive.update_multiplier(2.0, 1.0)
+    rng = np.random.default_rng(0)
+    # 3 of 4 unclipped, no count noise: b = 0.75 above the 0.5 quantile -> C shrinks
+    clip, b = adaptive.next_clip(1.0, 3, 4, 0.5, 0.2, 0.0, rng)
+    assert b == 0.75 and clip == pytest.approx(np.exp(-0.2 * 0.25))
+    clip, b = adaptive.next_clip(2.0, 0, 4, 0.5, 0.2, 0.0, rng)  # all clipped -> C grows
+    assert b == 0.0 and clip == pytest.approx(2.0 * np.exp(0.1))
+
+
+def test_adaptive_dp_round_moves_the_clip_and_checkpoints_it():
+    values = {**VALUES, "privacy.adaptive-clip": True, "privacy.target-quantile": 0.5,
+              "privacy.clip-lr": 0.2, "privacy.count-noise": 1.0}
+    dp = ClientLevelDP(values, rng=np.random.default_rng(0))
+    assert dp.update_z == pytest.approx((1.5 ** -2 - 0.25) ** -0.5)  # z 1.5, sigma_b 1
+    bits = [0.0, 0.0, 0.0, 1.0]  # dp_clipped of 4 updates: 3 unclipped
+    row = dp.record([Up([np.zeros(1)], {"dp_clipped": b}) for b in bits], sampled=4)
+    assert row["dp_clip_norm"] == 2.0  # the C this round used
+    assert dp.clip == pytest.approx(2.0 * np.exp(-0.2 * (row["dp_unclipped_fraction"] - 0.5)))
+    again = ClientLevelDP(values)
+    again.restore(json.loads(json.dumps(dp.state())))
+    assert again.clip == dp.clip and again.epsilon() == dp.epsilon()
+
+
+def test_noise_for_epsilon_reaches_the_target():
+    from flower_pfl.privacy.accountant import noise_for_epsilon
+
+    z = noise_for_epsilon(20, 10, 30, 0.05, 8.0)
+    acc = ClientLevelAccountant(20, 0.05)
+    for _ in range(30):
+        acc.record(10, z)
+    assert acc.epsilon() <= 8.0
+    assert acc.epsilon() == pytest.approx(8.0, rel=0.01)
+
+
+def test_checkpoint_carries_the_accountant(tmp_path):
+    from flower_pfl import config
+    from flower_pfl.strategies.fedavg import FedAvg
+
+    cfg = config.validate({"strategy": "fedavg", "clients": 4, "model": "mclr",
+                           "privacy": {"mode": "client-level", "clip-norm": 1.0,
+                                       "noise-multiplier": 2.0, "adaptive-clip": True,
+                                       "count-noise": 2.0}})
+    first = FedAvg(cfg, initial_arrays=[np.zeros(3, np.float32)], results_dir=tmp_path / "a")
+    first.dp.record([Up([np.zeros(1)], {"dp_clipped": 0.0})] * 2, sampled=2)
+    state = first.checkpoint_state()
+    second = FedAvg(cfg, initial_arrays=[np.zeros(3, np.float32)], results_dir=tmp_path / "b")
+    second.restore_state(state)
+    assert second.dp.accountant.rounds == first.dp.accountant.rounds != []
+    assert second.dp.clip == first.dp.clip != 1.0 and second.dp.epsilon() == first.dp.epsilon()
+
+
+def test_sample_level_max_update_norm_clips_the_update(tmp_path):
+    from flower_pfl import config
+    from flower_pfl.strategies.fedavg import FedAvg
+
+    cfg = config.validate({"strategy": "fedavg", "clients": 4, "model": "mclr",
+                           "max-update-norm": 1.0, "privacy": {
+                               "mode": "sample-level", "noise-multiplier": 1.0,
+                               "max-grad-norm": 1.0}})
+    strategy = FedAvg(cfg, initial_arrays=[np.zeros(2, np.float32)], results_dir=tmp_path)
+    strategy._sent_arrays = {0: [np.array([1.0, 1.0], np.float32)]}
+    template = strategy.template(1)
+    # update (3, 4): norm 5 -> (0.6, 0.8) from what was sent
+    out = strategy.clip_upload(0, [np.array([4.0, 5.0], np.float32)], template, 1.0)
+    np.testing.assert_allclose(out[0], [1.6, 1.8], rtol=1e-5)
+    assert strategy.dp is None  # sample-level: no server noise, no client-level accountant
