@@ -1,25 +1,41 @@
-"""Per-round time of real deployment (SuperLink + SuperNodes, new ClientApp process per
-message) against Ray simulation, on the same small configuration, from one run each.
+"""Per-round time of real deployment (SuperLink + SuperNodes, a ClientApp process per
+message) against Ray simulation, on the same small configuration, with the deployment
+run once per engine (``engine: stock``, Flower as released; ``engine: tuned``, its fixed
+waits shortened and each ClientApp forked from a warm parent: docs/engine.md), all in one
+invocation.
 
-    .venv/bin/python benchmarks/deploy_overhead.py [--clients 3] [--rounds 4] [--set k=v ...]
+    .venv/bin/python benchmarks/deploy_overhead.py [--clients 3] [--rounds 4]
+        [--engines stock,tuned] [--set k=v ...]
 
 Per-round time = (elapsed at the last round - elapsed at round 1) / (rounds - 1), read
-from each run's rounds.csv, so start-up (Ray, SuperLink) is excluded.
+from each run's rounds.csv, so start-up (Ray, SuperLink) is excluded.  Every run has the
+opt-in phase timer on (``FLOWER_PFL_PHASES``, flower_pfl/phases.py; it only wraps), and
+for each deployment the table shows, per fit / evaluate step of a round (rounds 2..N):
+the step as the ServerApp saw it (send, wait for every reply), the slowest ClientApp
+message of that step inside its process (decode, build, train or test, encode), and the
+difference -- what the step spends outside the ClientApp: Flower's waits, the
+``flwr-clientapp`` process start (stock: a new interpreter importing flwr and torch;
+tuned: a fork of the warm parent), the transfers.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import tempfile
 import time
 from pathlib import Path
+from statistics import mean
 
 import yaml
 
-from flower_pfl import config
+from flower_pfl import config, phases
 from flower_pfl.running.deploy import Deployment, make_ca, make_node_key
 from flower_pfl.running.launch import run_simulation
+
+#: the server's record kind -> the message type of its clients' records
+KINDS = {"fit": "train", "evaluate": "evaluate"}
 
 
 def per_round(results: Path) -> float:
@@ -28,12 +44,53 @@ def per_round(results: Path) -> float:
     return (float(rows[-1]["elapsed_s"]) - float(rows[0]["elapsed_s"])) / (len(rows) - 1)
 
 
+def step_phases(folder: Path) -> dict[str, tuple[float, float]]:
+    """kind (fit / evaluate) -> (mean step seconds at the ServerApp, mean seconds of the
+    step's slowest ClientApp message), over rounds 2.. (round 1 holds the first imports)."""
+    records = phases.read(folder)
+    out = {}
+    for kind, message in KINDS.items():
+        steps, slowest = [], []
+        for r in records:
+            if r["role"] != "server" or r["kind"] != kind or int(r["round"] or 0) < 2:
+                continue
+            inside = [c["total_s"] for c in records if c["role"] == "client"
+                      and c["kind"] == message and c["round"] == r["round"]]
+            steps.append(r["total_s"])
+            slowest.append(max(inside, default=0.0))
+        out[kind] = (mean(steps) if steps else float("nan"),
+                     mean(slowest) if slowest else float("nan"))
+    return out
+
+
+def deployed(engine: str, path: Path, sets: list[str], work: Path, clients: int,
+             certs: dict) -> tuple[float, float, dict[str, tuple[float, float]]]:
+    """One deployment run with ``engine``: (s/round, s in all, :func:`step_phases`)."""
+    folder = work / f"phases-{engine}"
+    os.environ[phases.ENV] = str(folder)  # reaches every process the Deployment starts
+    start = time.time()
+    with Deployment(work / f"dep-work-{engine}", clients, certs, engine=engine) as dep:
+        dep.start_superlink()
+        for pid in range(clients):
+            key, pub = make_node_key(work / f"keys-{engine}", f"c{pid}")
+            dep.register(pub, f"c{pid}")
+            dep.start_node(dep.add_node(pid, f"c{pid}", key))
+        dep.run(path, [*sets, f"engine={engine}"], work / f"dep-{engine}")
+    total = time.time() - start
+    return per_round(work / f"dep-{engine}"), total, step_phases(folder)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--clients", type=int, default=3)
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--engines", default="stock,tuned",
+                   help="the deployments to run, in order (default: stock,tuned)")
     p.add_argument("--set", action="append", default=[])
     args = p.parse_args()
+    engines = [e for e in args.engines.split(",") if e]
+    if not engines or set(engines) - set(config.ENGINES):
+        p.error(f"--engines: a comma-separated list of {list(config.ENGINES)}")
     work = Path(tempfile.mkdtemp(prefix="deploy-overhead-"))
     tree = {"strategy": "fedamp", "rounds": args.rounds, "clients": args.clients,
             "fraction-fit": 1.0, "model": "cnn",
@@ -42,26 +99,28 @@ def main() -> None:
     path.write_text(yaml.safe_dump(tree))
     cfg = config.load(path, args.set)
 
+    os.environ[phases.ENV] = str(work / "phases-sim")
     start = time.time()
     run_simulation(cfg, path, args.set, work / "sim", echo=False)
     sim_total = time.time() - start
+    sim = per_round(work / "sim")
 
     certs = make_ca(work / "certs")
-    start = time.time()
-    with Deployment(work / "dep-work", args.clients, certs) as dep:
-        dep.start_superlink()
-        for pid in range(args.clients):
-            key, pub = make_node_key(work / "keys", f"c{pid}")
-            dep.register(pub, f"c{pid}")
-            dep.start_node(dep.add_node(pid, f"c{pid}", key))
-        dep.run(path, args.set, work / "dep")
-    dep_total = time.time() - start
-    sim, dep_round = per_round(work / "sim"), per_round(work / "dep")
-    print(f"{args.clients} clients, {args.rounds} rounds, CNN, fit + evaluation of all clients "
-          f"every round")
-    print(f"simulation : {sim:6.2f} s/round  ({sim_total:.0f} s in all)")
-    print(f"deployment : {dep_round:6.2f} s/round  ({dep_total:.0f} s in all)")
-    print(f"ratio deployment/simulation per round: {dep_round / sim:.1f}x")
+    runs = {e: deployed(e, path, args.set, work, args.clients, certs) for e in engines}
+    print(f"{args.clients} clients, {args.rounds} rounds, CNN, FedAMP, fit + evaluation of "
+          f"all clients every round, TLS on 127.0.0.1 (work folder {work})")
+    print(f"simulation          : {sim:6.2f} s/round  ({sim_total:.0f} s in all)")
+    for engine, (dep_round, total, _) in runs.items():
+        print(f"deployment, {engine:6}  : {dep_round:6.2f} s/round  ({total:.0f} s in all)  "
+              f"{dep_round / sim:5.1f}x simulation")
+    print("\nper step, rounds 2..N (s): the step at the ServerApp | its slowest ClientApp "
+          "message inside its process | outside the ClientApp (waits, process start, "
+          "transfers)")
+    for engine, (_, _, steps) in runs.items():
+        for kind, (step, inside) in steps.items():
+            print(f"  {engine:6} {kind:8}: {step:6.2f} | {inside:6.2f} | {step - inside:6.2f}")
+    if {"stock", "tuned"} <= set(runs):
+        print(f"\ntuned / stock per round: {runs['tuned'][0] / runs['stock'][0]:.2f}")
 
 
 if __name__ == "__main__":

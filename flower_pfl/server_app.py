@@ -177,7 +177,8 @@ def main(grid: Grid, context: Context) -> None:
     Ray in this process meanwhile) builds its actor pool: the run's ``engine``
     (:func:`flower_pfl.tuned.switch.install`: ``tuned``, our replacements of Flower's
     engine code, each checked first; ``stock``, Flower as released; one log line either
-    way), then the opt-in phase timer (:func:`flower_pfl.timing.install_server`).  With
+    way; in a deployment's ServerApp, the grid's reply polling, :mod:`.tuned.grid_poll`),
+    then the opt-in phase timer (:func:`flower_pfl.timing.install_server`).  With
     ``tuned`` but the engine's wake-up left out (``FLOWER_PFL_FLOWER_TICK=1``), the waiting
     threads' reply polling is shortened instead (:func:`poll_faster`)."""
     cfg = read_config(context)

@@ -78,11 +78,12 @@ def test_tuned_replaces_all_three_with_one_line_and_a_second_call_adds_none(line
     assert len(flowers_in_place()) == len(TARGETS)
 
 
-def test_no_simulation_engine_in_this_process_replaces_nothing(lines):
+def test_a_deployments_server_app_replaces_none_of_the_simulation_engine(lines):
+    """Its own replacement only (tests/test_deployed_waits.py): the reply polling."""
     out, log = lines
     done = switch.install("tuned", simulation=False, version_of=ON_142, log=log)
-    assert done.engine == "stock" and len(flowers_in_place()) == len(TARGETS)
-    assert len(out) == 1 and "a deployment" in out[0][1]
+    assert done.replaced == ("grid_poll",) and len(flowers_in_place()) == len(TARGETS)
+    assert len(out) == 1 and "deployment engine (ServerApp)" in out[0][1]
 
 
 @pytest.mark.parametrize("versions,named", [
@@ -114,7 +115,8 @@ def test_the_gate_reads_the_series_not_a_prefix():
 def test_every_need_is_met_on_this_flower():
     """The fingerprints are those of the installed Flower (1.42.0): a failure here means
     Flower changed a body ours re-implements -- compare, port, then update the hash."""
-    for module in switch.REPLACEMENTS:
+    assert set(switch.EVERY) == {m for _, ms in switch.SETS.values() for m in ms}
+    for module in switch.EVERY:
         assert gate.unmet(module.NEEDS) == [], switch.name(module)
 
 
@@ -196,9 +198,11 @@ def test_an_override_leaves_one_replacement_out_and_its_needs_unchecked(lines, m
     assert out[0][1].endswith("; engine_wakeup kept Flower's (FLOWER_PFL_FLOWER_TICK=1)")
 
 
-def test_an_unknown_engine_is_refused():
+def test_an_unknown_engine_or_process_is_refused():
     with pytest.raises(ValueError, match="engine must be one of"):
         switch.decide("fast", simulation=True)
+    with pytest.raises(ValueError, match="process must be one of"):
+        switch.decide("tuned", process="superlink")
 
 
 def _context(engine: str) -> Context:
@@ -247,3 +251,23 @@ def test_importing_the_server_app_replaces_nothing():
     assert done.returncode == 0, done.stderr[-2000:]
     modules = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(modules) == 8 and all(m.startswith("flwr.") for m in modules), modules
+
+
+def test_the_cli_engine_flag_is_the_configuration_key(monkeypatch, capsys):
+    """``flower-pfl run/validate --engine stock`` sets the YAML key ``engine`` (after any
+    ``--set``), a value outside tuned|stock is refused by the argument parser."""
+    from flower_pfl import cli
+
+    seen = []
+
+    def fake_load(path, sets):
+        seen.append(list(sets))
+        raise cli.config_mod.ConfigError("stop here")
+
+    monkeypatch.setattr(cli, "load_config", fake_load)
+    assert cli.main(["validate", "--set", "engine=tuned", "--engine", "stock"]) == 2
+    assert seen == [["engine=tuned", "engine=stock"]]  # the flag wins: it comes last
+    assert cli.main(["validate"]) == 2 and seen[-1] == []
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--engine", "fast"])
+    assert exc.value.code == 2 and "invalid choice: 'fast'" in capsys.readouterr().err

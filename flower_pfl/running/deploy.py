@@ -270,11 +270,16 @@ def node_config(pid: int, num_partitions: int, state_dir: str | Path,
 
 
 def supernode_command(superlink: str, port: int, config: str, ca: Path | None,
-                      key: Path | None, max_retries: int | None = None) -> list[str]:
+                      key: Path | None, max_retries: int | None = None,
+                      engine: str = "tuned") -> list[str]:
     """``flower-supernode`` for ``superlink`` (TLS with root ``ca`` and node-auth ``key``,
-    or insecure without ``ca``); ``port``: its local ClientApp API port."""
-    cmd = [bin_path("flower-supernode"), "--superlink", superlink, "--host", "127.0.0.1",
-           "--port", str(port), "--node-config", config]
+    or insecure without ``ca``); ``port``: its local ClientApp API port; ``engine``: tuned
+    through :mod:`flower_pfl.tuned.entry` (docs/engine.md), stock Flower's binary."""
+    from flower_pfl.tuned import entry
+
+    cmd = [*entry.command(engine, bin_path("flower-supernode")),
+           "--superlink", superlink, "--host", "127.0.0.1", "--port", str(port),
+           "--node-config", config]
     if max_retries is not None:
         cmd += ["--max-retries", str(max_retries)]
     if ca is not None:
@@ -322,6 +327,7 @@ class Deployment:
     num_partitions: int
     certs: dict[str, Path] | None  # None: insecure (only when asked for)
     data_root: str | None = None  # a dataset folder, or the folder `flower-pfl partition` wrote
+    engine: str = "tuned"  # the YAML's `engine`: how its SuperNodes start (supernode_command)
     procs: ProcessSet = field(default_factory=ProcessSet)
     nodes: dict[str, Node] = field(default_factory=dict)
 
@@ -366,7 +372,7 @@ class Deployment:
                              node_data_root(self.data_root, node.pid))
         cmd = supernode_command(f"127.0.0.1:{self.port}", node.port, config,
                                 self.certs["ca"] if self.certs else None, node.key,
-                                max_retries=20)
+                                max_retries=20, engine=self.engine)
         env = dict(self.env)
         if node.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = node.gpu  # its ClientApp processes inherit it
@@ -431,7 +437,8 @@ def deploy(config_path: Path, overrides: Sequence[str], results_dir: Path, num_n
     workdir = results_dir / "deployment"  # logs, keys, the nodes' state dirs: kept
     check_gpus(gpus)
     certs = cert_paths(certs_dir) if certs_dir is not None else None
-    with Deployment(workdir, num_nodes, certs, data_root) as dep:
+    cfg = config_mod.load(config_path, list(overrides) or None)  # stall-timeout, engine
+    with Deployment(workdir, num_nodes, certs, data_root, engine=cfg["engine"]) as dep:
         dep.start_superlink()
         for pid in range(num_nodes):
             key = None
@@ -441,8 +448,5 @@ def deploy(config_path: Path, overrides: Sequence[str], results_dir: Path, num_n
             node = dep.add_node(pid, key=key, gpu=gpus[pid % len(gpus)] if gpus else None)
             dep.start_node(node)
         time.sleep(1)
-        from flower_pfl.config import load  # the watchdog's stall-timeout
-
-        stall = load(config_path, list(overrides) or None)["stall-timeout"]
         return dep.run(config_path, overrides, results_dir, timeout_s=timeout_s, echo=echo,
-                       stall_s=stall)
+                       stall_s=cfg["stall-timeout"])

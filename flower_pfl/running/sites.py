@@ -5,6 +5,7 @@
     flower-pfl supernode --superlink HOST:PORT --ca ca.crt --key keys/client-0.key
                          --partition-id 0 --data shards/0 --state-dir DIR
                          [--gpu 0] [--num-partitions N] [--port 9094] [--log FILE]
+                         [--engine tuned|stock]
     flower-pfl submit    --superlink HOST:PORT --ca ca.crt [--config FILE] [--set k=v ...]
                          [--results DIR]
 
@@ -181,7 +182,7 @@ def supernode_plan(args) -> tuple[list[str], dict, str]:
     deploy.split_address(args.superlink)  # HOST:PORT or a clear error
     config = deploy.node_config(args.partition_id, num, state_dir, data)
     cmd = deploy.supernode_command(args.superlink, args.port, config, ca, key,
-                                   args.max_retries)
+                                   args.max_retries, engine=args.engine)
     env = flwr_env(Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr")), args.port)
     if args.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = args.gpu  # its ClientApp processes inherit it
@@ -190,7 +191,7 @@ def supernode_plan(args) -> tuple[list[str], dict, str]:
         "the YAML's device (no --gpu)"
     about = (f"SuperNode for partition-id {args.partition_id} of {num} -> SuperLink "
              f"{args.superlink} ({security}); {about_data}; state-dir {state_dir}; "
-             f"device {device}")
+             f"device {device}; engine {args.engine}")
     return cmd, env, about
 
 
@@ -222,6 +223,10 @@ def supernode_parser() -> argparse.ArgumentParser:
                    help="the SuperNode's full output, tracebacks included (default: "
                    "supernode.log in --state-dir); the console shows one line per failed "
                    "message")
+    p.add_argument("--engine", choices=("tuned", "stock"), default="tuned",
+                   help="tuned (default): Flower's SuperNode with its fixed waits shortened "
+                   "(checked against this Flower, else as released; docs/engine.md); stock: "
+                   "Flower's flower-supernode as released")
     p.add_argument("--insecure", action="store_true", help="no TLS, no node auth (testing)")
     return p
 

@@ -7,7 +7,11 @@ starts its threads.  Importing this package replaces nothing.  What :func:`insta
 in this order, each ending in exactly one log line:
 
 1. ``engine: stock``: nothing replaced (Flower as released);
-2. no simulation engine in this process (a deployment's ServerApp): nothing to replace;
+2. which of Flower's processes this is (``process``, :data:`SETS`): the simulation's
+   ServerApp (:data:`REPLACEMENTS`), a deployment's ServerApp (:data:`DEPLOYED_SERVERAPP`:
+   its 3-s reply polling), a SuperNode (:data:`SUPERNODE`: its 3-s idle wait, its SuperExec
+   started through our entry) or that SuperExec (:data:`SUPEREXEC`: ClientApp processes
+   forked warm); the last two installed by :mod:`flower_pfl.tuned.entry`;
 3. the version gate (:func:`flower_pfl.tuned.gate.outside_tested`): a Flower (or Ray)
    outside the release series the replacements were tested on -- Flower as released, and
    a WARNING line naming the versions;
@@ -20,7 +24,10 @@ in this order, each ending in exactly one log line:
 
 The replacements (docs/engine.md lists the Flower functions each stands in for):
 :mod:`~flower_pfl.tuned.linkstate_lookup`, :mod:`~flower_pfl.tuned.engine_wakeup`,
-:mod:`~flower_pfl.tuned.actor_queue`.
+:mod:`~flower_pfl.tuned.actor_queue` (simulation); :mod:`~flower_pfl.tuned.grid_poll`
+(a deployment's ServerApp), :mod:`~flower_pfl.tuned.node_waits` and
+:mod:`~flower_pfl.tuned.superexec_start` (a SuperNode),
+:mod:`~flower_pfl.tuned.warm_clientapp` (its SuperExec).
 """
 
 from __future__ import annotations
@@ -31,13 +38,38 @@ from logging import INFO, WARNING
 from types import ModuleType
 from typing import Any, Callable
 
-from flower_pfl.tuned import actor_queue, engine_wakeup, gate, linkstate_lookup
+from flower_pfl.tuned import (
+    actor_queue,
+    engine_wakeup,
+    gate,
+    grid_poll,
+    linkstate_lookup,
+    node_waits,
+    superexec_start,
+    warm_clientapp,
+)
 from flower_pfl.tuned.patch import kept
 
 #: the module of Flower's simulation engine; loaded only in the process that runs it
 ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
-#: every replacement: a module with NEEDS, KEEP_FLOWER_ENV, install, installed, uninstall
+#: every replacement of the simulation's process: a module with NEEDS, KEEP_FLOWER_ENV,
+#: install, installed, uninstall
 REPLACEMENTS: tuple[ModuleType, ...] = (linkstate_lookup, engine_wakeup, actor_queue)
+#: those of a deployment's ServerApp process (``flwr-serverapp``)
+DEPLOYED_SERVERAPP: tuple[ModuleType, ...] = (grid_poll,)
+#: those of a SuperNode process (``flower-supernode``, started through entry)
+SUPERNODE: tuple[ModuleType, ...] = (node_waits, superexec_start)
+#: those of a SuperNode's SuperExec (``flower-superexec``, started through entry)
+SUPEREXEC: tuple[ModuleType, ...] = (warm_clientapp,)
+#: process -> (what the one line calls its engine, its replacements)
+SETS: dict[str, tuple[str, tuple[ModuleType, ...]]] = {
+    "simulation": ("simulation engine", REPLACEMENTS),
+    "serverapp": ("deployment engine (ServerApp)", DEPLOYED_SERVERAPP),
+    "supernode": ("deployment engine (SuperNode)", SUPERNODE),
+    "superexec": ("deployment engine (SuperExec)", SUPEREXEC),
+}
+#: every replacement of every process (undone by :func:`uninstall`)
+EVERY: tuple[ModuleType, ...] = REPLACEMENTS + DEPLOYED_SERVERAPP + SUPERNODE + SUPEREXEC
 #: the values of the ``engine`` key
 ENGINES = ("tuned", "stock")
 #: how the one line starts where Flower runs as released although ``tuned`` was asked for
@@ -73,26 +105,36 @@ def in_simulation(grid: Any) -> bool:
     return ENGINE_MODULE in sys.modules and hasattr(grid, "pull_interval")
 
 
-def decide(engine: str, *, simulation: bool,
+def where(simulation: bool, process: str | None) -> str:
+    """The key of :data:`SETS` for this process: ``process`` if given, else
+    ``"simulation"`` or ``"serverapp"`` (a deployment's).  Raises ``ValueError`` for a
+    ``process`` not in :data:`SETS`."""
+    if process is None:
+        return "simulation" if simulation else "serverapp"
+    if process not in SETS:
+        raise ValueError(f"process must be one of {list(SETS)}, not {process!r}")
+    return process
+
+
+def decide(engine: str, *, simulation: bool = False, process: str | None = None,
            version_of: Callable[[str], str | None] = gate.installed_version) -> Installed:
-    """What :func:`install` does (nothing replaced, nothing logged).  Raises ``ValueError``
-    for an ``engine`` not in :data:`ENGINES`."""
+    """What :func:`install` does (nothing replaced, nothing logged) in the process
+    ``process`` (:func:`where`).  Raises ``ValueError`` for an ``engine`` not in
+    :data:`ENGINES` or a ``process`` not in :data:`SETS`."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, not {engine!r}")
+    label, replacements = SETS[where(simulation, process)]
     if engine == "stock":
-        return Installed("stock", (), (), "[flower-pfl] simulation engine: stock (engine: "
-                                          "stock): Flower as released")
-    if not simulation:
-        return Installed("stock", (), (), "[flower-pfl] simulation engine: none in this "
-                                          "process (a deployment): nothing replaced")
+        return Installed("stock", (), (), f"[flower-pfl] {label}: stock (engine: stock): "
+                                          f"Flower as released")
     outside = gate.outside_tested(version_of)
     if outside is not None:
         tested = ", ".join(f"{d} {s}.x" for d, s in gate.TESTED.items())
         return Installed("stock", (), (), f"{FALLBACK} {outside} is outside what the tuned "
                          f"engine was tested on ({tested}): Flower runs as released",
                          WARNING)
-    wanted = [m for m in REPLACEMENTS if not kept(m.KEEP_FLOWER_ENV)]
-    left = tuple(name(m) for m in REPLACEMENTS if m not in wanted)
+    wanted = [m for m in replacements if not kept(m.KEEP_FLOWER_ENV)]
+    left = tuple(name(m) for m in replacements if m not in wanted)
     unmet = gate.unmet([need for m in wanted for need in m.NEEDS])
     if unmet:
         return Installed("stock", (), (), f"{FALLBACK} this Flower lacks what the tuned "
@@ -100,14 +142,13 @@ def decide(engine: str, *, simulation: bool,
                          f"runs as released", WARNING)
     replaced = tuple(name(m) for m in wanted)
     overrides = "".join(f"; {name(m)} kept Flower's ({m.KEEP_FLOWER_ENV}=1)"
-                        for m in REPLACEMENTS if m not in wanted)
+                        for m in replacements if m not in wanted)
     return Installed("tuned" if replaced else "stock", replaced, left,
-                     f"[flower-pfl] simulation engine: tuned on flwr "
-                     f"{version_of('flwr')}: {', '.join(replaced) or 'nothing'} in "
-                     f"Flower's place{overrides}")
+                     f"[flower-pfl] {label}: tuned on flwr {version_of('flwr')}: "
+                     f"{', '.join(replaced) or 'nothing'} in Flower's place{overrides}")
 
 
-def install(engine: str, *, simulation: bool,
+def install(engine: str, *, simulation: bool = False, process: str | None = None,
             version_of: Callable[[str], str | None] = gate.installed_version,
             log: Callable[..., None] | None = None) -> Installed:
     """Decide (:func:`decide`: every check made before anything is replaced), put the
@@ -115,14 +156,14 @@ def install(engine: str, *, simulation: bool,
     default Flower's logger) and say what was done.  A second call with the same request
     returns the first's answer and logs nothing; another request undoes the first's
     replacements first (between runs, never during one).  Raises ``ValueError`` for an
-    ``engine`` not in :data:`ENGINES`."""
+    ``engine`` not in :data:`ENGINES` or a ``process`` not in :data:`SETS`."""
     global _last
-    request = (engine, simulation, version_of)
+    request = (engine, where(simulation, process), version_of)
     if _last is not None and _last[0] == request:
         return _last[1]
-    done = decide(engine, simulation=simulation, version_of=version_of)
+    done = decide(engine, simulation=simulation, process=process, version_of=version_of)
     uninstall()
-    for module in REPLACEMENTS:
+    for module in EVERY:
         if name(module) in done.replaced:
             module.install()
     if log is None:
@@ -137,6 +178,6 @@ def install(engine: str, *, simulation: bool,
 def uninstall() -> None:
     """Put Flower's own back everywhere (tests; between in-process runs)."""
     global _last
-    for module in REPLACEMENTS:
+    for module in EVERY:
         module.uninstall()
     _last = None

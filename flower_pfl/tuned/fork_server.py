@@ -1,0 +1,104 @@
+"""A warm parent for ClientApp processes: ``python .../fork_server.py flwr-clientapp``.
+
+Run by path, never as ``flower_pfl.…``: it imports nothing of this project, so every
+ClientApp it forks imports the app's code (``flower_pfl`` included) from the run's FAB, as
+Flower's own ``flwr-clientapp`` does -- nothing of a run's code or data is kept warm here.
+It imports :data:`PRELOAD` (numpy, torch, Flower's ClientApp entry: most of a
+``flwr-clientapp`` start; importing torch does not initialise CUDA), then reads requests,
+one JSON line each on stdin: ``{"argv": ["flwr-clientapp", ...], "quiet": bool}``; for
+each it forks a child that runs Flower's ``flwr_clientapp()`` with that ``sys.argv``
+(``quiet``: its output to /dev/null, as Flower's ``suppress_output``) and exits with its
+status.  Children are reaped by the kernel (SIGCHLD ignored here, restored in a child).
+End of stdin (its SuperExec gone or restarting it) ends it; running children go on (each
+watches the SuperExec's pid, ``--parent-pid``, as Flower's do).
+
+``--ready-fd N``: a pipe on which it writes :data:`READY` once its imports are done (its
+starter waits for that, and uses Flower's launcher if it never comes).  ``--preload a,b``
+and ``--run module:function`` replace :data:`PRELOAD` and Flower's entry (tests).
+Started by :class:`flower_pfl.tuned.warm_clientapp.ForkServer`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import traceback
+from typing import IO, Any, Callable, Sequence
+
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)  # run by path: its folder is not a place to import from
+
+#: imported once by the parent, shared by every child it forks
+PRELOAD = ("numpy", "torch", "flwr.supernode.cli.flwr_clientapp")
+#: the function each child runs
+RUN = "flwr.supernode.cli.flwr_clientapp:flwr_clientapp"
+#: written to ``--ready-fd`` once the imports are done
+READY = b"ready\n"
+
+
+def _resolve(ref: str) -> Callable[[], Any]:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _child(request: dict[str, Any], run: Callable[[], Any]) -> None:
+    """In the forked child: Flower's entry with the request's argv; never returns."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)  # the requests pipe is the parent's
+        if request.get("quiet"):
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+        sys.argv = list(request["argv"])
+        run()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - reported, then the child's status says so
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - exiting anyway
+                pass
+        os._exit(code)
+
+
+def serve(requests: IO[str], preload: Sequence[str] = PRELOAD, run: str = RUN,
+          ready_fd: int | None = None) -> None:
+    """Import ``preload``, say ``ready`` on ``ready_fd`` (then closed: no child holds it),
+    then fork a child per request line until ``requests`` ends."""
+    for name in preload:
+        importlib.import_module(name)
+    target = _resolve(run)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    if ready_fd is not None:
+        os.write(ready_fd, READY)
+        os.close(ready_fd)
+    for line in requests:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        if os.fork() == 0:
+            _child(request, target)
+
+
+def main(argv: Sequence[str]) -> None:
+    args = list(argv)
+    if not args or args[0] != "flwr-clientapp":
+        raise SystemExit("usage: fork_server.py flwr-clientapp [--preload a,b] "
+                         "[--run module:function] [--ready-fd N]")
+    options = dict(zip(args[1::2], args[2::2]))
+    preload = tuple(filter(None, options.get("--preload", ",".join(PRELOAD)).split(",")))
+    ready = options.get("--ready-fd")
+    serve(sys.stdin, preload, options.get("--run", RUN), int(ready) if ready else None)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

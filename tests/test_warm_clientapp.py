@@ -1,0 +1,175 @@
+"""The warm ClientApp launcher (flower_pfl/tuned/warm_clientapp.py, fork_server.py): a
+SuperExec's ClientApp tasks forked from a parent that imported the heavy modules once.
+
+Flower's own ``SubprocessExecutor.launch`` runs next to ours on the same task: the same
+``flwr-clientapp`` arguments, handed to the warm parent instead of a new process.  A real
+fork server (a marker module in place of torch, a reporting function in place of Flower's
+ClientApp entry): each task runs in a child of the parent, which imported the marker
+module -- the child did not; a configuration changed between two tasks is read afresh; a task of
+another FAB gets a new parent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from flwr.supercore.constant import TaskType
+from flwr.supercore.superexec.executor import subprocess_executor
+from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+from flwr.supercore.superexec.executor.types import ExecutionSpec, LaunchResult
+
+from flower_pfl.tuned import switch, warm_clientapp
+
+ON_142 = {"flwr": "1.42.0", "ray": "2.55.1"}.get
+
+
+def _spec(task_type=TaskType.CLIENT_APP, **changes) -> ExecutionSpec:
+    fields = dict(task_type=task_type, runtime_api_address="127.0.0.1:9094", token="tok",
+                  insecure=False, root_certificates_path="/certs/ca.crt",
+                  runtime_dependency_install=False, parent_pid=4242, suppress_output=True,
+                  task_id=7, fab_hash="fab1")
+    return ExecutionSpec(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+class Taken:
+    def __init__(self):
+        self.argv = []
+
+    def submit(self, argv, quiet=False, fab_hash=None):
+        self.argv.append((argv, quiet, fab_hash))
+        return True
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    switch.uninstall()
+    started: list[list[str]] = []
+    monkeypatch.setattr(subprocess_executor.subprocess, "Popen",
+                        lambda args, **kw: started.append(args))
+    server = Taken()
+    monkeypatch.setattr(warm_clientapp, "SERVER", server)
+    done = switch.install("tuned", process="superexec", version_of=ON_142,
+                          log=lambda *a: None)
+    yield done, started, server
+    switch.uninstall()
+    assert vars(SubprocessExecutor)["launch"] is warm_clientapp.flowers_own()
+
+
+def test_a_clientapp_task_goes_to_the_warm_parent_with_flowers_arguments(installed):
+    done, started, server = installed
+    assert done.replaced == ("warm_clientapp",)
+    executor = SubprocessExecutor()
+    warm_clientapp.flowers_own()(executor, _spec())  # Flower's: a new process
+    assert executor.launch(_spec()) == LaunchResult.accepted()  # ours
+    assert started == [["flwr-clientapp", "--runtime-api-address", "127.0.0.1:9094",
+                        "--token", "tok", "--root-certificates", "/certs/ca.crt",
+                        "--parent-pid", "4242"]]
+    assert server.argv == [(started[0], True, "fab1")]
+    executor.launch(_spec(insecure=True, parent_pid=None, suppress_output=False,
+                          runtime_dependency_install=True, fab_hash=None))
+    assert server.argv[-1] == (["flwr-clientapp", "--runtime-api-address", "127.0.0.1:9094",
+                                "--token", "tok", "--insecure",
+                                "--allow-runtime-dependency-installation"], False, None)
+
+
+def test_other_tasks_and_a_refused_one_start_as_flowers(installed, monkeypatch):
+    _, started, server = installed
+    SubprocessExecutor().launch(_spec(TaskType.SERVER_APP))
+    assert started[-1][0] == "flwr-serverapp" and server.argv == []
+    monkeypatch.setattr(server, "submit", lambda *a, **k: False)  # its pipe broken
+    SubprocessExecutor().launch(_spec())
+    assert started[-1][0] == "flwr-clientapp" and len(started) == 2
+
+
+def test_stock_and_a_changed_launch_keep_flowers(monkeypatch):
+    switch.uninstall()
+    assert switch.install("stock", process="superexec", log=lambda *a: None).replaced == ()
+    assert not warm_clientapp.installed()
+
+    def launch(self, spec):  # a later Flower's launch
+        return LaunchResult.failed("changed")
+
+    monkeypatch.setattr(SubprocessExecutor, "launch", launch)
+    lines = []
+    done = switch.install("tuned", process="superexec", version_of=ON_142,
+                          log=lambda level, fmt, text: lines.append(text))
+    assert done.replaced == () and SubprocessExecutor.launch is launch
+    assert "subprocess_executor.SubprocessExecutor.launch: not the body" in lines[0]
+    switch.uninstall()
+
+
+HEAVY = "import os\nLOADED_BY = os.getpid()  # the process that imported this module\n"
+REPORT = '''
+import json, os, sys
+def report():
+    import warm_heavy  # imported here unless the parent preloaded it
+    out, conf = sys.argv[1], sys.argv[2]
+    with open(conf) as fh:
+        value = fh.read()
+    with open(out, "a") as fh:
+        fh.write(json.dumps({"pid": os.getpid(), "ppid": os.getppid(),
+                             "loaded_by": warm_heavy.LOADED_BY, "conf": value}) + "\\n")
+'''
+
+
+def _reports(path, n):
+    deadline = time.monotonic() + 60  # a bound on waiting, not a timed assertion
+    while time.monotonic() < deadline:
+        lines = path.read_text().splitlines() if path.exists() else []
+        if len(lines) >= n:
+            return [json.loads(line) for line in lines]
+        time.sleep(0.02)
+    raise AssertionError(f"{n} reports expected, {path} has fewer")
+
+
+def test_each_task_runs_in_a_child_of_the_warm_parent_and_reads_its_config_afresh(tmp_path):
+    (tmp_path / "warm_heavy.py").write_text(HEAVY)  # stands for torch
+    (tmp_path / "warm_report.py").write_text(REPORT)  # stands for Flower's ClientApp entry
+    out, conf = tmp_path / "out.jsonl", tmp_path / "node.conf"
+    server = warm_clientapp.ForkServer(
+        [*warm_clientapp.SERVER_COMMAND, "--preload", "warm_heavy",
+         "--run", "warm_report:report"], env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    try:
+        conf.write_text("partition-id=0")
+        assert server.submit(["flwr-clientapp", str(out), str(conf)], fab_hash="fab1")
+        first = server.pid
+        a, = _reports(out, 1)
+        conf.write_text("partition-id=1")  # the node's configuration changed
+        assert server.submit(["flwr-clientapp", str(out), str(conf)], fab_hash="fab1")
+        b = _reports(out, 2)[1]
+        assert server.pid == first and server.starts == 1
+        assert server.submit(["flwr-clientapp", str(out), str(conf)], fab_hash="fab2")
+        c = _reports(out, 3)[2]
+    finally:
+        server.stop()
+    # warm_heavy was imported by the parent, before the fork: the children did not import it
+    assert a["ppid"] == a["loaded_by"] == first != a["pid"]
+    assert b["ppid"] == first and b["pid"] not in (a["pid"], first)
+    assert (a["conf"], b["conf"]) == ("partition-id=0", "partition-id=1")  # not stale
+    # another FAB: a new parent (its code could differ), which imported warm_heavy anew
+    assert server.starts == 2 and c["ppid"] == c["loaded_by"] != first
+    assert server.pid is None
+
+
+def test_the_fork_server_imports_nothing_of_this_project():
+    probe = ("import runpy, sys; sys.argv = ['x', 'flwr-clientapp', '--preload', '']; "
+             "sys.stdin = open('/dev/null'); "
+             f"runpy.run_path({str(warm_clientapp.SERVER_COMMAND[1])!r}, run_name='__main__'); "
+             "print(sorted(m for m in sys.modules if m.startswith('flower_pfl')))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_parent_that_cannot_start_leaves_the_tasks_to_flowers_launcher(tmp_path):
+    server = warm_clientapp.ForkServer(
+        [*warm_clientapp.SERVER_COMMAND, "--preload", "no_such_module_here"],
+        stderr=subprocess.DEVNULL)
+    assert not server.submit(["flwr-clientapp", "--help"])
+    assert not server.submit(["flwr-clientapp", "--help"])  # not tried again
+    assert server.broken and server.starts == 1 and server.pid is None
