@@ -301,6 +301,8 @@ def main(argv=None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
         results: dict[str, dict] = {}
+        if args.jobs > 1:  # each job's torch on one thread: jobs do not fight over the cores
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             futures = {pool.submit(run_one, m, args.python, parent, source): m
                        for m in selected}

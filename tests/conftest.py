@@ -7,6 +7,11 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist (`-n 2`, the fast tier in README and CI: one worker per core) each
+# worker's torch computes on one thread, so two workers do not fight over two cores
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _cache_dir(tmp_path_factory) -> Path:
