@@ -25,7 +25,7 @@ from flwr.supernode import start_client_internal as sci
 
 from flower_pfl.running import deploy
 from flower_pfl.running.procs import bin_path
-from flower_pfl.tuned import entry, grid_poll, node_waits, switch, warm_clientapp
+from flower_pfl.tuned import entry, grid_poll, node_waits, programs, switch, warm_clientapp
 
 FLOWERS_GRID = vars(HttpGrid)["send_and_receive"]  # at import: Flower's
 ON_142 = {"flwr": "1.42.0", "ray": "2.55.1"}.get
@@ -222,7 +222,7 @@ def test_the_supernode_looks_again_after_0_2_s_and_for_a_reply_after_0_05_s(line
     assert tuned == [0.2, 0.2, 0.05, 0.05]
     # its SuperExec: Flower's arguments, started through our entry
     assert flowers[0][0] == "flower-superexec" and "--parent-pid" in flowers[0]
-    assert ours == [[*entry.command("tuned", program="flower-superexec"), *flowers[0][1:]]]
+    assert ours == [[*programs.command("tuned", program="flower-superexec"), *flowers[0][1:]]]
 
 
 def test_the_supernodes_command_under_each_engine(tmp_path):
@@ -275,7 +275,7 @@ def test_the_entry_installs_the_supernodes_waits_then_runs_flowers_main(lines, m
 
 
 def test_the_entry_reaches_flowers_supernode_in_a_fresh_process():
-    done = subprocess.run([*entry.command("tuned"), "--help"], capture_output=True,
+    done = subprocess.run([*programs.command("tuned"), "--help"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--superlink" in done.stdout  # flower-supernode's own help
@@ -290,5 +290,5 @@ def test_flower_pfl_supernode_starts_the_engine_it_is_given(tmp_path, flag, want
         ["--superlink", "h:1", "--insecure", "--partition-id", "0", "--num-partitions", "2",
          "--state-dir", str(tmp_path / "s"), *flag])
     cmd, _, about = supernode_plan(args)
-    assert cmd[:cmd.index("--superlink")] == entry.command(want, bin_path("flower-supernode"))
+    assert cmd[:cmd.index("--superlink")] == programs.command(want, bin_path("flower-supernode"))
     assert about.endswith(f"engine {want}")

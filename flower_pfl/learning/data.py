@@ -33,7 +33,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import math
-import os
 import shutil
 import zlib
 from dataclasses import dataclass
@@ -44,8 +43,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from flower_pfl.atomic import atomic_write
+from flower_pfl.learning.data_common import DEBIAN_FMNIST_DIR as DEBIAN_FMNIST_DIR
+from flower_pfl.learning.data_common import NORMALIZATION as NORMALIZATION
+from flower_pfl.learning.data_common import TABLES as _TABLES
+from flower_pfl.learning.data_common import DataError as DataError
+from flower_pfl.learning.data_common import default_cache_dir as default_cache_dir
 
-DEBIAN_FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                 "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -68,24 +71,6 @@ NUM_CLASSES = _Classes({"fmnist": 10, "mnist": 10, "emnist": 62, "cifar10": 10,
 #: "byclass" split); a data.root may hold fewer
 POOLED_SIZE = {"fmnist": 70_000, "mnist": 70_000, "emnist": 814_255, "cifar10": 60_000,
                "cifar100": 60_000}
-# (mean, std) per channel, used to normalise images to roughly zero mean / unit variance.
-NORMALIZATION = {
-    "fmnist": ((0.2860,), (0.3530,)),
-    "mnist": ((0.1307,), (0.3081,)),
-    "emnist": ((0.1751,), (0.3332,)),
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-}
-
-
-class DataError(RuntimeError):
-    """A dataset could not be loaded or partitioned; the message says what to do."""
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("FLOWER_PFL_CACHE", Path.home() / ".cache" / "flower-pfl"))
-
-
 # --------------------------------------------------------------------------- loading
 _POOLED: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
 
@@ -298,9 +283,6 @@ def to_tensor(x: np.ndarray, dataset: str) -> torch.Tensor:
     m = torch.tensor(mean).view(1, -1, 1, 1)
     s = torch.tensor(std).view(1, -1, 1, 1)
     return (t - m) / s
-
-
-_TABLES: dict[str, np.ndarray] = {}
 
 
 def normalization_table(dataset: str) -> np.ndarray:

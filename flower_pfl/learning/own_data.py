@@ -88,7 +88,7 @@ def _normalisation(x: np.ndarray, how: Any) -> tuple[tuple[float, ...], tuple[fl
     ``auto`` from the pooled data (std 0 -> 1), ``none`` 0 and 1, or the given
     ``[[mean, ...], [std, ...]]`` (one per channel / feature, else DataError)."""
     if isinstance(how, list):
-        from flower_pfl.learning.data import DataError
+        from flower_pfl.learning.data_common import DataError
 
         width = x.shape[1] if x.dtype == np.uint8 else int(np.prod(x.shape[1:]))
         unit = "channels" if x.dtype == np.uint8 else "features"
@@ -122,7 +122,7 @@ def load_own(dataset: str, settings: Mapping[str, Any]
              ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Pooled ``(x, y, columns)`` of source ``dataset`` (see the module docstring) and its
     :class:`SourceInfo` registered.  Raises ``flower_pfl.learning.data.DataError``."""
-    from flower_pfl.learning.data import DataError, default_cache_dir
+    from flower_pfl.learning.data_common import DataError, default_cache_dir
 
     settings = dict(settings)
     root = settings.get("data.root")
@@ -168,7 +168,8 @@ def register(dataset: str, source: SourceInfo) -> None:
     """Make ``source`` what this process knows of ``dataset`` (:func:`info`, the
     normalisation of its images); a shard's manifest carries it to a site without the
     pooled data."""
-    from flower_pfl.learning.data import _TABLES, NORMALIZATION
+    from flower_pfl.learning.data_common import NORMALIZATION
+    from flower_pfl.learning.data_common import TABLES as _TABLES
 
     if _INFO.get(dataset) != source:
         _TABLES.pop(dataset, None)  # another source under this name: a new look-up table

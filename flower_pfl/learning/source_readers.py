@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from flower_pfl.learning.sources import Loaded, SourceError, labelled
+from flower_pfl.learning.loaded import Loaded, SourceError, labelled
 
 SPLIT_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing")
 

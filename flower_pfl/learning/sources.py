@@ -33,21 +33,23 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from flower_pfl.learning.data_common import DEBIAN_FMNIST_DIR
+from flower_pfl.learning.loaded import Loaded as Loaded
+from flower_pfl.learning.loaded import SourceError as SourceError
+from flower_pfl.learning.loaded import labelled as labelled
+
 BUILTIN = ("fmnist", "mnist", "emnist", "cifar10", "cifar100", "synthetic-gaussian")
 TABLE_SUFFIXES = (".csv", ".parquet", ".npz")
 KINDS = ("imagefolder", "table", "hf", "module")
-
-
-class SourceError(RuntimeError):
-    """A ``data.dataset`` source cannot be read; the message names the key and what to do."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,6 @@ def fingerprint(dataset: str, root: str | None) -> str:
     if dataset == "synthetic-gaussian":
         where = "generated"
     elif src is None:  # a built-in: its data.root, or the Debian package's copy
-        from flower_pfl.learning.data import DEBIAN_FMNIST_DIR
 
         path = Path(root).expanduser() if root else (
             DEBIAN_FMNIST_DIR if dataset == "fmnist" else None)
@@ -190,18 +191,6 @@ def _module_digest(reference: str) -> str:
 
 
 # ---------------------------------------------------------------------- loading
-@dataclass
-class Loaded:
-    """A source's pooled samples: ``x`` uint8 ``(N, C, H, W)`` images or float32 ``(N, F)``
-    features, ``y`` int64 ``(N,)`` in ``0..K-1``, ``classes`` the K original label values
-    (as strings), ``columns`` extra per-sample columns (for a natural partition)."""
-
-    x: np.ndarray
-    y: np.ndarray
-    classes: list[str]
-    columns: dict[str, np.ndarray] = field(default_factory=dict)
-
-
 def load_source(dataset: str, settings: dict[str, Any]) -> Loaded:
     """Read ``dataset``'s samples (``settings``: the ``data.*`` values; see the module
     docstring).  Raises SourceError naming the key at fault."""
@@ -240,17 +229,3 @@ def _read_module(reference: str) -> Loaded:
     return labelled(x, y, f"data.dataset = {reference!r}")
 
 
-def labelled(x: np.ndarray, raw: np.ndarray, what: str,
-             columns: dict[str, np.ndarray] | None = None) -> Loaded:
-    """``Loaded`` with ``raw`` labels mapped to ``0..K-1`` (sorted values); checks ``x``
-    and ``raw`` agree in length and are not empty."""
-    raw = np.asarray(raw)
-    if raw.ndim != 1 or len(raw) != len(x):
-        raise SourceError(f"{what}: labels of shape {raw.shape} do not match the "
-                          f"{len(x)} samples (one label per sample needed)")
-    if len(x) == 0:
-        raise SourceError(f"{what}: no samples")
-    values, y = np.unique(raw, return_inverse=True)
-    if len(values) < 2:
-        raise SourceError(f"{what}: a single class ({values[0]!r}); classification needs 2+")
-    return Loaded(x, y.astype(np.int64), [str(v) for v in values], columns or {})

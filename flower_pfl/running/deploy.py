@@ -275,9 +275,9 @@ def supernode_command(superlink: str, port: int, config: str, ca: Path | None,
     """``flower-supernode`` for ``superlink`` (TLS with root ``ca`` and node-auth ``key``,
     or insecure without ``ca``); ``port``: its local ClientApp API port; ``engine``: tuned
     through :mod:`flower_pfl.tuned.entry` (docs/engine.md), stock Flower's binary."""
-    from flower_pfl.tuned import entry
+    from flower_pfl.tuned import programs
 
-    cmd = [*entry.command(engine, bin_path("flower-supernode")),
+    cmd = [*programs.command(engine, bin_path("flower-supernode")),
            "--superlink", superlink, "--host", "127.0.0.1", "--port", str(port),
            "--node-config", config]
     if max_retries is not None:

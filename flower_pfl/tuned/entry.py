@@ -3,7 +3,8 @@ with the tuned engine's replacements for that process in place.
 
 Flower's console scripts ``flower-supernode`` and ``flower-superexec`` each call one
 function that reads ``sys.argv``.  To put anything of ours in those processes, the
-launchers (``flower-pfl deploy``, ``flower-pfl supernode``; :func:`command`) start this
+launchers (``flower-pfl deploy``, ``flower-pfl supernode``;
+:func:`flower_pfl.tuned.programs.command`) start this
 module instead of ``flower-supernode`` when the run's ``engine`` is ``tuned`` (Flower's own
 binary when it is ``stock``), and the SuperNode, once tuned, starts this module in place of
 ``flower-superexec`` (:mod:`flower_pfl.tuned.warm_clientapp`).  :func:`main` installs the
@@ -20,25 +21,7 @@ import importlib
 import sys
 from typing import Callable, Sequence
 
-#: Flower's program -> (the switch's process, Flower's function "module:name")
-PROGRAMS: dict[str, tuple[str, str]] = {
-    "flower-supernode": ("supernode", "flwr.supernode.cli:flower_supernode"),
-    "flower-superexec": ("superexec", "flwr.supercore.cli:flower_superexec"),
-}
-
-
-def command(engine: str, flower_binary: str = "flower-supernode",
-            program: str = "flower-supernode") -> list[str]:
-    """The start of the command line of Flower's ``program`` for ``engine``: this module
-    under this Python (``tuned``), or Flower's ``flower_binary`` (``stock``).  Raises
-    ``ValueError`` for another ``engine`` or a ``program`` not in :data:`PROGRAMS`."""
-    if program not in PROGRAMS:
-        raise ValueError(f"program must be one of {list(PROGRAMS)}, not {program!r}")
-    if engine == "tuned":
-        return [sys.executable, "-m", __name__, program]
-    if engine == "stock":
-        return [flower_binary]
-    raise ValueError(f"engine must be one of ['tuned', 'stock'], not {engine!r}")
+from flower_pfl.tuned.programs import PROGRAMS
 
 
 def main(argv: Sequence[str] | None = None,

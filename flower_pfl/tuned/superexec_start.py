@@ -44,9 +44,9 @@ class SuperExecThroughEntry:
 
     def Popen(self, args: Any, *rest: Any, **kwargs: Any) -> Any:  # noqa: N802
         if isinstance(args, list) and args and args[0] == PROGRAM:
-            from flower_pfl.tuned import entry
+            from flower_pfl.tuned import programs
 
-            args = [*entry.command("tuned", program=PROGRAM), *args[1:]]
+            args = [*programs.command("tuned", program=PROGRAM), *args[1:]]
         return subprocess.Popen(args, *rest, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
