@@ -43,3 +43,15 @@ def tiny_run_yaml(tmp_path: Path, name: str = "run.yaml", **changes) -> Path:
     path = tmp_path / name
     path.write_text(yaml.safe_dump(tree))
     return path
+
+
+@pytest.fixture
+def switch_lines():
+    """The lines :func:`flower_pfl.tuned.switch.install` logs, as (level, text), and the
+    logger to hand it; every replacement uninstalled before and after (the engine tests)."""
+    from flower_pfl.tuned import switch
+
+    switch.uninstall()
+    out: list[tuple[int, str]] = []
+    yield out, lambda level, fmt, text: out.append((level, fmt % text))
+    switch.uninstall()

@@ -32,12 +32,10 @@ ON_142 = {"flwr": "1.42.0", "ray": "2.55.1"}.get
 
 
 @pytest.fixture
-def lines():
+def lines(switch_lines):
     """The lines :func:`switch.install` logs; Flower's own put back after."""
-    switch.uninstall()
-    out: list[tuple[int, str]] = []
-    yield out, lambda level, fmt, text: out.append((level, fmt % text))
-    switch.uninstall()
+    yield switch_lines
+    switch.uninstall()  # before switch_lines' own teardown: check it now
     assert vars(HttpGrid)["send_and_receive"] is FLOWERS_GRID and sci.time is __import__("time")
     assert sci.subprocess is subprocess and not warm_clientapp.installed()
 

@@ -41,12 +41,10 @@ ON_142 = {"flwr": "1.42.0", "ray": "2.55.1"}.get
 
 
 @pytest.fixture
-def lines():
+def lines(switch_lines):
     """The lines :func:`switch.install` logs, as (level, text); Flower's own put back after."""
-    switch.uninstall()
-    out: list[tuple[int, str]] = []
-    yield out, lambda level, fmt, text: out.append((level, fmt % text))
-    switch.uninstall()
+    yield switch_lines
+    switch.uninstall()  # before switch_lines' own teardown: check it now
     assert all(vars(owner)[name] is FLOWERS[owner, name] for owner, name in TARGETS)
 
 
