@@ -58,7 +58,7 @@ NEEDS = [
 #: the longest the extractor waits between passes: Flower's tick
 EXTRACTOR_TICK_S = 0.1
 #: what the engine's extractor logs when it starts (flwr-run.log; not on the console)
-WOKEN = "woken by stored messages (flower_pfl/engine_wakeup.py)"
+WOKEN = "woken by stored messages (flower_pfl/tuned/engine_wakeup.py)"
 
 
 class Signal:
