@@ -15,14 +15,18 @@ the step as the ServerApp saw it (send, wait for every reply), the slowest Clien
 message of that step inside its process (decode, build, train or test, encode), and the
 difference -- what the step spends outside the ClientApp: Flower's waits, the
 ``flwr-clientapp`` process start (stock: a new interpreter importing flwr and torch;
-tuned: a fork of the warm parent), the transfers.
+tuned: a fork of the warm parent), the transfers.  ``--trace`` runs the deployments with
+Flower's DEBUG log (a timestamp on every line of each process' log in the work folder) and
+prints each step's slowest node's timeline from them (:func:`trace_steps`).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -63,13 +67,56 @@ def step_phases(folder: Path) -> dict[str, tuple[float, float]]:
     return out
 
 
+#: (label, a line of a node's DEBUG log that marks it), in the order a message passes them
+MARKS = [("node has msg", "Receiving: "), ("node has objects", "Received successfully"),
+         ("app has objects", "Start FAB installation"), ("app loads", "Loading ClientApp"),
+         ("reply to node", "Runtime.PushMessages"), ("node sent it", "Sent successfully")]
+STAMP = re.compile(r"^[A-Z]+ +(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): +(.*)$")
+
+
+def trace_steps(phase_dir: Path, log_dir: Path) -> dict[str, dict[str, float]]:
+    """kind -> {mark: mean seconds from the step's start (the ServerApp's) to that mark on
+    the node whose reply came last, ..., "step": the step's end}, over rounds 2..; the marks
+    (:data:`MARKS`) read from the nodes' DEBUG logs (Flower's timestamps, UTC)."""
+    marks: dict[str, list[tuple[float, str]]] = {}
+    for log in log_dir.glob("*.log"):
+        if log.stem != "superlink":
+            for line in log.read_text(errors="replace").splitlines():
+                m = STAMP.match(line)
+                label = m and next((k for k, s in MARKS if s in m.group(2)), None)
+                if m and label:
+                    at = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                    stamp = at.replace(tzinfo=datetime.timezone.utc).timestamp()
+                    marks.setdefault(log.stem, []).append((stamp, label))
+    sums: dict[str, dict[str, list[float]]] = {}
+    for r in phases.read(phase_dir):
+        if r["role"] != "server" or r.get("kind") not in KINDS or int(r["round"] or 0) < 2:
+            continue
+        start, nodes = r["end"] - r["total_s"], []
+        for seen in marks.values():
+            first: dict[str, float] = {}
+            for at, label in seen:
+                if start <= at <= r["end"] + 2:  # "Sent" may follow the step's end
+                    first.setdefault(label, at - start)
+            nodes.append(first)
+        last = max(nodes, key=lambda n: n.get("reply to node", 0.0), default={})
+        for label, _ in MARKS + [("step", "")]:
+            value = r["total_s"] if label == "step" else last.get(label)
+            if value is not None:
+                sums.setdefault(r["kind"], {}).setdefault(label, []).append(value)
+    return {kind: {k: mean(v) for k, v in got.items()} for kind, got in sums.items()}
+
+
 def deployed(engine: str, path: Path, sets: list[str], work: Path, clients: int,
-             certs: dict) -> tuple[float, float, dict[str, tuple[float, float]]]:
-    """One deployment run with ``engine``: (s/round, s in all, :func:`step_phases`)."""
+             certs: dict, threads: int) -> tuple[float, float, dict[str, tuple[float, float]]]:
+    """One deployment run with ``engine``, ``threads`` torch threads per node (as
+    ``flower-pfl deploy``: client-resources.num-cpus): (s/round, s in all,
+    :func:`step_phases`)."""
     folder = work / f"phases-{engine}"
     os.environ[phases.ENV] = str(folder)  # reaches every process the Deployment starts
     start = time.time()
-    with Deployment(work / f"dep-work-{engine}", clients, certs, engine=engine) as dep:
+    with Deployment(work / f"dep-work-{engine}", clients, certs, engine=engine,
+                    threads=threads) as dep:
         dep.start_superlink()
         for pid in range(clients):
             key, pub = make_node_key(work / f"keys-{engine}", f"c{pid}")
@@ -87,6 +134,8 @@ def main() -> None:
     p.add_argument("--engines", default="stock,tuned",
                    help="the deployments to run, in order (default: stock,tuned)")
     p.add_argument("--set", action="append", default=[])
+    p.add_argument("--trace", action="store_true",
+                   help="Flower's DEBUG log in every process; print each step's timeline")
     args = p.parse_args()
     engines = [e for e in args.engines.split(",") if e]
     if not engines or set(engines) - set(config.ENGINES):
@@ -106,7 +155,10 @@ def main() -> None:
     sim = per_round(work / "sim")
 
     certs = make_ca(work / "certs")
-    runs = {e: deployed(e, path, args.set, work, args.clients, certs) for e in engines}
+    if args.trace:
+        os.environ["FLWR_LOG_LEVEL"] = "DEBUG"  # timestamped lines in every process' log
+    runs = {e: deployed(e, path, args.set, work, args.clients, certs,
+                        cfg["client-resources.num-cpus"]) for e in engines}
     print(f"{args.clients} clients, {args.rounds} rounds, CNN, FedAMP, fit + evaluation of "
           f"all clients every round, TLS on 127.0.0.1 (work folder {work})")
     print(f"simulation          : {sim:6.2f} s/round  ({sim_total:.0f} s in all)")
@@ -119,6 +171,11 @@ def main() -> None:
     for engine, (_, _, steps) in runs.items():
         for kind, (step, inside) in steps.items():
             print(f"  {engine:6} {kind:8}: {step:6.2f} | {inside:6.2f} | {step - inside:6.2f}")
+    for engine in runs if args.trace else ():
+        print(f"\n{engine}: the step's last reply, s from the step's start (rounds 2..N)")
+        for kind, marks in trace_steps(work / f"phases-{engine}",
+                                       work / f"dep-work-{engine}").items():
+            print(f"  {kind:8}: " + "  ".join(f"{k} {v:5.2f}" for k, v in marks.items()))
     if {"stock", "tuned"} <= set(runs):
         print(f"\ntuned / stock per round: {runs['tuned'][0] / runs['stock'][0]:.2f}")
 

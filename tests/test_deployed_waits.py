@@ -101,11 +101,11 @@ def test_a_timeout_ends_the_wait_at_its_deadline_not_a_look_later(monkeypatch):
 def test_a_deployments_server_app_gets_the_grid_poll_and_stock_keeps_flowers(lines):
     out, log = lines
     done = switch.install("tuned", simulation=False, version_of=ON_142, log=log)
-    assert done.replaced == ("grid_poll",)
+    assert done.replaced == ("grid_poll", "pull_backoff")
     assert HttpGrid.send_and_receive is grid_poll.send_and_receive
     assert grid_poll.flowers_own() is FLOWERS_GRID
     assert out[-1] == (INFO, "[flower-pfl] deployment engine (ServerApp): tuned on flwr "
-                             "1.42.0: grid_poll in Flower's place")
+                             "1.42.0: grid_poll, pull_backoff in Flower's place")
     assert switch.install("stock", simulation=False, version_of=ON_142, log=log).replaced == ()
     assert vars(HttpGrid)["send_and_receive"] is FLOWERS_GRID
     assert out[-1] == (INFO, "[flower-pfl] deployment engine (ServerApp): stock (engine: "
@@ -212,7 +212,7 @@ def test_the_supernode_looks_again_after_0_2_s_and_for_a_reply_after_0_05_s(line
     assert stock == [3, 3, 0.5, 0.5]
     monkeypatch.undo()
     assert switch.install("tuned", process="supernode", version_of=ON_142,
-                          log=log).replaced == ("node_waits", "superexec_start")
+                          log=log).replaced == ("node_waits", "superexec_start", "pull_backoff")
     tuned: list[float] = []
     monkeypatch.setattr(sci.time, "real_sleep", tuned.append)
     ours = _run_supernode_loop(monkeypatch)
@@ -236,14 +236,14 @@ def test_the_supernodes_command_under_each_engine(tmp_path):
     assert dep.node_command(dep.add_node(0))[0][0] == flower
 
 
-def test_deploy_starts_its_nodes_with_the_yamls_engine(tmp_path, monkeypatch):
+def test_deploy_starts_its_nodes_with_the_yamls_engine_and_threads(tmp_path, monkeypatch):
     seen = []
 
     class Started(Exception):
         pass
 
     def fake(*args, **kwargs):
-        seen.append(kwargs["engine"])
+        seen.append((kwargs["engine"], kwargs["threads"]))
         raise Started
 
     monkeypatch.setattr(deploy, "Deployment", fake)
@@ -253,8 +253,26 @@ def test_deploy_starts_its_nodes_with_the_yamls_engine(tmp_path, monkeypatch):
         with pytest.raises(Started):
             deploy.deploy(path, [], tmp_path / "res", 1, None)
     with pytest.raises(Started):
-        deploy.deploy(tmp_path / "tuned.yaml", ["engine=stock"], tmp_path / "res", 1, None)
-    assert seen == ["stock", "tuned", "stock"]
+        deploy.deploy(tmp_path / "tuned.yaml", ["engine=stock", "client-resources.num-cpus=3"],
+                      tmp_path / "res", 1, None)
+    assert seen == [("stock", 1), ("tuned", 1), ("stock", 3)]
+
+
+def test_each_node_gets_the_threads_a_simulated_client_gets_unless_set(tmp_path, monkeypatch):
+    """Nodes sharing a machine's cores with torch's default threads (one per core) spin
+    against each other: each node's ClientApps get ``threads`` (client-resources.num-cpus),
+    under either engine; one set in the environment is kept, None keeps torch's default."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for engine in ("stock", "tuned"):
+        dep = deploy.Deployment(tmp_path / engine, 2, None, engine=engine, threads=2)
+        assert dep.node_command(dep.add_node(0))[1]["OMP_NUM_THREADS"] == "2"
+    dep = deploy.Deployment(tmp_path / "default", 2, None)
+    assert dep.node_command(dep.add_node(0))[1]["OMP_NUM_THREADS"] == "1"
+    dep = deploy.Deployment(tmp_path / "none", 2, None, threads=None)
+    assert "OMP_NUM_THREADS" not in dep.node_command(dep.add_node(0))[1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    dep = deploy.Deployment(tmp_path / "set", 2, None, threads=1)
+    assert dep.node_command(dep.add_node(0))[1]["OMP_NUM_THREADS"] == "4"
 
 
 def test_the_entry_installs_the_supernodes_waits_then_runs_flowers_main(lines, monkeypatch):

@@ -80,7 +80,8 @@ def test_a_deployments_server_app_replaces_none_of_the_simulation_engine(lines):
     """Its own replacement only (tests/test_deployed_waits.py): the reply polling."""
     out, log = lines
     done = switch.install("tuned", simulation=False, version_of=ON_142, log=log)
-    assert done.replaced == ("grid_poll",) and len(flowers_in_place()) == len(TARGETS)
+    assert done.replaced == ("grid_poll", "pull_backoff")
+    assert len(flowers_in_place()) == len(TARGETS)
     assert len(out) == 1 and "deployment engine (ServerApp)" in out[0][1]
 
 

@@ -5,21 +5,17 @@
     flower-pfl deploy --config FILE --certs DIR [--nodes N] [--gpus 0,1] [--insecure]
 
 ``deploy`` runs everything on THIS machine (all on 127.0.0.1): a secure SuperLink (TLS +
-SuperNode authentication), one SuperNode per client with ``partition-id``,
-``num-partitions``, ``data-root`` and ``state-dir`` in ``--node-config``, its own
-``CUDA_VISIBLE_DEVICES`` and its registered key; then ``flwr run`` with the same YAML as
-simulation; it checks the run's final status and stops every process by PID.
+SuperNode authentication), one SuperNode per client (``partition-id``, ``num-partitions``,
+``data-root``, ``state-dir`` in ``--node-config``; its ``CUDA_VISIBLE_DEVICES``, torch
+threads and registered key); then ``flwr run`` with the same YAML as simulation; it checks
+the run's final status and stops every process by PID.
 
-On separate machines the same pieces are started one machine at a time by
-``flower-pfl superlink`` / ``supernode`` / ``submit`` (flower_pfl/running/sites.py); both use the
-building blocks below (SuperLink and SuperNode command lines, the ``flwr`` connection
-file, key registration and asking whether a key is registered, submitting a run and
-checking its status), so a deployment on one machine and one on many start Flower the
-same way.
+On separate machines the same pieces are started one machine at a time by ``flower-pfl
+superlink`` / ``supernode`` / ``submit`` (flower_pfl/running/sites.py), from the building
+blocks below, so a deployment on one machine and one on many start Flower the same way.
 
-Certificates: the server certificate names the given hosts AND the loopback names. A
-SuperLink listening on 0.0.0.0 starts its ServerApp process against 127.0.0.1 (Flower
-1.42, ``resolve_bind_address``), which checks the certificate like any client.
+Certificates name the given hosts AND loopback: a SuperLink on 0.0.0.0 starts its
+ServerApp against 127.0.0.1 (Flower 1.42, ``resolve_bind_address``), which checks them.
 """
 
 from __future__ import annotations
@@ -56,8 +52,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def make_ca(directory: str | Path, hosts: Sequence[str] = LOOPBACK,
             days: int = 30) -> dict[str, Path]:
-    """A throwaway CA and a server certificate for ``hosts`` plus the loopback names (for
-    testing only); the first host is the certificate's common name."""
+    """A throwaway CA and server certificate for ``hosts`` + loopback (testing only; the
+    first host is its common name)."""
     hosts = list(dict.fromkeys([*hosts, *LOOPBACK]))
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -119,8 +115,6 @@ def make_node_key(directory: str | Path, name: str) -> tuple[Path, Path]:
 
 
 # ------------------------------------------------------------------ building blocks
-# One function per piece of a deployment; ``Deployment`` (one machine) and the per-machine
-# commands in flower_pfl/running/sites.py (``flower-pfl superlink/supernode/submit``) both use them.
 def split_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` (IPv6 as ``[::1]:9092``) -> (host, port)."""
     host, sep, port = address.rpartition(":")
@@ -206,15 +200,12 @@ INVALID_HEARTBEAT_INTERVAL, NODE_ACTIVATION_FAILED = 2003, 2004
 
 def key_registered(superlink: str, ca: Path | None, private_key: Path) -> bool | None:
     """Ask the SuperLink whether the public key of ``private_key`` is registered, changing
-    nothing: a SuperNode refused activation (``Failed to activate SuperNode``, the only
-    answer it gets) is either unregistered or still counted online after a crash.
-
-    The probe is an ``ActivateNode`` request signed with the key, as the SuperNode sends it,
-    but with a heartbeat interval of 0 (out of Flower's bounds). Flower 1.42's handler
-    (``fleet_handlers.activate_node``) looks the key up FIRST -- unknown: error 2004,
-    ``No SuperNode found with the given public key`` -- and checks the interval only for a
-    known key (error 2003), before activating anything. True: registered; False: not;
-    None: no such answer (unreachable within Flower's 30 s, another Flower version)."""
+    nothing (a SuperNode refused activation is either unregistered or still counted online
+    after a crash). The probe is the SuperNode's signed ``ActivateNode`` request with a
+    heartbeat interval of 0: Flower 1.42's ``fleet_handlers.activate_node`` looks the key
+    up FIRST (unknown: error 2004) and checks the interval only for a known key (error
+    2003), before activating anything. True: registered; False: not; None: no such answer
+    (unreachable within Flower's 30 s, another Flower version)."""
     try:
         import httpx
         from cryptography.hazmat.primitives.serialization import load_ssh_private_key
@@ -328,6 +319,7 @@ class Deployment:
     certs: dict[str, Path] | None  # None: insecure (only when asked for)
     data_root: str | None = None  # a dataset folder, or the folder `flower-pfl partition` wrote
     engine: str = "tuned"  # the YAML's `engine`: how its SuperNodes start (supernode_command)
+    threads: int | None = 1  # torch threads of each node's ClientApps (OMP_NUM_THREADS)
     procs: ProcessSet = field(default_factory=ProcessSet)
     nodes: dict[str, Node] = field(default_factory=dict)
 
@@ -366,7 +358,9 @@ class Deployment:
     def node_command(self, node: Node) -> tuple[list[str], dict]:
         """The node's ``flower-supernode`` command and environment. Its disk is
         ``<workdir>/client-state/<name>``; its data ``<data-root>/<pid>`` when that is a
-        shard, else ``data-root``."""
+        shard, else ``data-root``; ``OMP_NUM_THREADS`` = ``threads`` (``client-resources.
+        num-cpus``, as Ray gives a simulated client; one set already is kept): nodes sharing
+        cores with torch's default threads spin against each other (docs/deployment.md)."""
         config = node_config(node.pid, self.num_partitions,
                              self.workdir / "client-state" / node.name,
                              node_data_root(self.data_root, node.pid))
@@ -374,6 +368,8 @@ class Deployment:
                                 self.certs["ca"] if self.certs else None, node.key,
                                 max_retries=20, engine=self.engine)
         env = dict(self.env)
+        if self.threads is not None:
+            env.setdefault("OMP_NUM_THREADS", str(self.threads))
         if node.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = node.gpu  # its ClientApp processes inherit it
         return cmd, env
@@ -438,7 +434,8 @@ def deploy(config_path: Path, overrides: Sequence[str], results_dir: Path, num_n
     check_gpus(gpus)
     certs = cert_paths(certs_dir) if certs_dir is not None else None
     cfg = config_mod.load(config_path, list(overrides) or None)  # stall-timeout, engine
-    with Deployment(workdir, num_nodes, certs, data_root, engine=cfg["engine"]) as dep:
+    with Deployment(workdir, num_nodes, certs, data_root, engine=cfg["engine"],
+                    threads=cfg["client-resources.num-cpus"]) as dep:
         dep.start_superlink()
         for pid in range(num_nodes):
             key = None

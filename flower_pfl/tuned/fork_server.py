@@ -3,18 +3,21 @@
 Run by path, never as ``flower_pfl.…``: it imports nothing of this project, so every
 ClientApp it forks imports the app's code (``flower_pfl`` included) from the run's FAB, as
 Flower's own ``flwr-clientapp`` does -- nothing of a run's code or data is kept warm here.
-It imports :data:`PRELOAD` (numpy, torch, Flower's ClientApp entry: most of a
-``flwr-clientapp`` start; importing torch does not initialise CUDA), then reads requests,
-one JSON line each on stdin: ``{"argv": ["flwr-clientapp", ...], "quiet": bool}``; for
-each it forks a child that runs Flower's ``flwr_clientapp()`` with that ``sys.argv``
+It imports :data:`PRELOAD` (numpy, torch, torchvision, dp_accounting, Flower's ClientApp
+entry: most of a ``flwr-clientapp`` start; importing torch does not initialise CUDA), then
+reads requests, one JSON line each on stdin: ``{"argv": ["flwr-clientapp", ...], "quiet":
+bool}``; for each it forks a child that runs Flower's ``flwr_clientapp()`` with that ``sys.argv``
 (``quiet``: its output to /dev/null, as Flower's ``suppress_output``) and exits with its
 status.  Children are reaped by the kernel (SIGCHLD ignored here, restored in a child).
 End of stdin (its SuperExec gone or restarting it) ends it; running children go on (each
 watches the SuperExec's pid, ``--parent-pid``, as Flower's do).
 
 ``--ready-fd N``: a pipe on which it writes :data:`READY` once its imports are done (its
-starter waits for that, and uses Flower's launcher if it never comes).  ``--preload a,b``
-and ``--run module:function`` replace :data:`PRELOAD` and Flower's entry (tests).
+starter waits for that, and uses Flower's launcher if it never comes).  ``--kwdefaults
+module:function.param=number,...``: keyword defaults set after the imports, so every child
+has them (:func:`set_kwdefaults`; the tuned engine's shorter object-pull backoff,
+:mod:`flower_pfl.tuned.pull_backoff`, whose starter checked the functions).  ``--preload
+a,b`` and ``--run module:function`` replace :data:`PRELOAD` and Flower's entry (tests).
 Started by :class:`flower_pfl.tuned.warm_clientapp.ForkServer`.
 """
 
@@ -31,8 +34,12 @@ from typing import IO, Any, Callable, Sequence
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)  # run by path: its folder is not a place to import from
 
-#: imported once by the parent, shared by every child it forks
-PRELOAD = ("numpy", "torch", "flwr.supernode.cli.flwr_clientapp")
+#: imported once by the parent, shared by every child it forks: third-party packages the
+#: project's ClientApp imports (its dependencies, not its code: that comes from the FAB):
+#: torchvision (ResNet-18, image folders), dp_accounting + scipy (the privacy accountant,
+#: imported with the clients; 0.5-2 s a process) and Flower's ClientApp entry
+PRELOAD = ("numpy", "torch", "torchvision", "dp_accounting", "dp_accounting.rdp",
+           "flwr.supernode.cli.flwr_clientapp")
 #: the function each child runs
 RUN = "flwr.supernode.cli.flwr_clientapp:flwr_clientapp"
 #: written to ``--ready-fd`` once the imports are done
@@ -70,12 +77,28 @@ def _child(request: dict[str, Any], run: Callable[[], Any]) -> None:
         os._exit(code)
 
 
+def set_kwdefaults(spec: str) -> None:
+    """``"pkg.mod:fn.param=0.05,..."``: set each function's keyword default ``param`` to the
+    number given (digits only: an int, else a float).  Raises ``KeyError`` for a parameter
+    that is not keyword-only."""
+    for item in filter(None, spec.split(",")):
+        ref, _, value = item.partition("=")
+        ref, _, param = ref.rpartition(".")
+        fn: Any = _resolve(ref)
+        if param not in (fn.__kwdefaults__ or {}):
+            raise KeyError(f"{ref} has no keyword-only parameter {param!r}")
+        number = int(value) if value.isdigit() else float(value)
+        fn.__kwdefaults__ = {**fn.__kwdefaults__, param: number}
+
+
 def serve(requests: IO[str], preload: Sequence[str] = PRELOAD, run: str = RUN,
-          ready_fd: int | None = None) -> None:
-    """Import ``preload``, say ``ready`` on ``ready_fd`` (then closed: no child holds it),
-    then fork a child per request line until ``requests`` ends."""
+          ready_fd: int | None = None, kwdefaults: str = "") -> None:
+    """Import ``preload``, set ``kwdefaults`` (:func:`set_kwdefaults`), say ``ready`` on
+    ``ready_fd`` (then closed: no child holds it), then fork a child per request line until
+    ``requests`` ends."""
     for name in preload:
         importlib.import_module(name)
+    set_kwdefaults(kwdefaults)
     target = _resolve(run)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     if ready_fd is not None:
@@ -93,11 +116,12 @@ def main(argv: Sequence[str]) -> None:
     args = list(argv)
     if not args or args[0] != "flwr-clientapp":
         raise SystemExit("usage: fork_server.py flwr-clientapp [--preload a,b] "
-                         "[--run module:function] [--ready-fd N]")
+                         "[--run module:function] [--ready-fd N] [--kwdefaults m:f.p=x,...]")
     options = dict(zip(args[1::2], args[2::2]))
     preload = tuple(filter(None, options.get("--preload", ",".join(PRELOAD)).split(",")))
     ready = options.get("--ready-fd")
-    serve(sys.stdin, preload, options.get("--run", RUN), int(ready) if ready else None)
+    serve(sys.stdin, preload, options.get("--run", RUN), int(ready) if ready else None,
+          options.get("--kwdefaults", ""))
 
 
 if __name__ == "__main__":

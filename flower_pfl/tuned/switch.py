@@ -11,7 +11,8 @@ in this order, each ending in exactly one log line:
    ServerApp (:data:`REPLACEMENTS`), a deployment's ServerApp (:data:`DEPLOYED_SERVERAPP`:
    its 3-s reply polling), a SuperNode (:data:`SUPERNODE`: its 3-s idle wait, its SuperExec
    started through our entry) or that SuperExec (:data:`SUPEREXEC`: ClientApp processes
-   forked warm); the last two installed by :mod:`flower_pfl.tuned.entry`;
+   forked warm); the last two installed by :mod:`flower_pfl.tuned.entry`; the three
+   deployment processes also shorten the 1-s first wait for an object not there yet;
 3. the version gate (:func:`flower_pfl.tuned.gate.outside_tested`): a Flower (or Ray)
    outside the release series the replacements were tested on -- Flower as released, and
    a WARNING line naming the versions;
@@ -27,7 +28,8 @@ The replacements (docs/engine.md lists the Flower functions each stands in for):
 :mod:`~flower_pfl.tuned.actor_queue` (simulation); :mod:`~flower_pfl.tuned.grid_poll`
 (a deployment's ServerApp), :mod:`~flower_pfl.tuned.node_waits` and
 :mod:`~flower_pfl.tuned.superexec_start` (a SuperNode),
-:mod:`~flower_pfl.tuned.warm_clientapp` (its SuperExec).
+:mod:`~flower_pfl.tuned.warm_clientapp` (its SuperExec), :mod:`~flower_pfl.tuned.pull_backoff`
+(all three, and the ClientApps forked warm).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from flower_pfl.tuned import (
     grid_poll,
     linkstate_lookup,
     node_waits,
+    pull_backoff,
     superexec_start,
     warm_clientapp,
 )
@@ -56,11 +59,12 @@ ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
 #: install, installed, uninstall
 REPLACEMENTS: tuple[ModuleType, ...] = (linkstate_lookup, engine_wakeup, actor_queue)
 #: those of a deployment's ServerApp process (``flwr-serverapp``)
-DEPLOYED_SERVERAPP: tuple[ModuleType, ...] = (grid_poll,)
+DEPLOYED_SERVERAPP: tuple[ModuleType, ...] = (grid_poll, pull_backoff)
 #: those of a SuperNode process (``flower-supernode``, started through entry)
-SUPERNODE: tuple[ModuleType, ...] = (node_waits, superexec_start)
-#: those of a SuperNode's SuperExec (``flower-superexec``, started through entry)
-SUPEREXEC: tuple[ModuleType, ...] = (warm_clientapp,)
+SUPERNODE: tuple[ModuleType, ...] = (node_waits, superexec_start, pull_backoff)
+#: those of a SuperNode's SuperExec (``flower-superexec``, started through entry; its
+#: pull_backoff reaches the ClientApps it forks)
+SUPEREXEC: tuple[ModuleType, ...] = (warm_clientapp, pull_backoff)
 #: process -> (what the one line calls its engine, its replacements)
 SETS: dict[str, tuple[str, tuple[ModuleType, ...]]] = {
     "simulation": ("simulation engine", REPLACEMENTS),
@@ -69,7 +73,8 @@ SETS: dict[str, tuple[str, tuple[ModuleType, ...]]] = {
     "superexec": ("deployment engine (SuperExec)", SUPEREXEC),
 }
 #: every replacement of every process (undone by :func:`uninstall`)
-EVERY: tuple[ModuleType, ...] = REPLACEMENTS + DEPLOYED_SERVERAPP + SUPERNODE + SUPEREXEC
+EVERY: tuple[ModuleType, ...] = tuple(dict.fromkeys(
+    REPLACEMENTS + DEPLOYED_SERVERAPP + SUPERNODE + SUPEREXEC))
 #: the values of the ``engine`` key
 ENGINES = ("tuned", "stock")
 #: how the one line starts where Flower runs as released although ``tuned`` was asked for

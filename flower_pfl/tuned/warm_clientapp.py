@@ -10,14 +10,16 @@ imports flwr (0.3-0.8 s) and torch (1.2-2.3 s) before the app's code runs.
 :func:`launch` takes its place in the SuperExec process (started through
 :mod:`flower_pfl.tuned.entry` by a tuned SuperNode, :mod:`.superexec_start`): a ClientApp
 task's arguments -- the list Flower's ``launch`` builds, :func:`flower_args` -- go to a
-:class:`ForkServer` (:mod:`.fork_server`: a parent with numpy, torch and Flower's ClientApp
-entry imported, nothing of the project's code or data), which forks a child that runs
-Flower's ``flwr_clientapp()`` with them.  What the child does from there is Flower's: it
-fetches its token's message, installs the FAB, imports the app from it, reads the node's
-data and configuration -- nothing is kept warm that a run, a node's data or the app's code
-could change.  The parent is started on the first ClientApp task, and again when a task
-names another FAB (``fab_hash``) or when it has died.  Other task types, and a task the fork
-server cannot take (its pipe broken), go to Flower's ``launch``.
+:class:`ForkServer` (:mod:`.fork_server`: a parent with numpy, torch, torchvision,
+dp_accounting and Flower's ClientApp entry imported, nothing of the project's code or data),
+which forks a child that runs Flower's ``flwr_clientapp()`` with them.  What the child does
+from there is Flower's: it fetches its token's message, installs the FAB, imports the app
+from it, reads the node's data and configuration -- nothing is kept warm that a run, a
+node's data or the app's code could change.  Where :mod:`.pull_backoff` is installed in this
+process, the parent gives its children the same shorter object-pull backoff.  The parent is
+started on the first ClientApp task, and again when a task names another FAB (``fab_hash``)
+or when it has died.  Other task types, and a task the fork server cannot take (its pipe
+broken), go to Flower's ``launch``.
 
 Installed by :func:`flower_pfl.tuned.switch.install` (process ``superexec``) after
 :data:`NEEDS` are met.  ``FLOWER_PFL_FLOWER_CLIENTAPP=1`` keeps Flower's launcher.
@@ -34,6 +36,7 @@ from logging import WARNING
 from pathlib import Path
 from typing import Any, Callable
 
+from flower_pfl.tuned import pull_backoff
 from flower_pfl.tuned.gate import Need
 from flower_pfl.tuned.patch import Replaced
 
@@ -102,7 +105,8 @@ class ForkServer:
 
         read, write = os.pipe()
         try:
-            self.proc = subprocess.Popen([*self.command, "--ready-fd", str(write)],
+            self.proc = subprocess.Popen([*self.command, *pull_backoff.fork_server_args(),
+                                          "--ready-fd", str(write)],
                                          stdin=subprocess.PIPE, text=True, pass_fds=(write,),
                                          **self.popen)
         finally:
