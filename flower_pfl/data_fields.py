@@ -23,8 +23,8 @@ SOURCE_KEYS = ("data.image-size", "data.features", "data.label", "data.normalize
 DATA_FIELDS: dict[str, Field] = {
     "data.dataset": Field((str,), "fmnist", lambda v: bool(v.strip()),
                           f"one of {list(DATASETS)}, or your own data: 'imagefolder:<dir>', "
-                          f"'table:<file.csv|.parquet|.npz>', 'hf:<name>' or 'module:function' "
-                          f"(docs/own-data.md)"),
+                          f"'table:<file.csv|.parquet|.npz>', 'hf:<name>', 'module:function' "
+                          f"or 'site' (each node's own data; docs/own-data.md)"),
     "data.root": Field((str,), None, None, "a directory holding the dataset", nullable=True),
     "data.partition": Field((str,), "dirichlet", in_(PARTITIONS), f"one of {list(PARTITIONS)}"),
     "data.split": Field((str,), "stratified", in_(SPLITS), f"one of {list(SPLITS)} (each "
@@ -43,6 +43,15 @@ DATA_FIELDS: dict[str, Field] = {
                            "every numeric column but the label's)", nullable=True),
     "data.label": Field((str,), None, None, "the label column (null: 'label'; NPZ: 'y')",
                         nullable=True),
+    # per-site data (data.dataset: site): what every site shares, declared (learning/site_data)
+    "data.classes": Field((list,), None, lambda v: len(v) >= 2 and all(
+        isinstance(c, (str, int)) and not isinstance(c, bool) for c in v), "a list of 2+ "
+        "class names (folder names / label values, str or int) in class order, or null "
+        "(data.dataset: site needs it)", nullable=True),
+    "data.input-shape": Field((list,), None, lambda v: len(v) in (1, 3) and all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in v)
+        and (len(v) == 1 or v[0] in (1, 3)), "[C, H, W] images (C 1 or 3) or [F] a table's "
+        "features, integers >= 1, or null (data.dataset: site needs it)", nullable=True),
     "data.alpha": Field((float, int), 0.5, POS, "a number > 0 (Dirichlet concentration)"),
     "data.classes-per-client": Field((int,), 2, POS, "an integer >= 1"),
     "data.groups": Field((int,), 3, POS, "an integer >= 1"),
@@ -76,11 +85,16 @@ def data_checks(values: Mapping[str, Any]) -> list[str]:
     """The ``data.*`` problems that need more than one key (every key already has its type):
     the model that fits the synthetic data, the synthetic sample range, and the partitions'
     class counts against the dataset's classes."""
-    from flower_pfl.learning import sources
+    from flower_pfl.learning import site_data, sources
 
     dataset = values["data.dataset"]
-    problems = sources.check_source(dataset, values["data.root"])
-    own = not problems and dataset not in DATASETS
+    site = dataset == site_data.SITE
+    problems = site_data.config_problems(values) if site else \
+        sources.check_source(dataset, values["data.root"])
+    problems += site_data.declared_problems(values)
+    if site and not problems:
+        site_data.register(values)  # what the model and every site follow
+    own = not problems and dataset not in DATASETS and not site
     if own:
         from flower_pfl.learning import own_data  # numpy only
 

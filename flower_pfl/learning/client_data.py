@@ -5,8 +5,10 @@ Which one a client gets is decided here, above the two modules that know how:
 :mod:`flower_pfl.learning.shards` (one site's shard written by ``flower-pfl partition``, checked
 against the run's settings).  A node's ``data-root`` holding a shard manifest is read as
 that shard and never falls back to the pooled set; any other ``data-root`` is read as the
-dataset's folder instead of ``data.root``.  A pooled client's images are row numbers into
-the shared uint8 map, normalised per batch (:class:`flower_pfl.learning.data.NormalizedImages`),
+dataset's folder instead of ``data.root``.  With ``data.dataset: site`` the ``data-root``
+is the site's own folder or file (:mod:`flower_pfl.learning.site_data`): no pool at all.
+A pooled client's images are row numbers into the shared uint8 map, normalised per batch
+(:class:`flower_pfl.learning.data.NormalizedImages`),
 so the per-process cache holds index arrays and labels, not float32 images.
 
 Device residency (``device-resident``; :func:`resident`): on a GPU that per-batch host work
@@ -27,7 +29,7 @@ from typing import Any, Mapping
 
 import torch
 
-from flower_pfl.learning import data, own_data, partitions, shards
+from flower_pfl.learning import data, own_data, partitions, shards, site_data
 from flower_pfl.learning.data import ClientData
 
 _CACHE: dict[tuple[str, int], ClientData] = {}
@@ -95,6 +97,8 @@ def load_host_data(cfg: Mapping[str, Any], partition_id: int,
         raise data.DataError(f"partition-id {partition_id} is outside [0, {cfg['clients']})")
     if dataset == "synthetic-gaussian":
         loaded = data.synthetic_client_data(cfg, partition_id)
+    elif dataset == site_data.SITE:  # this site's own folder or file, nothing else
+        loaded = site_data.load_site(cfg, partition_id, root_override)
     elif root_override and shards.is_shard_folder(root_override):
         loaded = shards.load_shard(root_override, cfg, partition_id)  # never the pooled set
     else:

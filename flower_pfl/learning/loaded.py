@@ -28,9 +28,10 @@ class Loaded:
 
 
 def labelled(x: np.ndarray, raw: np.ndarray, what: str,
-             columns: dict[str, np.ndarray] | None = None) -> Loaded:
+             columns: dict[str, np.ndarray] | None = None, min_classes: int = 2) -> Loaded:
     """``Loaded`` with ``raw`` labels mapped to ``0..K-1`` (sorted values); checks ``x``
-    and ``raw`` agree in length and are not empty."""
+    and ``raw`` agree in length, are not empty and hold ``min_classes`` classes (a pooled
+    source: 2; one site's own data: 1, :mod:`~flower_pfl.learning.site_data`)."""
     raw = np.asarray(raw)
     if raw.ndim != 1 or len(raw) != len(x):
         raise SourceError(f"{what}: labels of shape {raw.shape} do not match the "
@@ -38,6 +39,6 @@ def labelled(x: np.ndarray, raw: np.ndarray, what: str,
     if len(x) == 0:
         raise SourceError(f"{what}: no samples")
     values, y = np.unique(raw, return_inverse=True)
-    if len(values) < 2:
+    if len(values) < min_classes:
         raise SourceError(f"{what}: a single class ({values[0]!r}); classification needs 2+")
     return Loaded(x, y.astype(np.int64), [str(v) for v in values], columns or {})

@@ -173,6 +173,10 @@ def model_for(cfg: Mapping[str, Any], search: Sequence[str | Path] | None = None
     dataset = cfg["data.dataset"]
     if dataset == "synthetic-gaussian":
         return build_model("scalar", (1,), 1, cfg["seed"])
+    if dataset == "site":  # per-site data: the declared classes and shape, never a site's
+        from flower_pfl.learning import site_data
+
+        site_data.register(cfg)
     name = cfg["model"]
     if is_factory_reference(name):
         from flower_pfl.learning.user_model import build_user_model, model_args, search_dirs

@@ -77,7 +77,8 @@ def read_imagefolder(path: Path, settings: dict[str, Any]) -> Loaded:
     grey = all(mode in GREY for mode in modes())
     x = _image_array(decoded(), len(files), grey, settings.get("data.image-size"), what)
     return labelled(x, np.array(names), what,
-                    {"path": np.array([str(Path(f).relative_to(path)) for f in files])})
+                    {"path": np.array([str(Path(f).relative_to(path)) for f in files])},
+                    settings.get("min-classes", 2))
 
 
 def read_table(path: Path, settings: dict[str, Any]) -> Loaded:
@@ -96,7 +97,7 @@ def read_table(path: Path, settings: dict[str, Any]) -> Loaded:
             y = z[label]
         x = xs[0] if len(xs) == 1 and xs[0].dtype == np.uint8 and xs[0].ndim == 4 else \
             np.concatenate([a.reshape(len(a), -1) for a in xs], axis=1).astype(np.float32)
-        return labelled(x, y, what)
+        return labelled(x, y, what, min_classes=settings.get("min-classes", 2))
     import pandas as pd  # type: ignore[import-untyped]
 
     try:
@@ -110,6 +111,8 @@ def _frame(frame: Any, settings: dict[str, Any], what: str) -> Loaded:
     """Features and label of a pandas DataFrame; the other columns kept as columns."""
     from pandas.api.types import is_numeric_dtype  # type: ignore[import-untyped]
 
+    if len(frame) == 0:  # a header only: no samples (before its columns' empty types)
+        raise SourceError(f"{what}: no samples")
     label = settings.get("data.label") or "label"
     if label not in frame.columns:
         raise SourceError(f"'data.label' = {label!r}: no such column in {what} (columns: "
@@ -138,7 +141,7 @@ def _frame(frame: Any, settings: dict[str, Any], what: str) -> Loaded:
                for c in frame.columns if c not in feats and c != label}
     raw = frame[label]
     return labelled(x, raw.to_numpy() if is_numeric_dtype(raw) else raw.astype(str).to_numpy(
-        dtype=str), what, columns)
+        dtype=str), what, columns, settings.get("min-classes", 2))
 
 
 def read_hf(name: str, settings: dict[str, Any]) -> Loaded:

@@ -66,6 +66,10 @@ def parse_source(dataset: str, root: str | None = None) -> Source | None:
     (``data.root``) is the path where the spec gives none.  Raises SourceError."""
     if dataset in BUILTIN:
         return None
+    if dataset == "site":
+        raise SourceError("data.dataset = 'site' is each node's own data (flower-pfl supernode "
+                          "--data PATH; learning/site_data.py): there is no pooled dataset to "
+                          "read, partition or cut into shards")
     kind, sep, rest = dataset.partition(":")
     if sep and kind in ("imagefolder", "table", "hf"):
         where = rest or (root or "")

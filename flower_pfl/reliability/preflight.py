@@ -26,27 +26,22 @@ Which machine facts apply depends on where the clients run, the ``scope``:
 * ``remote``: a SuperLink elsewhere (``flower-pfl submit``): no machine check -- the nodes
   cannot be seen from here; ``flower-pfl supernode --gpu`` checks its own device.
 
-The launcher runs :func:`preflight` in a short-lived child process
-(:func:`preflight_apart`): checking the model imports torch, which costs a process ~280 MB
-of private memory even on a CPU run, and the launcher lives as long as the run.  The
-child's error comes back with the same message; its Python warnings are raised again in
-the launcher.
+The launcher runs :func:`preflight` in a short-lived child process (:func:`preflight_apart`,
+:mod:`~flower_pfl.reliability.preflight_apart`: torch stays out of the launcher).  Per-site
+data (``data.dataset: site``): no pool, so the model is checked against the declared
+``data.input-shape`` and ``data.classes`` (:func:`_site_preflight`).
 """
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
-import pickle
-import subprocess
 import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence, Union
 
-from flower_pfl.atomic import atomic_write_text
 from flower_pfl.child import run_python
 
 #: where the clients run (module docstring): which machine checks apply
@@ -306,6 +301,8 @@ def preflight(cfg: Configured, results_dir: str | Path | None = None,
 
     if values["data.dataset"] == "synthetic-gaussian":
         return
+    if values["data.dataset"] == "site":
+        return _site_preflight(cfg, values, initial_out, hyper, search)
     import numpy as np
 
     from flower_pfl.learning import own_data, splits
@@ -336,6 +333,29 @@ def preflight(cfg: Configured, results_dir: str | Path | None = None,
                                values["data.dataset"])
     sizes = [len(tr) for tr in part.train]
     check_model(values, hyper, search, batch, int(y.max()) + 1, sizes)
+    if initial_out is not None:
+        from flower_pfl import initial_model
+
+        Path(initial_out).parent.mkdir(parents=True, exist_ok=True)
+        initial_model.write(initial_out, values)
+
+
+def _site_preflight(cfg: Configured, values: Mapping[str, Any], initial_out: Any,
+                    hyper: Mapping[str, Any] | None, search: Sequence[str] | None) -> None:
+    """:func:`preflight` of per-site data (``data.dataset: site``): no pool to read, so the
+    model is checked on a batch of the declared ``data.input-shape`` (zeros) against the
+    declared ``data.classes`` (the config's checks refused a run without them); each site
+    checks its own data when its node loads it (:mod:`flower_pfl.learning.site_data`)."""
+    import torch
+
+    from flower_pfl.learning import site_data
+    from flower_pfl.learning.user_model import search_dirs
+
+    info = site_data.register(values)
+    batch = torch.zeros((max(2, int(values["train.batch-size"])), *info.shape))
+    search = [str(d) for d in search_dirs(cfg)] if search is None else search
+    check_model(values, getattr(cfg, "hyper", None) if hyper is None else hyper, search,
+                batch, info.num_classes, [])
     if initial_out is not None:
         from flower_pfl import initial_model
 
@@ -411,67 +431,10 @@ def strategy_needs(values: Mapping[str, Any], hyper: Mapping[str, Any] | None
     return issubclass(cls, fedrep), int(hyper["hidden"]) if issubclass(cls, pfedhn) else None
 
 
-#: the child of :func:`preflight_apart`: request (pickle) in, answer (JSON) out
-_PREFLIGHT_CHILD = ("import sys\n"
-                    "from flower_pfl.reliability.preflight import preflight_child\n"
-                    "preflight_child(sys.argv[1], sys.argv[2])\n")
-
-
-def preflight_child(request: str, answer: str) -> None:
-    """The child's side of :func:`preflight_apart`: run :func:`preflight` on the pickled
-    ``(values, results_dir, initial_out, scope, hyper, search)`` and write ``{"error":
-    message or None, "warnings": [...]}``."""
-    with open(request, "rb") as fh:
-        values, results_dir, initial_out, scope, hyper, search = pickle.load(fh)
-    error = None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            preflight(values, results_dir, initial_out, scope, hyper, search)
-        except Exception as exc:  # noqa: BLE001 - PreflightError, DataError, ...: its message
-            error = str(exc)
-    seen = [{"category": w.category.__name__, "message": str(w.message),
-             "filename": w.filename, "lineno": w.lineno} for w in caught]
-    atomic_write_text(answer, json.dumps({"error": error, "warnings": seen}))
-
-
-def preflight_apart(cfg: Configured, results_dir: str | Path | None = None,
-                    timeout_s: float | None = 900,
-                    initial_out: str | Path | None = None, scope: str | None = None) -> None:
-    """:func:`preflight` in a child process (same interpreter, same ``sys.path``), so this
-    process never imports torch: the child's error is raised here as a PreflightError with
-    the same message, its warnings are warned again here.  ``scope`` (:data:`SCOPES`;
-    ``run`` passes ``cluster`` with ``--ray-address``): by default ``cluster`` where this
-    process joins an existing Ray cluster (``RAY_ADDRESS``), else ``simulation``."""
-    if scope is None:
-        from flower_pfl.raynode import joined_cluster
-
-        scope = "cluster" if joined_cluster() else "simulation"
-    values = dict(cfg if isinstance(cfg, dict) else cfg.values)
-    hyper = getattr(cfg, "hyper", None)
-    source = getattr(cfg, "source", None)  # the factory's module: beside the config file
-    search = ([str(Path(source).resolve().parent)] if isinstance(source, str)
-              and Path(source).is_file() else []) + [str(Path.cwd())]
-    with tempfile.TemporaryDirectory(prefix="flower-pfl-preflight-") as tmp:
-        request, answer = Path(tmp) / "request.pkl", Path(tmp) / "answer.json"
-        request.write_bytes(pickle.dumps((values, None if results_dir is None
-                                          else str(results_dir),
-                                          None if initial_out is None else str(initial_out),
-                                          scope, None if hyper is None else dict(hyper),
-                                          search)))
-        try:
-            done = run_python(_PREFLIGHT_CHILD, str(request), str(answer), timeout_s=timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise PreflightError(f"the preflight check did not finish in {timeout_s:.0f} s"
-                                 ) from exc
-        if not answer.is_file():
-            raise PreflightError(f"the preflight check failed (exit {done.returncode}):\n"
-                                 f"{done.stderr[-3000:]}")
-        result = json.loads(answer.read_text())
-    for w in result["warnings"]:
-        category = getattr(builtins, w["category"], None)
-        if not (isinstance(category, type) and issubclass(category, Warning)):
-            category = UserWarning
-        warnings.warn_explicit(w["message"], category, w["filename"], w["lineno"])
-    if result["error"] is not None:
-        raise PreflightError(result["error"])
+# the launcher's way to run it (a child process): preflight_apart.py, importable from here
+from flower_pfl.reliability.preflight_apart import (  # noqa: E402
+    preflight_apart as preflight_apart,
+)
+from flower_pfl.reliability.preflight_apart import (  # noqa: E402
+    preflight_child as preflight_child,
+)

@@ -68,10 +68,11 @@ MAX_ERROR = 4000
 
 
 def default_results_dir(cfg: RunConfig) -> Path:
-    """``<output-dir>/<run-name>`` (a run without a name: strategy, dataset, partition and
-    the start time); a relative output dir resolves against the cwd."""
+    """``<output-dir>/<run-name>`` (a run without a name: strategy, dataset, partition (none
+    for per-site data) and the start time); a relative output dir resolves against the cwd."""
+    part = "" if cfg["data.dataset"] == "site" else f"{cfg['data.partition']}-"
     name = cfg["run-name"] or (f"{cfg.strategy}-{display_name(cfg['data.dataset'])}-"
-                               f"{cfg['data.partition']}-{time.strftime('%Y%m%d-%H%M%S')}")
+                               f"{part}{time.strftime('%Y%m%d-%H%M%S')}")
     return (Path(cfg["output-dir"]).expanduser().resolve() / name)
 
 

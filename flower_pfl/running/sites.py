@@ -5,7 +5,7 @@
     flower-pfl supernode --superlink HOST:PORT --ca ca.crt --key keys/client-0.key
                          --partition-id 0 --data shards/0 --state-dir DIR
                          [--gpu 0] [--num-partitions N] [--port 9094] [--log FILE]
-                         [--engine tuned|stock]
+                         [--engine tuned|stock] [--config FILE [--set k=v ...]]
     flower-pfl submit    --superlink HOST:PORT --ca ca.crt [--config FILE] [--set k=v ...]
                          [--results DIR]
 
@@ -14,12 +14,15 @@ the given public keys registered (a key's name is its file name), its state in
 ``--workdir`` (registered keys and runs survive a restart); stops what it started by PID.
 ``supernode`` (each client machine): Flower's SuperNode for one client, its
 ``--node-config`` built here with resolved paths; a shard folder's partition-id and
-``num-partitions`` checked against its manifest before anything starts; ``--gpu`` sets
-``CUDA_VISIBLE_DEVICES``.  A refused activation is an unregistered key (said, exit 1) or
-the SuperLink still counting this node online after a crash (retried quietly for up to
-``--rejoin-wait`` s): :func:`deploy.key_registered` tells them apart.  ``submit`` (server
-machine, where the results are written): ``flwr run`` with the YAML, its log streamed,
-exit 1 unless the run ends ``completed``; Ctrl-C stops the run on the SuperLink too.
+``num-partitions`` checked against its manifest before anything starts; a site's own data
+(``data.dataset: site``: an image folder or a table file, no pool anywhere) checked to hold
+samples, and with ``--config`` read and checked against the run's declared classes and shape
+(:func:`site_data_line`); ``--gpu`` sets ``CUDA_VISIBLE_DEVICES``.  A refused activation is
+an unregistered key (said, exit 1) or the SuperLink still counting this node online after
+a crash (retried quietly for up to ``--rejoin-wait`` s): :func:`deploy.key_registered`
+tells them apart.  ``submit`` (server machine, where the results are written): ``flwr
+run`` with the YAML, its log streamed, exit 1 unless the run ends ``completed``; Ctrl-C
+stops the run on the SuperLink too.
 
 Logs hold no colour codes.  Exit status: 0 done; 1 failed (the reason printed); 2 bad
 arguments, nothing started; 128+N stopped by signal N.
@@ -166,10 +169,8 @@ def supernode_plan(args) -> tuple[list[str], dict, str]:
             about_data = (f"data: shard {data} ({m['counts']['train']} train + "
                           f"{m['counts']['test']} test samples of {m['dataset']}, "
                           f"settings-hash {m['settings-hash']})")
-        elif data.is_dir():
-            about_data = f"data: dataset folder {data}"
         else:
-            raise LaunchError(f"--data {args.data}: no such folder")
+            about_data = site_data_line(args, data)
     if num is None:
         raise LaunchError("--num-partitions N is needed (the run's `clients`) unless --data "
                           "is a shard folder made by `flower-pfl partition`")
@@ -195,6 +196,34 @@ def supernode_plan(args) -> tuple[list[str], dict, str]:
     return cmd, env, about
 
 
+def site_data_line(args, data: Path) -> str:
+    """What ``--data`` (not a shard) is, checked as far as this machine can: a site's own
+    folder or file must exist and hold samples; with ``--config`` of a ``data.dataset:
+    site`` run it is read and checked against the run's classes and shape (LaunchError)."""
+    from flower_pfl.learning import site_data
+
+    problem = site_data.local_problem(data)
+    if problem is not None:
+        raise LaunchError(f"--data {args.data}: {problem}")
+    cfg = None
+    if args.config:
+        from flower_pfl import config as config_mod
+
+        try:
+            cfg = config_mod.load(Path(args.config), args.set or None)
+        except config_mod.ConfigError as exc:
+            raise LaunchError(f"--config {args.config}: {exc}") from exc
+    if cfg is None or cfg["data.dataset"] != site_data.SITE:
+        kind = "table file" if data.is_file() else "folder"
+        return (f"data: {kind} {data} (this site's own data in a data.dataset: site run, else "
+                f"the dataset's files{'' if cfg is None else ' of ' + cfg['data.dataset']})")
+    try:
+        line = site_data.describe(data, cfg.values, args.partition_id)
+    except site_data.SiteError as exc:
+        raise LaunchError(f"--data {args.data} cannot serve this run: {exc}") from exc
+    return f"data: this site's own {data}: {line} (checked against {args.config})"
+
+
 def supernode_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flower-pfl supernode", description="Start this client "
                                 "machine's SuperNode; runs until Ctrl-C.")
@@ -205,8 +234,15 @@ def supernode_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition-id", type=int, required=True, help="this client's identity")
     p.add_argument("--num-partitions", type=int, default=None,
                    help="the run's `clients` (default: from the shard's manifest)")
-    p.add_argument("--data", metavar="DIR", help="this client's shard (flower-pfl partition "
-                   "--out DIR: DIR/<partition-id>) or a dataset folder")
+    p.add_argument("--data", metavar="PATH", help="this client's shard (flower-pfl partition "
+                   "--out DIR: DIR/<partition-id>), a dataset folder, or this site's own "
+                   "data for a run with data.dataset: site (an image folder or a CSV/"
+                   "Parquet/NPZ file; docs/own-data.md)")
+    p.add_argument("--config", metavar="FILE", help="the run's YAML (optional): with "
+                   "data.dataset: site, --data is read and checked against it (classes, "
+                   "shape, samples) before the SuperNode starts")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="overrides of --config's keys")
     p.add_argument("--state-dir", required=True, metavar="DIR",
                    help="where the client keeps its personal state (a restart continues it)")
     p.add_argument("--gpu", default=None, metavar="ID", help="the CUDA device to train on "
@@ -363,7 +399,8 @@ def submit_main(argv: Sequence[str]) -> int:
         if match:
             run_id.append(match.group(1))
 
-    say(f"{cfg.strategy} on {cfg['data.dataset']}/{cfg['data.partition']}, {cfg['clients']} "
+    split = "own data per site" if cfg["data.dataset"] == "site" else cfg["data.partition"]
+    say(f"{cfg.strategy} on {cfg['data.dataset']}/{split}, {cfg['clients']} "
         f"clients, {cfg['rounds']} rounds -> SuperLink {args.superlink}; results {results}")
     procs = ProcessSet()
     stop_on_signals()
