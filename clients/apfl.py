@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from flower_pfl.algorithms.baselines_math import apfl_step, mixture
 from flower_pfl.clients.base import PFLClient
+from flower_pfl.instructions import APFLInstruction
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.training import batches
 from flower_pfl.registry import client_for
@@ -31,13 +32,14 @@ from flower_pfl.strategies.apfl import APFL
 class APFLClient(PFLClient):
     def load_alpha(self, config) -> float:
         values = self.state.get_values("apfl")
-        return float(values["alpha"]) if values else float(config["alpha-init"])
+        return float(values["alpha"]) if values else APFLInstruction.from_config(config).alpha_init
 
     def fit_round(self, parameters, config):
         w = self.new_model(parameters).train()
         v = self.load_personal("apfl-v")
         v = (v if v is not None else self.new_model(parameters)).train()
         alpha = self.load_alpha(config)
+        sent = APFLInstruction.from_config(config)
         steps = self.spec.num_steps(self.data.num_train)
         x, y = self.data.x_train, self.data.y_train
         loss_w = loss_mix = 0.0
@@ -45,8 +47,8 @@ class APFLClient(PFLClient):
                            self.spec.drop_last):
             xb, yb = x[idx].to(self.device), y[idx].to(self.device)
             alpha, lw, lm = apfl_step(w, v, alpha, xb, yb, self.spec.lr,
-                                      float(config["alpha-lr"]), F.cross_entropy,
-                                      adapt_alpha=bool(config["adapt-alpha"]))
+                                      sent.alpha_lr, F.cross_entropy,
+                                      adapt_alpha=sent.adapt_alpha)
             loss_w, loss_mix = loss_w + lw, loss_mix + lm
         self.save_personal(v, "apfl-v")
         self.state.set_values("apfl", {"alpha": alpha})

@@ -7,7 +7,9 @@ in ``context.state`` through :class:`~flower_pfl.clients.state.ClientState` (a f
 writes are kept only once the server accepts its upload).
 
 Subclasses implement ``fit_round`` (what one round of local training is) and
-``personal_model`` (what is evaluated as this client's personalized model).
+``personal_model`` (what is evaluated as this client's personalized model); they read the
+server's instructions and write their replies through the declarations their strategy
+shares (:mod:`flower_pfl.instructions`: ``from_config`` / ``to_config``), never by key.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import torch
+from flwr.app import Context
 from flwr.client import NumPyClient
-from flwr.common import Context, NDArrays, Scalar
+from flwr.common import NDArrays, Scalar
 from torch.nn import functional as F
 
 from flower_pfl import raynode
 from flower_pfl.clients.state import ClientState
 from flower_pfl.config import RunConfig
+from flower_pfl.instructions import EvaluateInstruction, ReceivedModel, RoundInstruction
 from flower_pfl.learning import devices
 from flower_pfl.learning.client_data import load_client_data
 from flower_pfl.learning.data import ClientData
@@ -131,20 +135,21 @@ class PFLClient(NumPyClient):
             metrics["unseen-classes"] = unseen_classes(self.data.y_train, self.data.y_test)
         # the device of its last accepted fit; one that has not trained yet: where it evaluated
         metrics.update(devices.select(meta) or devices.fit_report(self.device, peak=False))
-        if config.get("eval-global") and parameters:
+        if EvaluateInstruction.from_config(config).eval_global and parameters:
             g_loss, g_score = self.test(self.new_model(parameters))
             metrics.update({f"global_{metric}": g_score, "global_loss": g_loss})
         return loss, self.data.num_test, metrics
 
     # ------------------------------------------------------------------------ helpers
     def setup(self, config: Mapping[str, Scalar]) -> None:
+        sent = RoundInstruction.from_config(config)
         self.cfg = parse_run_config(self.run_config_text(config))
         self.state.disk = self.state_dir(config)
-        if "accepted-round" in config:  # the server's verdict on this client's last fit
-            self.state.resolve(int(config["accepted-round"]))
+        if sent.accepted_round is not None:  # the server's verdict on this client's last fit
+            self.state.resolve(sent.accepted_round)
         self.device = resolve_device(self.cfg["device"])
         self.data = load_client_data(self.cfg.values, self.pid, self.data_root, self.device)
-        self.round = int(config.get("round", 0))
+        self.round = sent.round
         self.spec = TrainSpec.from_config(self.cfg, self.round)  # the round's lr (schedule)
 
     def evaluated_model(self, parameters: NDArrays, model: NamedLayers) -> str:
@@ -167,7 +172,7 @@ class PFLClient(NumPyClient):
         """The run's validated configuration (JSON): from the run config, where flower-pfl's
         launchers put it once per run, else from the message (a server started by
         ``flwr run`` with a YAML path sends it with every message)."""
-        text = config.get("cfg") or self.ctx.run_config.get("cfg")
+        text = RoundInstruction.from_config(config).cfg or self.ctx.run_config.get("cfg")
         if not text:
             raise RuntimeError("the run's configuration reached this client neither in the run "
                                "config ('cfg', set by flower-pfl run/submit/bench) nor in the "
@@ -179,7 +184,7 @@ class PFLClient(NumPyClient):
         """Where this client's state is mirrored on disk: the node's ``state-dir``
         (deployment), else the run's ``client-state-dir`` (simulation with checkpoints),
         else nowhere.  Keyed by the server's run-uid, which a resumed run keeps."""
-        run = f"run-{config.get('run-uid') or self.ctx.run_id}"
+        run = f"run-{RoundInstruction.from_config(config).run_uid or self.ctx.run_id}"
         node_dir = self.ctx.node_config.get("state-dir")
         if node_dir:
             return Path(str(node_dir)) / run / f"partition-{self.pid}"
@@ -283,7 +288,7 @@ class PersonalStateClient(PFLClient):
         return get_arrays(model), metrics
 
     def personal_model(self, parameters, config):
-        if config.get("evaluate-received") and parameters:
+        if ReceivedModel.from_config(config).evaluate_received and parameters:
             return self.new_model(parameters)  # the server chose the model (e.g. FedAMP's u_i)
         model = self.load_personal()
         if model is not None:

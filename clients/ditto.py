@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.fedavg import FedAvgClient
+from flower_pfl.instructions import DittoFit
 from flower_pfl.learning.training import params_of
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.ditto import Ditto
@@ -23,9 +24,10 @@ from flower_pfl.strategies.ditto import Ditto
 class DittoClient(FedAvgClient):
     def fit_round(self, parameters, config):
         center = params_of(self.new_model(parameters))  # w^t
-        lam = float(config["lambda"])
+        sent = DittoFit.from_config(config)
+        lam = sent.lam
         v = self._personal(parameters)
-        steps = int(config["personal-steps"]) or None  # 0: the configured local steps
+        steps = sent.personal_steps or None  # 0: the configured local steps
         personal = self.local_train(v, regularizer=Prox(center, lam),
                                     num_steps=steps, salt=1)
         self.save_personal(v, "ditto-v")

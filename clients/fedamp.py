@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.base import PersonalStateClient
+from flower_pfl.instructions import FedAMPFit
 from flower_pfl.learning.training import params_of
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.fedamp import FedAMP
@@ -23,5 +24,5 @@ from flower_pfl.strategies.heurfedamp import HeurFedAMP
 class FedAMPClient(PersonalStateClient):
     def regularizer(self, model, config):
         center = params_of(model)  # u_i (training starts there), detached: it does not move
-        coef = float(config["prox-coef"])  # lambda / alpha_k, from the server
+        coef = FedAMPFit.from_config(config).prox_coef  # lambda / alpha_k, from the server
         return Prox(center, coef)

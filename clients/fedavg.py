@@ -10,6 +10,7 @@ model again).
 from __future__ import annotations
 
 from flower_pfl.clients.base import PFLClient
+from flower_pfl.instructions import FineTuneEval
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
@@ -35,5 +36,5 @@ class FedAvgClient(PFLClient):
 class FedAvgFTClient(FedAvgClient):
     def personal_model(self, parameters, config):
         model = self.new_model(parameters)
-        self.local_train(model, num_steps=int(config["finetune-steps"]), salt=1)
+        self.local_train(model, num_steps=FineTuneEval.from_config(config).finetune_steps, salt=1)
         return model

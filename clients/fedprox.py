@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.fedavg import FedAvgClient, FedAvgFTClient
+from flower_pfl.instructions import FedProxFit
 from flower_pfl.learning.training import params_of
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.fedprox import FedProx, FedProxFT
@@ -26,7 +27,7 @@ from flower_pfl.strategies.fedprox import FedProx, FedProxFT
 class FedProxClient(FedAvgClient):
     def regularizer(self, model, config):
         center = params_of(model)  # w^t: training starts there; detached, it does not move
-        mu = float(config["mu"])
+        mu = FedProxFit.from_config(config).mu
         return Prox(center, mu)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
+from flower_pfl.instructions import FedRepFit
 from flower_pfl.learning.models import get_arrays, head_count, head_split
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.fedrep import FedRep
@@ -70,12 +71,12 @@ class FedRepClient(LWSAMClientMixin, PFLClient):
         body_layers = layers[:-heads]
         # one "epoch" = one pass over the local data (or train.steps mini-batches if set)
         n_batches = self.spec.steps or self.spec.steps_per_pass(self.data.num_train)
+        sent = FedRepFit.from_config(config)
         m_head = self.lwsam_train(model, [], [], 0.0, plain=head_t,
-                                  num_steps=int(config["head-epochs"]) * n_batches, salt=0)
+                                  num_steps=sent.head_epochs * n_batches, salt=0)
         scales = self.body_scales(parameters, body_layers)
         m_body, body_arrays = self.train_body(
-            model, body_layers, scales, float(config["rho"]),
-            int(config["body-epochs"]) * n_batches, config)
+            model, body_layers, scales, sent.rho, sent.body_epochs * n_batches, config)
         arrays = get_arrays(model)
         head, body = self.split(model)
         self.state.set_arrays("head", [arrays[i] for i in head])

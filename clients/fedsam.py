@@ -17,6 +17,7 @@ import torch
 
 from flower_pfl.algorithms.plgu_math import two_model_train
 from flower_pfl.clients.base import PFLClient
+from flower_pfl.instructions import SAMFit
 from flower_pfl.learning.models import NamedLayers, get_arrays, layer_groups
 from flower_pfl.learning.training import batches, make_optimizer, train_lwsam
 from flower_pfl.registry import client_for
@@ -92,7 +93,8 @@ class FedSAMClient(LWSAMClientMixin, PFLClient):
     def fit_round(self, parameters, config):
         model = self.new_model(parameters)
         tensors = [p for layer in layer_tensors(model) for p in layer]
-        metrics = self.lwsam_train(model, tensors, [1.0] * len(tensors), float(config["rho"]))
+        rho = SAMFit.from_config(config).rho
+        metrics = self.lwsam_train(model, tensors, [1.0] * len(tensors), rho)
         return deltas(get_arrays(model), parameters), metrics
 
     def personal_model(self, parameters, config):

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from flower_pfl.algorithms.baselines_math import batches_per_step, perfedavg_step
 from flower_pfl.clients.fedavg import FedAvgClient
+from flower_pfl.instructions import PerFedAvgEval, PerFedAvgFit
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.training import batches
 from flower_pfl.registry import client_for
@@ -36,7 +37,8 @@ class PerFedAvgClient(FedAvgClient):
 
     def fit_round(self, parameters, config):
         model = self.new_model(parameters).train()
-        variant = str(config["variant"])
+        sent = PerFedAvgFit.from_config(config)
+        variant = sent.variant
         k = batches_per_step(variant)
         tau = self.meta_steps(k)
         x, y = self.data.x_train, self.data.y_train
@@ -46,12 +48,12 @@ class PerFedAvgClient(FedAvgClient):
         for _ in range(tau):
             group = [next(stream) for _ in range(k)]
             data = [(x[i].to(self.device), y[i].to(self.device)) for i in group]
-            total += perfedavg_step(model, data, float(config["alpha"]), self.spec.lr,
-                                    variant, F.cross_entropy, float(config["delta"]))
+            total += perfedavg_step(model, data, sent.alpha, self.spec.lr,
+                                    variant, F.cross_entropy, sent.delta)
         return get_arrays(model), {"train_loss": total / tau, "local_steps": float(tau)}
 
     def personal_model(self, parameters, config):
         model = self.new_model(parameters)
-        self.local_train(model, num_steps=int(config["personal-steps"]), salt=1,
-                         lr=float(config["alpha"]))
+        sent = PerFedAvgEval.from_config(config)
+        self.local_train(model, num_steps=sent.personal_steps, salt=1, lr=sent.alpha)
         return model

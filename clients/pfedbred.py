@@ -21,6 +21,7 @@ import torch
 
 from flower_pfl.algorithms import pfedbred_math as pm
 from flower_pfl.clients.base import PersonalStateClient
+from flower_pfl.instructions import PFedBreDFit, PFedBreDReply
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.training import batches
 from flower_pfl.registry import client_for
@@ -39,26 +40,25 @@ MEMORY_KEY = "pfedbred-w"
 @client_for(PFedBreD, PFedBreDLG, PFedBreDMEG, PFedBreDMH, PFedBreDMHLookahead, PFedMe)
 class PFedBreDClient(PersonalStateClient):
     def fit_round(self, parameters, config):
-        prior = str(config["prior"])
+        sent = PFedBreDFit.from_config(config)
+        prior = sent.prior
         w = self.new_model(parameters)                                   # w_{i,0} = w^(t-1)
-        carried = self.state.get_arrays("personal") if config["theta-init"] == "carry" else None
+        carried = self.state.get_arrays("personal") if sent.theta_init == "carry" else None
         theta = self.new_model(carried or parameters)                    # theta_{i,0}
         memory = None
         if pm.uses_memory(prior):                                       # w_{i,R}^(t-1)
             mem = self.state.get_arrays(MEMORY_KEY) or parameters
             memory = [p.detach().clone() for p in self.new_model(mem).parameters()]
         x, y = self.data.x_train, self.data.y_train
-        order = batches(len(y), int(config["batch-size"]),
-                        int(config["local-iterations"]) * pm.batches_per_iteration(prior),
+        order = batches(len(y), sent.batch_size,
+                        sent.local_iterations * pm.batches_per_iteration(prior),
                         self.generator(), self.spec.drop_last)
         data = ((x[idx].to(self.device), y[idx].to(self.device)) for idx in order)
         loss_fn = self.loss_fn()
         stats = pm.local_round(
-            w, theta, memory, data, prior=prior, lam=float(config["lambda"]),
-            alpha=float(config["alpha"]), alpha_m=float(config["alpha-m"]),
-            prox_iters=int(config["prox-steps"]), eta=float(config["eta"]),
-            eta_alpha=float(config["eta-alpha"]), loss_fn=loss_fn,
-            envelope=str(config["envelope"]))
+            w, theta, memory, data, prior=prior, lam=sent.lam, alpha=sent.alpha,
+            alpha_m=sent.alpha_m, prox_iters=sent.prox_steps, eta=sent.eta,
+            eta_alpha=sent.eta_alpha, loss_fn=loss_fn, envelope=sent.envelope)
         w_arrays = get_arrays(w)
         self.save_personal(theta)                                        # theta_{i,R}
         if memory is not None:
@@ -66,4 +66,4 @@ class PFedBreDClient(PersonalStateClient):
         with torch.no_grad():
             gap = sum(float(((a - b) ** 2).sum()) for a, b in
                       zip(w.parameters(), theta.parameters())) ** 0.5
-        return w_arrays, {**stats, "w_theta_gap": gap}
+        return w_arrays, {**stats, **PFedBreDReply(w_theta_gap=gap).to_config()}

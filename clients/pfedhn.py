@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
+from flower_pfl.instructions import SAMFit
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.pfedhn import PFedHN
@@ -29,7 +30,7 @@ class PFedHNClient(LWSAMClientMixin, PFLClient):
         lam = self.scales(parameters, model)
         tensors = [p for layer in layers for p in layer]
         per_tensor = [s for layer, s in zip(layers, lam) for _ in layer]
-        metrics = self.lwsam_train(model, tensors, per_tensor, float(config["rho"]))
+        metrics = self.lwsam_train(model, tensors, per_tensor, SAMFit.from_config(config).rho)
         trained = get_arrays(model)
         self.state.set_arrays("trained", trained)
         return trained, metrics

@@ -50,6 +50,7 @@ from flower_pfl.clients.fedsam import (
     per_layer,
 )
 from flower_pfl.clients.pfedhn import PFedHNClient
+from flower_pfl.instructions import FedRepFit, PLGUFit, PLGUReply
 from flower_pfl.learning.models import get_arrays, head_count
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.plgu import PLGUGHN, PLGULF, PLGUGRep
@@ -66,15 +67,16 @@ class PLGULFClient(LWSAMClientMixin, PFLClient):
         scored = parameter_groups(template)  # eq. 6 over parameters (not BN statistics)
         xi = pm.layer_scores(per_layer(personal, scored), per_layer(parameters, scored))  # 6
         lam = pm.lwsam_scaling(xi)
-        per, uni = pm.split_layers(xi, int(config["personal-layers"]))  # line 7
+        sent = PLGUFit.from_config(config)
+        per, uni = pm.split_layers(xi, sent.personal_layers)  # line 7
         start = [np.array(a, copy=True) for a in parameters]  # line 8
         for l in per:
             for i in groups[l][1]:
                 start[i] = personal[i]
         model = self.new_model(start)
         layers = layer_tensors(model)
-        rho = float(config["rho"])
-        if config["reading"] == "two-model":  # line 9: Algorithm 1 as printed
+        rho = sent.rho
+        if sent.reading == "two-model":  # line 9: Algorithm 1 as printed
             w_model = self.new_model(parameters)  # w~^0 = w^t
             theta = [p for layer in layers for p in layer]
             w = [p for layer in layer_tensors(w_model) for p in layer]
@@ -94,9 +96,10 @@ class PLGULFClient(LWSAMClientMixin, PFLClient):
         trained = get_arrays(model)
         self.state.set_arrays("personal", trained)
         upload = [d if s else np.zeros_like(d) for d, s in zip(delta, shared)]
-        return upload, {**metrics, "shared": "".join("1" if s else "0" for s in shared),
-                        "personal_layers": ",".join(groups[l][0] for l in per),
-                        "xi_max": float(xi.max()), "xi_min": float(xi.min())}
+        return upload, {**metrics, **PLGUReply(
+            shared="".join("1" if s else "0" for s in shared),
+            personal_layers=",".join(groups[l][0] for l in per),
+            xi_max=float(xi.max()), xi_min=float(xi.min())).to_config()}
 
     def personal_model(self, parameters, config):
         model = self.load_personal()
@@ -109,7 +112,7 @@ class PLGUGRepClient(FedRepClient):
         """``reading: two-model``: Algorithm 1 on the body -- phi~ (in ``model``) by plain
         SGD, a copy w~ of the received body by the LWSAM gradient at phi~ + eps; w~ (the
         generalized representation) is uploaded.  ``one-model``: FedRep's LWSAM body."""
-        if config["reading"] != "two-model" or not body_layers:  # (mclr: no body)
+        if FedRepFit.from_config(config).reading != "two-model" or not body_layers:  # (mclr)
             return super().train_body(model, body_layers, scales, rho, num_steps, config)
         w_model = self.new_model(get_arrays(model))
         w_layers = layer_tensors(w_model)[:-head_count(w_model)]

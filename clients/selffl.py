@@ -39,6 +39,7 @@ import torch
 
 from flower_pfl.algorithms import selffl_math as sm
 from flower_pfl.clients.base import PersonalStateClient
+from flower_pfl.instructions import SelfFLFit, SelfFLReply
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.learning.training import train
@@ -77,16 +78,17 @@ class SelfFLClient(PersonalStateClient):
         """theta_{m,t}: train a copy from ``init`` on a bootstrap resample of the local train
         set until the ConvergenceRule fires (or the step cap); returns it flattened.
         ``fit`` > 0: a further independent resample of the same round (first participation)."""
+        sent = SelfFLFit.from_config(config)
         n = self.data.num_train
         rng = np.random.default_rng([self.cfg["seed"], self.pid, self.round, 0xB007]
                                     + ([fit] if fit else []))
         idx = torch.from_numpy(rng.integers(0, n, size=n))
         x, y = self.data.x_train[idx], self.data.y_train[idx]
         model = self.new_model(spec.unflatten(init.astype(np.float32)))
-        cap = int(config["bootstrap-max-steps"])
+        cap = sent.bootstrap_max_steps
         # window: one pass over the resample, but at most a third of the cap so that the
         # contraction is always measured over at least cap/3 steps
-        rule = sm.ConvergenceRule(float(config["bootstrap-tol"]),
+        rule = sm.ConvergenceRule(sent.bootstrap_tol,
                                   window=min(-(-n // self.spec.batch_size), max(1, cap // 3)))
 
         def stop(m) -> bool:
@@ -95,8 +97,7 @@ class SelfFLClient(PersonalStateClient):
             return rule.update(float(norm))
 
         loss_fn = self.loss_fn()
-        lr = float(config["bootstrap-lr"]) if float(config["bootstrap-lr"]) > 0 else \
-            float(config["eta"])
+        lr = sent.bootstrap_lr if sent.bootstrap_lr > 0 else sent.eta
         started = time.perf_counter()
         out = train(model, x, y, self.spec, self.generator(salt=1 + fit), self.device,
                     num_steps=cap, lr=lr,
@@ -114,11 +115,12 @@ class SelfFLClient(PersonalStateClient):
         theta_prev = theta_global if personal is None else spec.flatten(personal).astype(np.float64)
         moments = self.load_moments()
         default_steps = self.spec.num_steps(self.data.num_train)
-        oracle = _known(config["oracle-sigma-sq"])
+        sent = SelfFLFit.from_config(config)
+        oracle = _known(sent.oracle_sigma_sq)
         extra, upload = {}, {}
-        sample = bool(config["sample-variance"])  # False in the early warm-up rounds
-        boot = config["variance-estimator"] == "bootstrap" and sample
-        fits = first_participation_fits(int(config.get("first-fits", 1)), moments.count) \
+        sample = sent.sample_variance  # False in the early warm-up rounds
+        boot = sent.variance_estimator == "bootstrap" and sample
+        fits = first_participation_fits(sent.first_fits, moments.count) \
             if boot and not math.isfinite(oracle) else 1
         if fits > 1:
             # first participation under partial participation: u = fits independent
@@ -129,23 +131,23 @@ class SelfFLClient(PersonalStateClient):
             # a client without a personal model it IS the global model)
             for k in range(fits):
                 found, info = self.bootstrap_optimum(theta_global, spec, config, fit=k)
-                moments.add(found - theta_global if config["eq13-samples"] == "offset"
+                moments.add(found - theta_global if sent.eq13_samples == "offset"
                             else found)
                 if k == 0:  # eq. 14's sample and eq. 8's contraction: the first resample
                     optimum, extra = found, {**info, "bootstrap_fits": fits}
         sigma_m_sq = oracle if math.isfinite(oracle) else moments.variance  # eq. 13
-        eta = float(config["eta"])
-        sigma0_sq, s_minus = _known(config["sigma0-sq"]), _known(config["s-minus"])
-        coef = 0.0 if config["warmup"] else sm.init_coefficient(sigma0_sq, sigma_m_sq, s_minus)
+        eta = sent.eta
+        sigma0_sq, s_minus = _known(sent.sigma0_sq), _known(sent.s_minus)
+        coef = 0.0 if sent.warmup else sm.init_coefficient(sigma0_sq, sigma_m_sq, s_minus)
         init = sm.init_params(theta_global, theta_prev, coef)  # eq. 10 (coef 0: global model)
         if boot and fits == 1:
             # the fit runs first: its contraction sets this round's eq. 8 ('measured')
             optimum, extra = self.bootstrap_optimum(init, spec, config)
-        curvature = extra.get("curvature") if config["contraction"] == "measured" else None
-        if config["warmup"]:
+        curvature = extra.get("curvature") if sent.contraction == "measured" else None
+        if sent.warmup:
             steps, eta_m, why = default_steps, None, sm.RULE_WARMUP
         else:
-            steps, eta_m, why = sm.local_schedule(eta, sigma_m_sq, s_minus, int(config["l-max"]),
+            steps, eta_m, why = sm.local_schedule(eta, sigma_m_sq, s_minus, sent.l_max,
                                                   default_steps, curvature=curvature)
         model = self.new_model(spec.unflatten(init.astype(np.float32)))
         metrics = self.local_train(model, num_steps=steps, lr=eta_m)
@@ -155,7 +157,7 @@ class SelfFLClient(PersonalStateClient):
             # eq. 13 over the local optima theta_{m,t}, or over their offsets d_m to the
             # round's global model (the global model's drift is not client noise)
             if fits == 1:  # (first participation: already added above)
-                moments.add(offset if config["eq13-samples"] == "offset" else optimum)
+                moments.add(offset if sent.eq13_samples == "offset" else optimum)
             upload[sm.OPTIMUM_OFFSET] = [offset.astype(np.float32)]
             extra["optimum_sq_norm"] = float(offset @ offset)
         elif sample:
@@ -166,7 +168,7 @@ class SelfFLClient(PersonalStateClient):
         reported = oracle if math.isfinite(oracle) else moments.variance
         if "curvature" in extra and not math.isfinite(extra["curvature"]):
             extra["curvature"] = -1.0  # unknown
-        return UploadTemplate(theta_new, upload).arrays, {**metrics, **extra,
-                        "sigma_sq": reported if math.isfinite(reported) else -1.0,
-                        "local_steps": float(steps), "init_coef": float(coef),
-                        "eta_m": float(self.spec.lr if eta_m is None else eta_m), "steps_rule": why}
+        reply = SelfFLReply(**extra, sigma_sq=reported if math.isfinite(reported) else -1.0,
+                            local_steps=steps, init_coef=coef,
+                            eta_m=self.spec.lr if eta_m is None else eta_m, steps_rule=why)
+        return UploadTemplate(theta_new, upload).arrays, {**metrics, **reply.to_config()}

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from flwr.common import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord
 
 from flower_pfl.atomic import atomic_write
 

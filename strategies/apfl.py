@@ -11,6 +11,7 @@ by the registry.
 from __future__ import annotations
 
 from flower_pfl.catalog import baselines as catalog
+from flower_pfl.instructions import APFLInstruction
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
 from flower_pfl.strategies.mechanism import Mechanism
@@ -31,6 +32,6 @@ class APFL(FedAvg):
         return arrays, {**extra, **self._alpha_config()}
 
     def _alpha_config(self):
-        return {"alpha-init": float(self.hyper["alpha-init"]),
-                "alpha-lr": float(self.hyper["alpha-lr"]),
-                "adapt-alpha": bool(self.hyper["adapt-alpha"])}
+        return APFLInstruction(alpha_init=self.hyper["alpha-init"],
+                               alpha_lr=self.hyper["alpha-lr"],
+                               adapt_alpha=self.hyper["adapt-alpha"]).to_config()

@@ -18,8 +18,10 @@ writes ``fit.csv`` and ``server.csv``.
 
 Subclasses implement the paper's Algorithm box: ``fit_payload``, ``aggregate_updates`` and,
 if needed, ``eval_payload``, ``prepare_round`` and the upload's parts (``upload_template``,
-``upload_extra``).  Every attribute is set in ``__init__`` (``setup`` fills in what needs
-the initial model).  Open choice: a rejected client's server-side state is left untouched
+``upload_extra``); the config a payload carries is its paper's declaration in
+:mod:`flower_pfl.instructions` (``to_config``), which its client reads back (``from_config``).
+Every attribute is set in ``__init__`` (``setup`` fills in what needs the initial model).
+Open choice: a rejected client's server-side state is left untouched
 and the round goes on with the others.  ``ClientUpdate``, ``ClientStore`` and the errors
 live in :mod:`.federation` (re-exported here, as is ``WAIT_FOR_NODES_S`` of :mod:`.nodes`).
 """
@@ -51,6 +53,7 @@ from flwr.server.strategy import Strategy
 
 from flower_pfl import raynode
 from flower_pfl.config import RunConfig
+from flower_pfl.instructions import RoundInstruction
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.model_store import LazyArrays
 from flower_pfl.privacy.clipping import clip_update
@@ -426,12 +429,12 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         """What every message carries (the strategy, the round, the run's id, the client's
         last accepted round; the configuration where the clients cannot read it from the run
         config: ``cfg_travels``), then ``extra``."""
-        config: dict[str, Scalar] = {"strategy": self.cfg.strategy,
-                                     "round": server_round, "run-uid": self.run_uid}
-        if self.cfg_travels:
-            config["cfg"] = self.cfg_json
-        if pid is not None:  # the last round whose upload the server accepted from pid
-            config["accepted-round"] = int(self.store.last_round.get(pid, 0))
+        config: dict[str, Scalar] = RoundInstruction(
+            self.cfg.strategy, server_round, self.run_uid,
+            cfg=self.cfg_json if self.cfg_travels else None,
+            # the last round whose upload the server accepted from pid
+            accepted_round=None if pid is None else int(self.store.last_round.get(pid, 0)),
+        ).to_config()
         return {**config, **extra}
 
 

@@ -10,6 +10,7 @@ evaluated every evaluation round: Ditto-P (v_i, the personalized column) and Dit
 from __future__ import annotations
 
 from flower_pfl.catalog import baselines as catalog
+from flower_pfl.instructions import DittoFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
 from flower_pfl.strategies.mechanism import Mechanism
@@ -23,5 +24,6 @@ class Ditto(FedAvg):
     def fit_payload(self, pid, server_round):
         arrays, extra = super().fit_payload(pid, server_round)
         steps = self.hyper["personal-steps"]
-        return arrays, {**extra, "lambda": float(self.hyper["lambda"]),
-                        "personal-steps": 0 if steps == "auto" else int(steps)}
+        return arrays, {**extra, **DittoFit(lam=self.hyper["lambda"],
+                                            personal_steps=0 if steps == "auto" else steps
+                                            ).to_config()}

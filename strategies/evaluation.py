@@ -40,6 +40,7 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from flower_pfl.instructions import EvaluateInstruction
 from flower_pfl.learning import devices
 from flower_pfl.learning.metrics import summarize
 from flower_pfl.learning.splits import UNSEEN_KEY
@@ -59,7 +60,8 @@ class EvaluationReporting:
         eval_global = bool(self.cfg["eval-global"] and self.has_global_model)
         for pid in sorted(self.proxies):
             arrays, extra = self.eval_payload(pid, server_round)
-            config = self.base_config(server_round, {"eval-global": eval_global, **extra}, pid)
+            config = self.base_config(
+                server_round, {**EvaluateInstruction(eval_global).to_config(), **extra}, pid)
             instructions.append((TaggedProxy(self.proxies[pid], pid),
                                  EvaluateIns(ndarrays_to_parameters(arrays), config)))
         return instructions

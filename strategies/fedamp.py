@@ -32,6 +32,7 @@ import numpy as np
 
 from flower_pfl.algorithms.attention import fedamp_auto_weights, fedamp_weights, offdiag_mass
 from flower_pfl.catalog import fedamp as catalog
+from flower_pfl.instructions import FedAMPFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
@@ -107,4 +108,4 @@ class FedAMP(MessagePassingStrategy):
                 server_round, mass, self.hyper["sigma"], self.hyper["alpha-k"])
 
     def fit_config(self, pid, server_round):
-        return {"prox-coef": self._coef}
+        return FedAMPFit(prox_coef=self._coef).to_config()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from flower_pfl.algorithms.fedavg_math import weighted_average
 from flower_pfl.catalog import baselines as catalog
+from flower_pfl.instructions import FineTuneEval
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
@@ -28,4 +29,5 @@ class FedAvgFT(FedAvg):
 
     def eval_payload(self, pid, server_round):
         arrays, extra = super().eval_payload(pid, server_round)
-        return arrays, {**extra, "finetune-steps": int(self.hyper["finetune-steps"])}
+        return arrays, {**extra,
+                        **FineTuneEval(finetune_steps=self.hyper["finetune-steps"]).to_config()}

@@ -13,6 +13,7 @@ the global model for ``finetune-steps`` SGD steps (FedAvg-FT's evaluation, share
 from __future__ import annotations
 
 from flower_pfl.catalog import baselines as catalog
+from flower_pfl.instructions import FedProxFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
 
@@ -21,7 +22,7 @@ from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
 class FedProx(FedAvg):
     def fit_payload(self, pid, server_round):
         arrays, extra = super().fit_payload(pid, server_round)
-        return arrays, {**extra, "mu": float(self.hyper["mu"])}
+        return arrays, {**extra, **FedProxFit(mu=self.hyper["mu"]).to_config()}
 
 
 @strategy_for(catalog.FEDPROX_FT)

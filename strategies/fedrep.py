@@ -19,6 +19,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
+from flower_pfl.instructions import FedRepFit
 from flower_pfl.learning.models import head_split, model_for
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
@@ -56,9 +57,9 @@ class FedRep(PersonalizedStrategy):
         return 0.0
 
     def fit_payload(self, pid, server_round):
-        return self.body, {"head-epochs": int(self.hyper["head-epochs"]),
-                           "body-epochs": int(self.hyper["body-epochs"]), "rho": self.rho(),
-                           "reading": str(self.hyper.get("reading", "one-model"))}
+        return self.body, FedRepFit(head_epochs=self.hyper["head-epochs"],
+                                    body_epochs=self.hyper["body-epochs"], rho=self.rho(),
+                                    reading=self.hyper.get("reading", "one-model")).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         if not self.body:

@@ -20,6 +20,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
+from flower_pfl.instructions import SAMFit, SharedReply
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
@@ -30,7 +31,7 @@ def apply_mean_delta(global_arrays: Sequence[np.ndarray], updates: Sequence[Clie
     out, counts = [], np.zeros(len(global_arrays), dtype=int)
     masks = []
     for u in updates:
-        mask = str(u.metrics.get("shared", "1" * len(global_arrays)))
+        mask = SharedReply.from_config(u.metrics).shared or "1" * len(global_arrays)
         if len(mask) != len(global_arrays) or len(u.arrays) != len(global_arrays):
             raise ValueError(f"client {u.pid} uploaded {len(u.arrays)} arrays with a "
                              f"{len(mask)}-entry mask for a {len(global_arrays)}-array model")
@@ -58,7 +59,7 @@ class FedSAM(PersonalizedStrategy):
         warn_rho_zero(self.hyper, "fedsam", "FedAvg with an unweighted mean of deltas")
 
     def fit_payload(self, pid, server_round):
-        return self.global_arrays, {"rho": float(self.hyper["rho"])}
+        return self.global_arrays, SAMFit(rho=self.hyper["rho"]).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         self.global_arrays, _ = apply_mean_delta(self.global_arrays, updates)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from flower_pfl.algorithms.attention import heurfedamp_weights, peak_over_mean
 from flower_pfl.catalog import fedamp as catalog
+from flower_pfl.instructions import FedAMPFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
@@ -44,4 +45,4 @@ class HeurFedAMP(MessagePassingStrategy):
                 server_round, ratio, float(self.hyper["sigma"]))
 
     def fit_config(self, pid, server_round):
-        return {"prox-coef": float(self.hyper["lambda"] / self.hyper["alpha-k"])}
+        return FedAMPFit(prox_coef=self.hyper["lambda"] / self.hyper["alpha-k"]).to_config()

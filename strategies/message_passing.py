@@ -41,6 +41,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from flower_pfl.algorithms.attention import peak_over_mean
+from flower_pfl.instructions import ReceivedModel
 from flower_pfl.model_store import ModelStore, RowMatrix, plan_from_config
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
@@ -177,7 +178,7 @@ class MessagePassingStrategy(PersonalizedStrategy):
                                                        self.state_dir / "cloud-eval.bin")
             self._eval_block = block
         arrays = self.spec.unflatten(self._eval_rows.row(k - block * per))
-        return arrays, ({"evaluate-received": True} if cloud else {})
+        return arrays, (ReceivedModel(evaluate_received=True).to_config() if cloud else {})
 
     def aggregate_evaluate(self, server_round, results, failures):
         # evaluation-only cloud models (up to n x d floats): not state, not kept

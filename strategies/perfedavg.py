@@ -11,6 +11,7 @@ steps of size alpha on its training data (Per-FedAvg-P) and the global model its
 from __future__ import annotations
 
 from flower_pfl.catalog import baselines as catalog
+from flower_pfl.instructions import PerFedAvgEval, PerFedAvgFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
 
@@ -19,10 +20,12 @@ from flower_pfl.strategies.fedavg import FedAvg
 class PerFedAvg(FedAvg):
     def fit_payload(self, pid, server_round):
         arrays, extra = super().fit_payload(pid, server_round)
-        return arrays, {**extra, "variant": str(self.hyper["variant"]),
-                        "alpha": float(self.hyper["alpha"]), "delta": float(self.hyper["delta"])}
+        return arrays, {**extra, **PerFedAvgFit(variant=self.hyper["variant"],
+                                                alpha=self.hyper["alpha"],
+                                                delta=self.hyper["delta"]).to_config()}
 
     def eval_payload(self, pid, server_round):
         arrays, extra = super().eval_payload(pid, server_round)
-        return arrays, {**extra, "alpha": float(self.hyper["alpha"]),
-                        "personal-steps": int(self.hyper["personal-steps"])}
+        return arrays, {**extra, **PerFedAvgEval(alpha=self.hyper["alpha"],
+                                                 personal_steps=self.hyper["personal-steps"]
+                                                 ).to_config()}

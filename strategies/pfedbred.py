@@ -26,12 +26,10 @@ from flwr.common.logger import log
 
 from flower_pfl.algorithms import pfedbred_math as pm
 from flower_pfl.catalog import pfedbred as catalog
+from flower_pfl.instructions import PFedBreDFit, PFedBreDReply
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.mechanism import Mechanism
-
-CLIENT_KEYS = ("lambda", "alpha", "alpha-m", "local-iterations", "prox-steps", "batch-size",
-               "theta-init")
 
 
 @strategy_for(catalog.PFEDBRED)
@@ -52,11 +50,13 @@ class PFedBreD(PersonalizedStrategy):
                 "run is pFedMe, not pFedBreD-%s", cfg.strategy, " = ".join(off), self.prior)
 
     def fit_payload(self, pid, server_round):
-        extra = {k: self.hyper[k] for k in CLIENT_KEYS}
-        extra.update(prior=self.prior, eta=float(self.hyper.get("eta", 0.0)),
-                     envelope=str(self.hyper.get("envelope", "mu")),
-                     **{"eta-alpha": float(self.hyper.get("eta-alpha", 0.0))})
-        return self.global_arrays, extra
+        h = self.hyper
+        return self.global_arrays, PFedBreDFit(
+            lam=h["lambda"], alpha=h["alpha"], alpha_m=h["alpha-m"],
+            local_iterations=h["local-iterations"], prox_steps=h["prox-steps"],
+            batch_size=h["batch-size"], theta_init=h["theta-init"], prior=self.prior,
+            eta=h.get("eta", 0.0), envelope=h.get("envelope", "mu"),
+            eta_alpha=h.get("eta-alpha", 0.0)).to_config()
 
     def aggregate_updates(self, server_round, updates):
         weights = None
@@ -64,7 +64,8 @@ class PFedBreD(PersonalizedStrategy):
             weights = [u.num_examples for u in updates]
         self.global_arrays = pm.server_update(self.global_arrays, [u.arrays for u in updates],
                                               float(self.hyper["beta"]), weights)
-        gaps = [float(u.metrics["w_theta_gap"]) for u in updates if "w_theta_gap" in u.metrics]
+        gaps = [gap for u in updates
+                if (gap := PFedBreDReply.from_config(u.metrics).w_theta_gap) is not None]
         if gaps:
             self.log_server(mean_w_theta_gap=sum(gaps) / len(gaps))
 

@@ -21,6 +21,7 @@ import torch
 
 from flower_pfl.algorithms import plgu_math as pm
 from flower_pfl.catalog import plgu as catalog
+from flower_pfl.instructions import SAMFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 from flower_pfl.strategies.mechanism import Mechanism
@@ -58,7 +59,7 @@ class PFedHN(PersonalizedStrategy):
         return self.spec.unflatten(self.hn(v).numpy().astype(np.float32))
 
     def fit_payload(self, pid, server_round):
-        return self.generate(pid), {"rho": self.rho()}
+        return self.generate(pid), SAMFit(rho=self.rho()).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         params = list(self.hn.parameters())

@@ -24,6 +24,7 @@ from logging import WARNING
 from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
+from flower_pfl.instructions import PLGUFit, PLGUReply
 from flower_pfl.learning.models import model_for
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate
@@ -51,13 +52,13 @@ class PLGULF(FedSAM):
                 "this is FedSAM with the layer-scaled (LWSAM) perturbation")
 
     def fit_payload(self, pid, server_round):
-        return self.global_arrays, {"rho": float(self.hyper["rho"]),
-                                    "personal-layers": int(self.hyper["personal-layers"]),
-                                    "reading": str(self.hyper["reading"])}
+        return self.global_arrays, PLGUFit(rho=self.hyper["rho"],
+                                           personal_layers=self.hyper["personal-layers"],
+                                           reading=self.hyper["reading"]).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         self.global_arrays, counts = apply_mean_delta(self.global_arrays, updates)
-        per = [str(u.metrics.get("personal_layers", "")) for u in updates]
+        per = [PLGUReply.from_config(u.metrics).personal_layers or "" for u in updates]
         self.log_server(arrays_shared_by_nobody=int((counts == 0).sum()),
                         personal_layer_choices=";".join(sorted(set(per))))
 

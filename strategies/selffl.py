@@ -37,6 +37,7 @@ from flwr.common.logger import log
 
 from flower_pfl.algorithms import selffl_math as sm
 from flower_pfl.catalog import selffl as catalog
+from flower_pfl.instructions import SelfFLFit, SelfFLReply
 from flower_pfl.model_store import RowMatrix, plan_from_config
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
@@ -135,8 +136,8 @@ class SelfFL(PersonalizedStrategy):
     def mechanism_used(self, update: ClientUpdate, carried: bool) -> bool:
         """Eq. 8 set the client's steps (not a fallback rule) AND eq. 10's coefficient c_m
         was defined (> 0), whether or not the client had trained before."""
-        return (str(update.metrics.get("steps_rule", "")) in EQ8_RAN
-                and float(update.metrics.get("init_coef", 0.0)) > 0)
+        reply = SelfFLReply.from_config(update.metrics)
+        return reply.steps_rule in EQ8_RAN and (reply.init_coef or 0.0) > 0
 
     def warmup(self, server_round: int) -> bool:
         return server_round <= self.warmup_rounds
@@ -153,27 +154,26 @@ class SelfFL(PersonalizedStrategy):
 
     def fit_payload(self, pid, server_round):
         s = self.s_minus(pid)
-        return self.global_arrays, {
-            "warmup": self.warmup(server_round),
-            "sample-variance": self.samples_variance(server_round),
-            "sigma0-sq": self.sigma0_sq if math.isfinite(self.sigma0_sq) else UNKNOWN,
-            "s-minus": s if math.isfinite(s) else UNKNOWN,
-            "eta": float(self.cfg["train.lr"] if self.hyper["eta"] == "auto"
-                         else self.hyper["eta"]),
-            "l-max": int(self.hyper["l-max"]),
-            "variance-estimator": self.estimator,
-            "contraction": self.contraction,
-            "eq13-samples": self.eq13_samples,
-            "bootstrap-max-steps": int(self.hyper["bootstrap-max-steps"]),
-            "bootstrap-tol": float(self.hyper["bootstrap-tol"]),
-            "bootstrap-lr": (float(self.hyper["bootstrap-lr"])
-                             if self.hyper["bootstrap-lr"] != "auto" else -1.0),
-            "oracle-sigma-sq": float(self.oracle_sigma_sq[pid]) if self.oracle_sigma_sq is not None
-            else UNKNOWN,
+        return self.global_arrays, SelfFLFit(
+            warmup=self.warmup(server_round),
+            sample_variance=self.samples_variance(server_round),
+            sigma0_sq=self.sigma0_sq if math.isfinite(self.sigma0_sq) else UNKNOWN,
+            s_minus=s if math.isfinite(s) else UNKNOWN,
+            eta=self.cfg["train.lr"] if self.hyper["eta"] == "auto" else self.hyper["eta"],
+            l_max=self.hyper["l-max"],
+            variance_estimator=self.estimator,
+            contraction=self.contraction,
+            eq13_samples=self.eq13_samples,
+            bootstrap_max_steps=self.hyper["bootstrap-max-steps"],
+            bootstrap_tol=self.hyper["bootstrap-tol"],
+            bootstrap_lr=(self.hyper["bootstrap-lr"] if self.hyper["bootstrap-lr"] != "auto"
+                          else -1.0),
+            oracle_sigma_sq=(self.oracle_sigma_sq[pid] if self.oracle_sigma_sq is not None
+                             else UNKNOWN),
             # partial participation: a client's next turn is ~1/C rounds away, so its first
             # participation takes eq. 13's two samples at once (clients/selffl.py)
-            "first-fits": FIRST_FITS if float(self.cfg["fraction-fit"]) < 1.0 else 1,
-        }
+            first_fits=FIRST_FITS if float(self.cfg["fraction-fit"]) < 1.0 else 1,
+        ).to_config()
 
     def upload_extra(self, server_round):
         """d_m in the rounds whose clients run the bootstrap fit (template: no memory)."""
@@ -187,8 +187,8 @@ class SelfFL(PersonalizedStrategy):
     def optimum_offset(self, u: ClientUpdate) -> np.ndarray | None:
         """d_m = theta_{m,t} - theta^{t-1} (the upload's extra part, shape and NaN/Inf
         checked by the base), or None without it or ||d_m||^2: then left out of eq. 14."""
-        part, sq = u.extra.get(OPTIMUM_OFFSET), u.metrics.get("optimum_sq_norm")
-        if not part or sq is None or not math.isfinite(float(sq)):
+        part, sq = u.extra.get(OPTIMUM_OFFSET), SelfFLReply.from_config(u.metrics).optimum_sq_norm
+        if not part or sq is None or not math.isfinite(sq):
             return None
         return np.asarray(part[0], dtype=np.float32).astype(np.float64)
 
@@ -202,7 +202,7 @@ class SelfFL(PersonalizedStrategy):
             offset = self.optimum_offset(u)
             if offset is not None:
                 total += offset
-                sq += float(u.metrics["optimum_sq_norm"])
+                sq += float(SelfFLReply.from_config(u.metrics).optimum_sq_norm or 0.0)
                 n += 1
         self.optima_missing = len(updates) - n
         return sm.variance_from_sums(total, sq, n)
@@ -221,7 +221,7 @@ class SelfFL(PersonalizedStrategy):
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         self.optima_missing = 0
         rows = self.round_models(updates)  # eqs. 11/14 read it in column blocks
-        sigma_sq = np.array([float(u.metrics["sigma_sq"]) for u in updates])
+        sigma_sq = np.array([SelfFLReply.from_config(u.metrics).sigma_sq for u in updates])
         sigma_sq[sigma_sq < 0] = np.nan
         for u, value in zip(updates, sigma_sq):
             if np.isfinite(value):
@@ -253,10 +253,11 @@ class SelfFL(PersonalizedStrategy):
     # ------------------------------------------------------------------ visibility
     def report(self, server_round, updates, sigma_sq, warmup, weights_rule) -> None:
         """Counts of every fallback, the mechanism-off measure, per-client rules."""
-        rules = Counter(str(u.metrics.get("steps_rule", "")) for u in updates)
-        coefs = np.array([float(u.metrics.get("init_coef", 0.0)) for u in updates])
-        steps = [float(u.metrics.get("local_steps", 0)) for u in updates]
-        etas = np.array([float(u.metrics.get("eta_m", math.nan)) for u in updates])
+        replies = [SelfFLReply.from_config(u.metrics) for u in updates]
+        rules = Counter(r.steps_rule or "" for r in replies)
+        coefs = np.array([r.init_coef or 0.0 for r in replies])
+        steps = [r.local_steps or 0.0 for r in replies]
+        etas = np.array([math.nan if r.eta_m is None else r.eta_m for r in replies])
         if not np.isfinite(etas).any():
             etas = np.zeros(1)
         known = sigma_sq[np.isfinite(sigma_sq)]
@@ -271,14 +272,15 @@ class SelfFL(PersonalizedStrategy):
             self.sigma0_peak = self.sigma0_sq if not math.isfinite(self.sigma0_peak) \
                 else max(self.sigma0_peak, self.sigma0_sq)
         drop = sm.orders_of_magnitude_drop(self.sigma0_peak, self.sigma0_sq)
-        boot = [u for u in updates if "bootstrap_steps" in u.metrics]
+        boot = [r for r in replies if r.bootstrap_steps is not None]
         extra = {}
         if boot:
             extra = dict(
-                bootstrap_steps_mean=float(np.mean([u.metrics["bootstrap_steps"] for u in boot])),
-                bootstrap_converged=int(sum(bool(u.metrics["bootstrap_converged"]) for u in boot)),
-                bootstrap_s_mean=float(np.mean([u.metrics["bootstrap_s"] for u in boot])),
-                curvature_median=_median_known([u.metrics.get("curvature", -1.0) for u in boot]),
+                bootstrap_steps_mean=float(np.mean([r.bootstrap_steps for r in boot])),
+                bootstrap_converged=int(sum(bool(r.bootstrap_converged) for r in boot)),
+                bootstrap_s_mean=float(np.mean([r.bootstrap_s for r in boot])),
+                curvature_median=_median_known([-1.0 if r.curvature is None else r.curvature
+                                                for r in boot]),
                 upload_extra_bytes=4 * self.spec.dim + 8)  # d_m (float32) and ||d_m||^2
         self.log_server(sigma0_sq=self.sigma0_sq, sigma0_sq_drop_orders=drop,
                         variance_estimator=self.estimator, contraction=self.contraction,
@@ -291,12 +293,10 @@ class SelfFL(PersonalizedStrategy):
                         eta_m_max=float(np.nanmax(etas)), init_coef_mean=float(coefs.mean()),
                         warmup=warmup, **counts, **extra)
         self.results.log_table("selffl_clients", [
-            {"round": server_round, "partition-id": u.pid,
-             "steps_rule": u.metrics.get("steps_rule"),
-             "local_steps": u.metrics.get("local_steps"), "eta_m": u.metrics.get("eta_m"),
-             "init_coef": u.metrics.get("init_coef"), "sigma_sq": float(s),
-             "curvature": u.metrics.get("curvature")}
-            for u, s in zip(updates, sigma_sq)])
+            {"round": server_round, "partition-id": u.pid, "steps_rule": r.steps_rule,
+             "local_steps": r.local_steps, "eta_m": r.eta_m, "init_coef": r.init_coef,
+             "sigma_sq": float(s), "curvature": r.curvature}
+            for u, r, s in zip(updates, replies, sigma_sq)])
         fallbacks = ", ".join(f"{col.removeprefix('fallback_')} {n}" for col, n in counts.items()
                               if n) or "none"
         log(INFO, "[flower-pfl] selffl round %d: sigma_0^2 %.4g (%s, %.1f orders below peak) | "

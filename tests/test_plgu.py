@@ -710,7 +710,8 @@ def test_grep_two_model_body_copy_takes_its_own_batchnorm_steps():
     model = client.new_model()
     start = get_arrays(model)
     _, uploaded = client.train_body(model, layer_tensors(model)[:-1], [1.0] * 40, 0.0, 2,
-                                    {"reading": "two-model"})
+                                    {"head-epochs": 1, "body-epochs": 1, "rho": 0.0,
+                                     "reading": "two-model"})
     arrays = get_arrays(model)
     body = client.split(model)[1]
     stats = [j for j, i in enumerate(body) if _keys(model)[i].endswith("running_var")]

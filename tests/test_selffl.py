@@ -175,7 +175,8 @@ def test_client_starts_from_eq10_not_from_the_global_model(tmp_path):
     arrays, _, metrics = client.fit([np.array([1.0], np.float32)], {
         "cfg": cfg_json, "round": 2, "warmup": False, "sigma0-sq": 1.0, "s-minus": 2.0,
         "eta": 1e-9, "l-max": 1, "oracle-sigma-sq": 1.0, "variance-estimator": "surrogate",
-        "contraction": "variance", "eq13-samples": "optimum", "sample-variance": True})
+        "contraction": "variance", "eq13-samples": "optimum", "sample-variance": True,
+        "bootstrap-max-steps": 1, "bootstrap-tol": 0.01, "bootstrap-lr": -1.0})
     # c = (1 + 1)^-1 / 2 = 0.25: init = 1 - 0.25 (3 - 1) = 0.5; eta ~ 0 keeps it there
     assert float(arrays[0][0]) == pytest.approx(0.5, abs=1e-4)
     assert metrics["init_coef"] == pytest.approx(0.25)

@@ -1,0 +1,357 @@
+"""What each algorithm's server tells its clients (instructions) and what the clients answer
+(replies), declared once as frozen dataclasses that the strategy and its client both import.
+
+A round's message config is a flat ``{key: scalar}`` dict (Flower's ``FitIns.config`` /
+``EvaluateIns.config``, a ``ConfigRecord`` on the Message API); a fit's reply is the
+``FitRes.metrics`` dict.  :class:`Wire` is the one place that turns a declaration into that
+dict and back: :meth:`Wire.to_config` (the strategy) and :meth:`Wire.from_config` (the
+client; the strategy for replies).  Both check every value against the field's declared
+type and raise :class:`WireError` naming the key; a key the declaration does not name is
+ignored (a message carries several declarations: the round's, the paper's, DP's).
+
+Wire keys: a field's name with ``_`` written ``-`` (instructions) or as is (replies,
+whose keys are metric names, ``w_theta_gap``), unless :func:`key` names it ('lambda' is a
+Python keyword).  Types: ``str``, ``int``, ``float`` (an int is taken and sent as a float;
+a bool is never a number), ``bool``; ``X | None`` is a key that may be absent (None is
+not sent).  A field with a default may be absent on decode (it takes the default).
+
+Pure data: no torch, no Flower at import (``to_record`` imports ``flwr.app``).  The
+papers' formulas these values feed are in each strategy's module docstring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import types
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, TypeVar, Union, get_args, get_origin, get_type_hints
+
+#: a config / metrics value on the wire (Flower's ConfigScalar without bytes)
+Scalar = Union[bool, int, float, str]
+W = TypeVar("W", bound="Wire")
+
+
+class WireError(ValueError):
+    """An instruction or reply that does not match its declaration: a required key missing,
+    a value of the wrong type.  The message names the declaration and the key."""
+
+
+def key(name: str, default: Any = dataclasses.MISSING) -> Any:
+    """A field sent under the wire key ``name`` (``lam: float = key("lambda")``)."""
+    return field(default=default, metadata={"key": name})
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One field of a declaration: attribute, wire key, scalar type, may be absent."""
+
+    attr: str
+    key: str
+    type: type
+    optional: bool
+    required: bool
+
+
+def _scalar_type(hint: Any, where: str) -> tuple[type, bool]:
+    """(the scalar type, whether None is allowed) of a field's annotation."""
+    if get_origin(hint) in (Union, types.UnionType):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(get_args(hint)) == 2:
+            return _scalar_type(args[0], where)[0], True
+    if hint in (bool, int, float, str):
+        return hint, False
+    raise TypeError(f"{where}: {hint!r} is not a wire type (str, int, float, bool, X | None)")
+
+
+def check(value: Any, kind: type, name: str) -> Scalar:
+    """``value`` as a ``kind`` on the wire, or WireError naming ``name``: an int (not a bool)
+    becomes a float where a float is declared; numpy scalars become Python ones."""
+    if kind is bool:
+        ok = isinstance(value, bool) or type(value).__name__ == "bool_"
+    elif kind is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+            and type(value).__name__ != "bool_"
+    elif kind is float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) \
+            and type(value).__name__ != "bool_"
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        raise WireError(f"{name} = {value!r} has the wrong type: expected {kind.__name__}, "
+                        f"got {type(value).__name__}")
+    return kind(value)  # kind is one of the four scalars
+
+
+@dataclass(frozen=True)
+class Wire:
+    """Base of every declaration (frozen dataclass fields; see the module docstring)."""
+
+    #: how an attribute's ``_`` is written in its wire key (instructions: ``-``)
+    separator: ClassVar[str] = "-"
+
+    @classmethod
+    def specs(cls) -> tuple[Spec, ...]:
+        """The fields of this declaration, in the order they are sent."""
+        if cls not in _SPECS:
+            _SPECS[cls] = _specs(cls)
+        return _SPECS[cls]
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The wire keys this declaration owns."""
+        return tuple(s.key for s in cls.specs())
+
+    def to_config(self) -> dict[str, Scalar]:
+        """``{wire key: value}`` in declaration order, each value checked against its type
+        (None of an optional field: not sent); WireError names a mistyped key."""
+        out: dict[str, Scalar] = {}
+        for s in self.specs():
+            value = getattr(self, s.attr)
+            if value is None and s.optional:
+                continue
+            out[s.key] = check(value, s.type, f"{type(self).__name__}: '{s.key}'")
+        return out
+
+    def to_record(self) -> Any:
+        """:meth:`to_config` as Flower's ``flwr.app.ConfigRecord`` (the Message API)."""
+        from flwr.app import ConfigRecord
+
+        return ConfigRecord(self.to_config())  # type: ignore[arg-type]  # Scalar <= ConfigScalar
+
+    @classmethod
+    def from_config(cls: type[W], config: Mapping[str, Any]) -> W:
+        """The declaration read back from a config / metrics dict (or a ConfigRecord):
+        WireError names a required key that is missing or a key of the wrong type; keys
+        it does not own are ignored."""
+        values: dict[str, Any] = {}
+        for s in cls.specs():
+            if s.key not in config:
+                if s.required:
+                    raise WireError(f"{cls.__name__}: the key '{s.key}' is missing (the "
+                                    f"message has {sorted(map(str, config))})")
+                continue
+            value = config[s.key]
+            values[s.attr] = None if value is None and s.optional else \
+                check(value, s.type, f"{cls.__name__}: '{s.key}'")
+        return cls(**values)
+
+
+_SPECS: dict[type[Wire], tuple[Spec, ...]] = {}  # specs() of each declaration, built once
+
+
+def _specs(cls: type[Wire]) -> tuple[Spec, ...]:
+    hints = get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kind, optional = _scalar_type(hints[f.name], f"{cls.__name__}.{f.name}")
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        out.append(Spec(f.name, f.metadata.get("key", f.name.replace("_", cls.separator)),
+                        kind, optional, required))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Reply(Wire):
+    """A client's answer (fit metrics): keys are the attribute names (``w_theta_gap``)."""
+
+    separator: ClassVar[str] = "_"
+
+
+# ============================================================ every message (base classes)
+@dataclass(frozen=True)
+class RoundInstruction(Wire):
+    """What every message carries (strategies/base.py ``base_config``; read by
+    clients/base.py ``setup``).  Lenient on decode: a hand-made message may omit them."""
+
+    strategy: str = ""
+    round: int = 0  # the server round (1-based; 0: not said)
+    run_uid: str = ""  # names the client's state folder across a resume ('' : the run id)
+    cfg: str | None = None  # the run's configuration (JSON) where it travels with messages
+    accepted_round: int | None = None  # the last round whose upload from this client counted
+
+
+@dataclass(frozen=True)
+class EvaluateInstruction(Wire):
+    """Every evaluation's part (strategies/evaluation.py; clients/base.py ``evaluate``)."""
+
+    eval_global: bool = False  # also evaluate the global model (global_* metrics)
+
+
+@dataclass(frozen=True)
+class ReceivedModel(Wire):
+    """Evaluate the model sent, not the stored personal one (FedAMP family's ``evaluate:
+    cloud``: u_i; strategies/message_passing.py, clients/base.py ``personal_model``)."""
+
+    evaluate_received: bool = False
+
+
+# ============================================================================ the papers
+@dataclass(frozen=True)
+class FedAMPFit(Wire):
+    """FedAMP / HeurFedAMP (Huang et al. 2021, eq. 6): the prox weight lambda / alpha_k of
+    the client's ``lambda/(2 alpha_k) ||w - u_i||^2`` (u_i: the arrays sent)."""
+
+    prox_coef: float
+
+
+@dataclass(frozen=True)
+class SelfFLFit(Wire):
+    """Self-FL (eqs. 8, 10, 13-14): the server's variances (-1: not known yet), the step
+    rule's inputs and the bootstrap fit's settings (strategies/selffl.py)."""
+
+    warmup: bool  # FedAvg steps from the global model (no eq. 8/10 yet)
+    sample_variance: bool  # this round's fit adds a sample to eq. 13
+    sigma0_sq: float  # eq. 14's sigma_0^2 (-1: unknown)
+    s_minus: float  # sum over the other clients (-1: unknown)
+    eta: float  # the local learning rate of eq. 8
+    l_max: int  # eq. 8's step cap
+    variance_estimator: str  # 'bootstrap' | 'surrogate' | 'oracle'
+    contraction: str  # 'measured' | 'variance'
+    eq13_samples: str  # 'offset' | 'optimum'
+    bootstrap_max_steps: int
+    bootstrap_tol: float
+    bootstrap_lr: float  # -1: eta
+    oracle_sigma_sq: float  # the true sigma_m^2 (oracle runs; -1 otherwise)
+    first_fits: int = 1  # bootstrap fits on a first participation
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelfFLReply(Reply):
+    """Self-FL's fit metrics the server reads (eq. 14's inputs, the step rule's outcome),
+    in the order the client sends them (the bootstrap fit's first)."""
+
+    bootstrap_steps: float | None = None
+    bootstrap_converged: bool | None = None
+    bootstrap_s: float | None = None
+    curvature: float | None = None  # measured contraction's curvature (-1: unknown)
+    bootstrap_fits: int | None = None  # > 1 on a first participation
+    optimum_sq_norm: float | None = None  # ||d_m||^2 (bootstrap rounds)
+    sigma_sq: float  # the client's sigma_m^2 (-1: unknown): eq. 11 needs it
+    # always sent; read for the report only (a reply without them still aggregates)
+    local_steps: float | None = None
+    init_coef: float | None = None  # eq. 10's c_m
+    eta_m: float | None = None
+    steps_rule: str | None = None  # which rule set the steps (selffl_math.RULE_*)
+
+
+@dataclass(frozen=True)
+class PFedBreDFit(Wire):
+    """pFedBreD / pFedMe (Shi et al., Alg. 1): the client's inner problem and meta-step."""
+
+    lam: float = key("lambda")
+    alpha: float = key("alpha")
+    alpha_m: float = key("alpha-m")
+    local_iterations: int = key("local-iterations")
+    prox_steps: int = key("prox-steps")
+    batch_size: int = key("batch-size")
+    theta_init: str = key("theta-init")  # 'carry' | 'restart'
+    prior: str = key("prior")  # 'none' (pFedMe) | 'lg' | 'meg' | 'mh' | 'mh-lookahead'
+    eta: float = key("eta")
+    envelope: str = key("envelope")
+    eta_alpha: float = key("eta-alpha")
+
+
+@dataclass(frozen=True)
+class PFedBreDReply(Reply):
+    """pFedBreD's fit metric the server averages (server.csv: mean_w_theta_gap)."""
+
+    w_theta_gap: float | None = None  # ||w_i - theta_i|| (always sent; report only)
+
+
+@dataclass(frozen=True)
+class SAMFit(Wire):
+    """FedSAM / pFedHN / PLGU-GHN: the SAM radius rho (0: plain SGD)."""
+
+    rho: float
+
+
+@dataclass(frozen=True)
+class PLGUFit(Wire):
+    """PLGU-LF (Algorithm 1): LWSAM radius, personal layers, the reading of line 9."""
+
+    rho: float
+    personal_layers: int
+    reading: str  # 'one-model' | 'two-model'
+
+
+@dataclass(frozen=True)
+class SharedReply(Reply):
+    """FedSAM-family uploads: which arrays the delta covers ('1' shared / '0' personal)."""
+
+    shared: str | None = None  # absent: every array shared
+
+
+@dataclass(frozen=True)
+class PLGUReply(SharedReply):
+    """PLGU-LF's fit metrics the server reads (server.csv) besides ``shared``."""
+
+    personal_layers: str | None = None  # the layers kept personal, comma-separated
+    xi_max: float | None = None
+    xi_min: float | None = None
+
+
+@dataclass(frozen=True)
+class FedRepFit(Wire):
+    """FedRep / PLGU-GRep: head and body epochs, the body's LWSAM radius, the reading."""
+
+    head_epochs: int
+    body_epochs: int
+    rho: float
+    reading: str
+
+
+# ============================================================================= baselines
+@dataclass(frozen=True)
+class FedProxFit(Wire):
+    """FedProx: the prox weight mu of ``mu/2 ||w - w^t||^2``."""
+
+    mu: float
+
+
+@dataclass(frozen=True)
+class FineTuneEval(Wire):
+    """FedAvg-FT / FedProx-FT: local SGD steps on the global model before evaluation."""
+
+    finetune_steps: int
+
+
+@dataclass(frozen=True)
+class DittoFit(Wire):
+    """Ditto: lambda of the personal model's prox term, its local steps (0: the run's)."""
+
+    lam: float = key("lambda")
+    personal_steps: int = key("personal-steps")
+
+
+@dataclass(frozen=True)
+class PerFedAvgFit(Wire):
+    """Per-FedAvg: the MAML variant ('fo' | 'hf'), inner step alpha, Hessian step delta."""
+
+    variant: str
+    alpha: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class PerFedAvgEval(Wire):
+    """Per-FedAvg's personalization at evaluation: steps at rate alpha."""
+
+    alpha: float
+    personal_steps: int
+
+
+@dataclass(frozen=True)
+class APFLInstruction(Wire):
+    """APFL (fit and evaluation): the mixing weight alpha's start, its rate, adapt or not."""
+
+    alpha_init: float
+    alpha_lr: float
+    adapt_alpha: bool
+
+
+#: every declaration, for the round-trip test (tests/test_instructions.py)
+DECLARATIONS: tuple[type[Wire], ...] = (
+    RoundInstruction, EvaluateInstruction, ReceivedModel, FedAMPFit, SelfFLFit, SelfFLReply,
+    PFedBreDFit, PFedBreDReply, SAMFit, PLGUFit, SharedReply, PLGUReply, FedRepFit, FedProxFit,
+    FineTuneEval, DittoFit, PerFedAvgFit, PerFedAvgEval, APFLInstruction)
