@@ -9,6 +9,14 @@ consecutive ``elapsed_s`` in rounds.csv (evaluation every round, the same work f
 the first round (start-up) is left out.  Printed: median seconds per round of each variant
 and the ratios to ``none`` (of the medians, and the median of the paired per-repeat ratios).
 
+Where the time goes (cProfile, issue 52): client-level's ε curve (dp-accounting, ~0.2 s) is
+computed once per run (privacy/accountant.py ``event_rdp``), clipping and noise are ~12 ms a
+round; sample-level's per-step cost is opacus' ghost clipping (two backward passes, no
+per-sample gradients) plus the Gaussian noise on every parameter each step (~0.5 ms for the
+DNN's 159k, irreducible), and each client's first fit in the process computes its opacus RDP
+curve once (~0.1 s, privacy/sample_level.py ``step_rdp``) -- rounds where many clients are
+new cost more, so use enough rounds (>= 6) that the median is a steady round.
+
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dp_cost.py [--repeats 3] [--rounds 6]
         [--clients 20] [--subsample 20000]
 """

@@ -42,10 +42,32 @@ def test_epsilon_after_k_rounds_equals_dp_accounting_computed_here():
         20, 4, dp_accounting.GaussianDpEvent(1.3 / 2)), 5)
     ref = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     ref.compose(event)
-    assert acc.epsilon() == pytest.approx(ref.get_epsilon(1e-3), rel=1e-12)
+    assert acc.epsilon() == ref.get_epsilon(1e-3)  # bit for bit (the cached curve)
     # the next round's cost is the 6-round ε, and recording does not change the past
     assert acc.epsilon((4, 1.3)) > acc.epsilon() > 0
     assert ClientLevelAccountant(20, 1e-3).epsilon() == 0.0
+
+
+def test_epsilon_of_mixed_rounds_is_dp_accounting_bit_for_bit_and_cached():
+    from flower_pfl.privacy.accountant import event_rdp, round_event
+
+    # noise: clients with a client missing (z sqrt(3/4)), then a lighter round: three
+    # distinct events, composed by dp-accounting in first-seen order with their counts
+    rounds = [(4, 1.3), (4, 1.3), (3, 1.3 * np.sqrt(3 / 4)), (4, 1.3), (2, 0.7)]
+    acc = ClientLevelAccountant(20, 1e-3)
+    for m, z in rounds:
+        acc.record(m, z)
+    ref = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    ref.compose(round_event(20, 4, 1.3), 3)
+    ref.compose(round_event(20, 3, 1.3 * np.sqrt(3 / 4)), 1)
+    ref.compose(round_event(20, 2, 0.7), 1)
+    assert acc.epsilon() == ref.get_epsilon(1e-3)
+    ref.compose(round_event(20, 4, 1.3))
+    assert acc.epsilon((4, 1.3)) == ref.get_epsilon(1e-3)
+    before = event_rdp.cache_info()
+    acc.epsilon()  # the curves come from the cache: no dp-accounting recomputation
+    after = event_rdp.cache_info()
+    assert after.misses == before.misses and after.hits == before.hits + 3
 
 
 def test_accountant_state_round_trip_continues_the_same_epsilon():

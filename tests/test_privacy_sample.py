@@ -37,6 +37,40 @@ def test_per_sample_clipping_hand_computed():
     torch.testing.assert_close(w, torch.tensor([0.4, 0.4]))
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_ghost_clipping_equals_opacus_per_sample_gradients_on_a_mlp():
+    # the clipped mean dp_train steps with (two backward passes, norms without per-sample
+    # gradients) against opacus' per-sample-gradient DP-SGD ("hooks") on the same batch:
+    # an asymmetric MLP, a clip that cuts some samples and not others, no noise
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    def mlp():
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(9, 5, generator=g) * torch.arange(1, 10.0)[:, None], \
+        torch.randint(0, 3, (9,), generator=g)
+    spec = TrainSpec(lr=0.5, batch_size=16)  # q = 1: all 9 samples in the step
+    ghost = mlp()
+    dp_train(ghost, x, y, spec, torch.Generator().manual_seed(0), torch.device("cpu"),
+             0.0, 2.5, num_steps=1)
+    ref = mlp()
+    gsm = GradSampleModule(ref, loss_reduction="mean")
+    opt = DPOptimizer(torch.optim.SGD(ref.parameters(), lr=0.5), noise_multiplier=0.0,
+                      max_grad_norm=2.5, expected_batch_size=9)
+    nn.functional.cross_entropy(gsm(x), y).backward()
+    norms = torch.stack([p.grad_sample.flatten(1).norm(dim=1) for p in ref.parameters()],
+                        1).norm(dim=1)
+    assert (norms > 2.5).any() and (norms < 2.5).any()  # both branches of the clip
+    opt.step()
+    gsm._close()
+    for a, b in zip(ghost.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not hasattr(next(ghost.parameters()), "_norm_sample")  # opacus' state removed
+
+
 def test_dp_sgd_noise_moves_the_step():
     torch.manual_seed(0)  # opacus draws its noise from torch's generator
     w, _, _ = one_step(5.0)  # std 5 x 1 / 2 per coordinate on the mean
@@ -51,8 +85,14 @@ def test_per_client_epsilon_is_opacus_accountant_over_all_rounds():
     ref = RDPAccountant()
     for _ in range(60):
         ref.step(noise_multiplier=1.1, sample_rate=0.05)
-    assert sl.epsilon(stored, 1e-3) == pytest.approx(ref.get_epsilon(1e-3), rel=1e-12)
+    assert sl.epsilon(stored, 1e-3) == ref.get_epsilon(1e-3)  # bit for bit
     assert sl.epsilon([], 1e-3) == 0.0
+    # a history of several (z, q): opacus' sum over its entries, from the cached curves
+    mixed = [(1.1, 0.05, 60), (0.9, 0.031, 7), (1.1, 0.05, 3)]
+    ref.history = list(mixed)
+    before = sl.step_rdp.cache_info()
+    assert sl.epsilon(mixed, 1e-5) == ref.get_epsilon(1e-5)
+    assert sl.step_rdp.cache_info().hits >= before.hits + 2  # (1.1, 0.05) computed once
 
 
 @pytest.mark.slow

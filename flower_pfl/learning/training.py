@@ -246,14 +246,26 @@ def dp_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec
     """DP-SGD (Abadi et al., CCS 2016, Algorithm 1) with opacus: ``num_steps`` steps (default
     ``spec.num_steps``), each on a Poisson-sampled batch (every sample in with probability
     q = batch_size / n, what opacus' accountant assumes), per-sample gradients clipped to
-    ``max_grad_norm``, Gaussian noise of std ``noise_multiplier x max_grad_norm`` on their sum,
-    divided by the expected batch size q n (opacus ``GradSampleModule`` + ``DPOptimizer`` around
-    :func:`make_optimizer`).  A regulariser must not read data (a prox term, SCAFFOLD's linear
-    term): its gradient is added after the noise (post-processing).  Returns (the metrics of
-    :func:`train`, q).  Raises ValueError for a model opacus cannot train per sample
-    (BatchNorm).  Source of the sampling rate: opacus' ``make_private`` (poisson_sampling)."""
-    from opacus import GradSampleModule  # type: ignore[import-untyped]
-    from opacus.optimizers import DPOptimizer  # type: ignore[import-untyped]
+    ``max_grad_norm`` (factor ``min(1, C / (||g_i|| + 1e-6))``, opacus'), Gaussian noise of
+    std ``noise_multiplier x max_grad_norm`` on their sum, divided by the expected batch size
+    q n, then a step of :func:`make_optimizer`'s optimizer.
+
+    The clipped sum is formed by opacus' ghost clipping (Li et al., ICLR 2022; opacus
+    ``GradSampleModuleFastGradientClipping`` + ``DPOptimizerFastGradientClipping``) instead of
+    per-sample gradients: a first backward pass gives each sample's gradient norm (for a
+    Linear layer ||g_i|| ||a_i||, its output gradient times its input; layers without such a
+    rule get per-sample gradients), a second one the gradient of sum_i c_i l_i (c_i the clip
+    factor) -- the same clipped sum, without a (batch x parameters) tensor per step
+    (:func:`_clipped_backward`).  ``loss_fn`` must be the MEAN of per-sample losses, sample
+    i's depending only on output row i (no BatchNorm: refused below).
+    A regulariser must not read data (a prox term, SCAFFOLD's linear term): its gradient is
+    added after the noise (post-processing).  Returns (the metrics of :func:`train`, q).
+    Raises ValueError for a model opacus cannot train per sample (BatchNorm).  Source of
+    the sampling rate: opacus' ``make_private`` (poisson_sampling)."""
+    from opacus.grad_sample.grad_sample_module_fast_gradient_clipping import (  # type: ignore[import-untyped]  # noqa: E501
+        GradSampleModuleFastGradientClipping,
+    )
+    from opacus.optimizers import DPOptimizerFastGradientClipping  # type: ignore[import-untyped]
     from opacus.validators import ModuleValidator  # type: ignore[import-untyped]
 
     errors = ModuleValidator.validate(model, strict=False)
@@ -264,41 +276,68 @@ def dp_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec
     n = len(y)
     q = min(1.0, spec.batch_size / n)
     steps = num_steps if num_steps is not None else spec.num_steps(n)
-    gsm = GradSampleModule(model, loss_reduction="mean")
+    gsm = GradSampleModuleFastGradientClipping(model, loss_reduction="mean",
+                                               max_grad_norm=max_grad_norm,
+                                               use_ghost_clipping=True)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = DPOptimizer(make_optimizer(params, spec, lr), noise_multiplier=noise_multiplier,
-                      max_grad_norm=max_grad_norm, expected_batch_size=max(1, round(q * n)),
-                      loss_reduction="mean")
+    opt = DPOptimizerFastGradientClipping(
+        make_optimizer(params, spec, lr), noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm, expected_batch_size=max(1, round(q * n)),
+        loss_reduction="mean")
     prox = regularizer if isinstance(regularizer, Prox) else None
     total, total_reg = 0.0, 0.0
     try:
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")  # opacus'
-        for _ in range(steps):
-            idx = torch.nonzero(torch.rand(n, generator=generator) < q).flatten()
-            opt.zero_grad(set_to_none=True)
-            if len(idx):
-                xb, yb = x[idx].to(device), y[idx].to(device)
-                loss = loss_fn(gsm(xb), yb)
-                total += float(loss.detach())
-                loss.backward()
-            else:  # an empty Poisson batch still gets its noise (a zero-gradient sample)
-                for p in params:
-                    p.grad_sample = torch.zeros(  # type: ignore[attr-defined]
-                        (1, *p.shape), device=p.device, dtype=p.dtype)
-            if not opt.pre_step():  # clipped, summed, noised, / expected batch size
-                continue
-            if prox is not None:
-                total_reg += float(add_prox_grad_(params, [c for p, c in zip(
-                    model.parameters(), prox.center) if p.requires_grad], prox.coef,
-                    value=True) or 0.0)
-            elif regularizer is not None:
-                reg = regularizer(model)
-                total_reg += float(reg.detach())
-                for p, g in zip(params, torch.autograd.grad(reg, params, allow_unused=True)):
-                    if g is not None and p.grad is not None:
-                        p.grad = p.grad + g
-            opt.original_optimizer.step()
+        with warnings.catch_warnings():
+            # torch notes that the first layer's hook fires with no input gradient
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            for _ in range(steps):
+                idx = torch.nonzero(torch.rand(n, generator=generator) < q).flatten()
+                opt.zero_grad(set_to_none=True)
+                if len(idx):
+                    xb, yb = x[idx].to(device), y[idx].to(device)
+                    total += _clipped_backward(gsm, opt, xb, yb, loss_fn)
+                else:  # an empty Poisson batch still gets its noise (a zero clipped sum)
+                    for p in params:
+                        p.grad = torch.zeros_like(p)
+                if not opt.pre_step():  # summed, noised, / expected batch size
+                    continue
+                if prox is not None:
+                    total_reg += float(add_prox_grad_(params, [c for p, c in zip(
+                        model.parameters(), prox.center) if p.requires_grad], prox.coef,
+                        value=True) or 0.0)
+                elif regularizer is not None:
+                    reg = regularizer(model)
+                    total_reg += float(reg.detach())
+                    for p, g in zip(params, torch.autograd.grad(reg, params, allow_unused=True)):
+                        if g is not None and p.grad is not None:
+                            p.grad = p.grad + g
+                opt.original_optimizer.step()
     finally:
         gsm._close()  # hooks and per-sample buffers off: the model is a plain module again
     return ({"train_loss": total / max(steps, 1), "reg_loss": total_reg / max(steps, 1),
              "local_steps": float(steps)}, q)
+
+
+def _clipped_backward(gsm: Any, opt: Any, xb: torch.Tensor, yb: torch.Tensor,
+                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
+    """Leave sum_i c_i grad l_i in each parameter's ``.grad`` (c_i = opacus' clip factor of
+    sample i's gradient norm) for the batch (xb, yb) of b samples; returns the batch's mean
+    loss.  Pass 1: ``loss.backward`` with the hooks on, which store each sample's gradient
+    norm (ghost norms); pass 2 (hooks off): the output's gradient dL/dout = (1/b) dl_i/dout_i
+    scaled row by row by b c_i and back-propagated -- the gradient of sum_i c_i l_i, as
+    opacus' ``DPTensorFastGradientClipping.backward`` (which needs per-sample losses; this
+    needs only the mean ``loss_fn``)."""
+    out = gsm(xb)
+    out.retain_grad()
+    loss = loss_fn(out, yb)
+    loss.backward(retain_graph=True)
+    coef = gsm.get_clipping_coef()  # min(1, C / (||g_i|| + 1e-6)), shape (b,)
+    opt.zero_grad(set_to_none=True)  # pass 1's gradients are not clipped: dropped
+    assert out.grad is not None
+    scale = (coef * len(yb)).to(out.grad.dtype).reshape(-1, *([1] * (out.dim() - 1)))
+    gsm.disable_hooks()
+    try:
+        out.backward(out.grad * scale)
+    finally:
+        gsm.enable_hooks()
+    return float(loss.detach())

@@ -11,6 +11,14 @@ Gaussian event's multiplier (std / L2 sensitivity) is ``z_eff / 2``
 (:data:`REPLACE_ONE_SENSITIVITY`).  Rounds compose (``SelfComposedDpEvent`` of each
 distinct (m, z_eff)); ε is the RDP accountant's ``get_epsilon(delta)``.
 
+Cost: one event's RDP curve (dp-accounting's ``_compute_rdp_sample_wor_gaussian``, ~0.2 s of
+pure Python over its orders) is computed once per distinct (N, m, z_eff) in this process
+(:func:`event_rdp`, cached) and each ε sums ``count x curve`` over the distinct events in the
+order the accountant would compose them, then converts with dp-accounting's
+``compute_epsilon`` -- the same floating-point operations as ``RdpAccountant.compose`` +
+``get_epsilon`` on a fresh accountant, so the value is bit for bit dp-accounting's
+(tests/test_privacy.py checks equality), at microseconds a round instead of 0.2 s.
+
 The state (:meth:`ClientLevelAccountant.state`) is plain JSON -- N, δ and one
 (m, z_eff) pair per round done -- so a checkpoint carries it and a resumed run continues
 the same ε (strategies/checkpointing.py).
@@ -20,10 +28,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Mapping
 
 import dp_accounting  # type: ignore[import-untyped]
+import numpy as np
 from dp_accounting.rdp import RdpAccountant  # type: ignore[import-untyped]
+from dp_accounting.rdp.rdp_privacy_accountant import (  # type: ignore[import-untyped]
+    compute_epsilon,
+)
 
 #: the L2 sensitivity of the sum of updates clipped to C, in units of C, when neighbouring
 #: federations differ by REPLACING one client (fixed-size sampling needs this relation)
@@ -42,6 +55,37 @@ def round_event(num_clients: int, sampled: int, multiplier: float) -> dp_account
     return dp_accounting.SampledWithoutReplacementDpEvent(num_clients, sampled, gaussian)
 
 
+def _fresh() -> RdpAccountant:
+    return RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+
+
+@lru_cache(maxsize=1024)
+def event_rdp(num_clients: int, sampled: int, multiplier: float) -> tuple[float, ...]:
+    """The RDP curve (one value per order of a fresh :class:`RdpAccountant`) of ONE round
+    :func:`round_event` (N, m, z_eff): what dp-accounting's accountant adds to its state when
+    it composes that event once (0 + 1 x curve = the curve, exactly).  Cached: the curve is
+    a pure function of (N, m, z_eff).  Raises ValueError as :func:`round_event`."""
+    acc = _fresh().compose(round_event(num_clients, sampled, multiplier))
+    return tuple(float(r) for r in acc._rdp)  # the composed state of one event
+
+
+#: the RDP orders of a fresh accountant (dp-accounting's defaults), for ``compute_epsilon``
+ORDERS = np.array(_fresh()._orders)
+
+
+def epsilon_of(num_clients: int, delta: float, rounds: list[tuple[int, float]]) -> float:
+    """ε(δ) of ``rounds`` ((m, z_eff) each) bit for bit as a fresh ``RdpAccountant`` composing
+    each distinct (m, z_eff) with its count, in first-seen order, then ``get_epsilon(delta)``
+    (state ``+= count x curve`` from zeros; ``compute_epsilon(orders, state, delta)``);
+    0.0 for no rounds."""
+    if not rounds:
+        return 0.0
+    state = np.zeros_like(ORDERS, dtype=np.float64)
+    for (m, z), count in Counter((int(m), float(z)) for m, z in rounds).items():
+        state += count * np.array(event_rdp(num_clients, m, z), dtype=np.float64)
+    return float(compute_epsilon(ORDERS, state, delta)[0])
+
+
 @dataclass
 class ClientLevelAccountant:
     """ε(δ) of the rounds done so far.  ``rounds``: one [m, z_eff] per round, in order."""
@@ -58,14 +102,11 @@ class ClientLevelAccountant:
     def epsilon(self, extra: tuple[int, float] | None = None) -> float:
         """ε after the rounds done (and one more ``extra`` = (m, z_eff) round: what the
         next round would cost); 0.0 before any round."""
-        rounds = [*self.rounds, *([list(extra)] if extra is not None else [])]
-        if not rounds:
-            return 0.0
-        accountant = RdpAccountant(
-            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-        for (m, z), count in Counter((int(m), float(z)) for m, z in rounds).items():
-            accountant.compose(round_event(self.num_clients, m, z), count)
-        return float(accountant.get_epsilon(self.delta))
+        rounds = [(int(m), float(z)) for m, z in self.rounds]
+        if extra is not None:
+            round_event(self.num_clients, *extra)  # validates
+            rounds.append((int(extra[0]), float(extra[1])))
+        return epsilon_of(self.num_clients, self.delta, rounds)
 
     def state(self) -> dict[str, Any]:
         """JSON-ready: everything :meth:`from_state` needs to continue the same ε."""
@@ -85,11 +126,8 @@ def noise_for_epsilon(num_clients: int, sampled: int, rounds: int, delta: float,
     of the same events :func:`round_event` builds) -- for a matrix that fixes ε, not z."""
     from dp_accounting import mechanism_calibration as mc
 
-    def fresh() -> RdpAccountant:
-        return RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-
     return float(mc.calibrate_dp_mechanism(
-        fresh, lambda z: dp_accounting.SelfComposedDpEvent(
+        _fresh, lambda z: dp_accounting.SelfComposedDpEvent(
             round_event(num_clients, sampled, z), rounds), target, delta,
         mc.ExplicitBracketInterval(0.1, 100.0), tol=1e-3))
 

@@ -18,8 +18,11 @@ import numpy as np
 
 def l2_norm(arrays: Sequence[np.ndarray]) -> float:
     """The L2 norm of ``arrays`` taken as one flat vector (float64; 0.0 for none)."""
-    return float(np.sqrt(sum(float(np.square(np.asarray(a, dtype=np.float64)).sum())
-                             for a in arrays)))
+    total = 0.0
+    for a in arrays:
+        flat = np.asarray(a, dtype=np.float64).ravel()
+        total += float(np.dot(flat, flat))  # no squared copy: one pass (BLAS ddot)
+    return float(np.sqrt(total))
 
 
 #: a clipped update is scaled to this fraction of the clip, so that rounding it back to
@@ -48,18 +51,25 @@ def clip_update(upload: Sequence[np.ndarray], reference: Sequence[np.ndarray] | 
     ``reference + min(1, clip/||delta||) * delta`` array by array, each in its upload's
     dtype, with ``delta = upload - reference`` normed as one flat vector.  Raises
     ValueError on a count or shape mismatch, clip <= 0 or a NaN/Inf update."""
-    ref = [np.zeros_like(np.asarray(a, dtype=np.float64)) for a in upload] \
-        if reference is None else [np.asarray(r, dtype=np.float64) for r in reference]
-    if len(ref) != len(upload):
-        raise ValueError(f"{len(upload)} upload arrays against {len(ref)} reference arrays")
-    deltas = []
-    for i, (a, r) in enumerate(zip(upload, ref)):
-        if np.shape(a) != np.shape(r):
-            raise ValueError(f"array {i}: upload shape {np.shape(a)}, reference {np.shape(r)}")
-        deltas.append(np.asarray(a, dtype=np.float64) - r)
+    if reference is not None and len(reference) != len(upload):
+        raise ValueError(f"{len(upload)} upload arrays against {len(reference)} reference "
+                         f"arrays")
+    deltas, refs = [], []
+    for i, a in enumerate(upload):
+        d = np.asarray(a, dtype=np.float64)  # float32 - float32 is exact in float64
+        if reference is not None:
+            r = np.asarray(reference[i], dtype=np.float64)
+            if np.shape(a) != np.shape(r):
+                raise ValueError(f"array {i}: upload shape {np.shape(a)}, reference "
+                                 f"{np.shape(r)}")
+            d = d - r
+            refs.append(r)
+        deltas.append(d)
     norm = l2_norm(deltas)
     factor = clip_factor(norm, clip)
     if factor == 1.0:
         return [np.array(a, copy=True) for a in upload], norm
+    if reference is None:
+        return [(factor * d).astype(np.asarray(a).dtype) for a, d in zip(upload, deltas)], norm
     return [(r + factor * d).astype(np.asarray(a).dtype)
-            for a, r, d in zip(upload, ref, deltas)], norm
+            for a, r, d in zip(upload, refs, deltas)], norm
