@@ -21,13 +21,20 @@ that passes every target SURVIVED, which means a missing test: add one that fail
 the mutation (never weaken the mutation). Before the mutations, the unmutated copy runs
 every target once (the baseline); it must pass, or the suite stops.
 
+By default each such pytest is not a new interpreter but a fork of a warm parent
+(benchmarks/mutation_fork.py, one per job) that imported torch, Flower, dp-accounting, ... once and
+never this project's code: the child chdirs into the scratch copy, takes the same environment
+and ``sys.path`` and runs the same pytest command line, so its exit status and output are those
+of the subprocess (most of a subprocess's ~3 s was those imports). ``--no-fork`` runs every
+pytest as a subprocess, as before.
+
 Output: a markdown table (mutation, strategies, killed by, seconds) on stdout and in
 ``--out``; exit status 1 if a mutation survived (or errored). Every registered strategy
 must be covered by at least one mutation (checked at start): a new strategy adds its
 mutations to benchmarks/data/mutations/<its catalog module>.yaml (README.md there).
 
     python benchmarks/mutations.py --jobs 1 [--only NAME ...] [--kind subtle]
-                                   [--out docs/mutations.md]
+                                   [--out docs/mutations.md] [--no-fork]
     python benchmarks/mutations.py --list       # the mutations, their files and targets
     python benchmarks/mutations.py --sanity     # show that the scratch copy is imported
 """
@@ -36,7 +43,9 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import os
+import queue
 import re
 import shutil
 import subprocess
@@ -46,6 +55,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.mutation_fork import WarmRunner  # noqa: E402
 from benchmarks.mutation_table import (  # noqa: E402
     KINDS,
     ROOT,
@@ -97,18 +107,26 @@ def env_for(scratch: Path) -> dict[str, str]:
     return env
 
 
-def imported_from(python: str, scratch: Path) -> dict[str, str]:
-    """Where a process started like the pytest runs imports the packages from."""
+def imported_from(python: str, scratch: Path, runner: WarmRunner | None = None
+                  ) -> dict[str, str]:
+    """Where a process started like the pytest runs (a fork of ``runner``'s warm parent,
+    or a new interpreter) imports the packages from."""
     code = ("import importlib\n"
             f"for name in {PACKAGES!r}:\n"
             "    print(name, importlib.import_module(name).__file__)\n")
-    out = subprocess.run([python, "-c", code], cwd=scratch, env=env_for(scratch),
-                         capture_output=True, text=True, check=True).stdout
+    if runner is not None:
+        rc, out, err, _ = runner.run(scratch, env_for(scratch), code=code, timeout=TIMEOUT_S)
+        if rc != 0:
+            raise SystemExit(f"the warm runner's probe failed (exit {rc}): {err[-3000:]}")
+    else:
+        out = subprocess.run([python, "-c", code], cwd=scratch, env=env_for(scratch),
+                             capture_output=True, text=True, check=True).stdout
     return dict(line.split(" ", 1) for line in out.strip().splitlines())
 
 
-def check_shadowing(python: str, scratch: Path) -> dict[str, str]:
-    where = imported_from(python, scratch)
+def check_shadowing(python: str, scratch: Path, runner: WarmRunner | None = None
+                    ) -> dict[str, str]:
+    where = imported_from(python, scratch, runner)
     wrong = {k: v for k, v in where.items()
              if not Path(v).resolve().is_relative_to(scratch.resolve())}
     if wrong:
@@ -116,10 +134,18 @@ def check_shadowing(python: str, scratch: Path) -> dict[str, str]:
     return where
 
 
-def run_pytest(python: str, scratch: Path, targets, stop_first: bool = True
-               ) -> tuple[int, str, float]:
+def run_pytest(python: str, scratch: Path, targets, stop_first: bool = True,
+               runner: WarmRunner | None = None) -> tuple[int, str, float]:
+    """``python -m pytest`` of ``targets`` in ``scratch`` (in a fork of ``runner``'s warm
+    parent when given): (exit status, -1 on the timeout; stdout + stderr; seconds)."""
     args = [python, "-m", "pytest", *(PYTEST if stop_first else PYTEST[1:]), *targets]
     started = time.perf_counter()
+    if runner is not None:
+        rc, out, err, timed_out = runner.run(scratch, env_for(scratch), args[3:],
+                                             timeout=TIMEOUT_S)
+        # on the timeout, subprocess.run's exception holds the stdout only
+        return (-1, out, time.perf_counter() - started) if timed_out else (
+            rc, out + err, time.perf_counter() - started)
     try:
         proc = subprocess.run(args, cwd=scratch, env=env_for(scratch), capture_output=True,
                               text=True, timeout=TIMEOUT_S)
@@ -155,12 +181,18 @@ def last_line(output: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def run_one(mutation: Mutation, python: str, parent: Path, source: Path) -> dict:
+def run_one(mutation: Mutation, python: str, parent: Path, source: Path,
+            runners: queue.Queue | None = None) -> dict:
+    """Apply ``mutation`` to a fresh copy of ``source`` and run its targets there (in a fork
+    of a warm parent taken from ``runners``, or in a new interpreter)."""
     scratch = make_scratch(parent, source)
+    runner = runners.get() if runners is not None else None
     try:
         apply(mutation, scratch)
-        rc, out, seconds = run_pytest(python, scratch, mutation.tests)
+        rc, out, seconds = run_pytest(python, scratch, mutation.tests, runner=runner)
     finally:
+        if runners is not None:
+            runners.put(runner)
         shutil.rmtree(scratch, ignore_errors=True)
     status, by = classify(rc, out)
     return {"mutation": mutation, "status": status, "by": by, "seconds": seconds,
@@ -235,6 +267,9 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-baseline", action="store_true",
                         help="do not run the unmutated targets first (when they have just "
                              "passed unmutated: .ci/run after the fast and slow tiers)")
+    parser.add_argument("--no-fork", action="store_true",
+                        help="run each pytest as a new interpreter, not as a fork of a warm "
+                             "parent (benchmarks/mutation_fork.py); the same verdicts, slower")
     args = parser.parse_args(argv)
 
     problems = (check_patches(MUTATIONS) + check_coverage(MUTATIONS) + check_targets(MUTATIONS)
@@ -272,6 +307,10 @@ def main(argv=None) -> int:
         if args.sanity:
             for name, path in where.items():
                 print(f"{name}.__file__ = {path}")
+            if not args.no_fork:
+                with WarmRunner(args.python, env_for(scratch)) as runner:
+                    for name, path in check_shadowing(args.python, scratch, runner).items():
+                        print(f"{name}.__file__ = {path} (in a fork of the warm parent)")
             probe = next(m for m in MUTATIONS if m.file.startswith("strategies/"))
             apply(probe, scratch)
             print(f"scratch copy {scratch}: applied {probe.name} to {probe.file} "
@@ -301,10 +340,21 @@ def main(argv=None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
         results: dict[str, dict] = {}
-        if args.jobs > 1:  # each job's torch on one thread: jobs do not fight over the cores
+        jobs = max(1, args.jobs)
+        if jobs > 1:  # each job's torch on one thread: jobs do not fight over the cores
             os.environ.setdefault("OMP_NUM_THREADS", "1")
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            futures = {pool.submit(run_one, m, args.python, parent, source): m
+        with contextlib.ExitStack() as stack:
+            runners: queue.Queue | None = None
+            if not args.no_fork:  # one warm parent per job, started with the jobs' env
+                runners = queue.Queue()
+                scratch = make_scratch(parent, source)
+                for _ in range(jobs):
+                    runner = stack.enter_context(WarmRunner(args.python, env_for(scratch)))
+                    check_shadowing(args.python, scratch, runner)
+                    runners.put(runner)
+                shutil.rmtree(scratch, ignore_errors=True)
+            pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(max_workers=jobs))
+            futures = {pool.submit(run_one, m, args.python, parent, source, runners): m
                        for m in selected}
             for future in concurrent.futures.as_completed(futures):
                 r = future.result()
