@@ -123,8 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             preflight_apart(cfg, new_results_dir(cfg))
         except Exception as exc:  # noqa: BLE001 - PreflightError, FileExistsError
-            print(f"flower-pfl: {args.config} is valid, but `flower-pfl run` cannot start it "
-                  f"here: {exc}", file=sys.stderr)
+            given = "".join(f" --set {s}" for s in sets)
+            print(f"flower-pfl: {args.config}{given} passes validation, but `flower-pfl run` "
+                  f"cannot start it here: {exc}", file=sys.stderr)
             return 2
         print(f"{args.config}: OK (strategy {cfg.strategy}, {cfg['clients']} clients, "
               f"{cfg['rounds']} rounds)")
@@ -274,8 +275,9 @@ def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequen
     except Exception as exc:  # noqa: BLE001 - PreflightError, DataError, TrackingError
         print(f"flower-pfl: cannot start: {exc}", file=sys.stderr)
         return 2
-    split = "own data per site" if cfg["data.dataset"] == "site" else cfg["data.partition"]
-    console.print(f"flower-pfl: {cfg.strategy} on {cfg['data.dataset']}/{split}"
+    split = ("own data per site" if cfg["data.dataset"] == "site"
+             else f"{cfg['data.partition']} partition")
+    console.print(f"flower-pfl: {cfg.strategy} on {cfg['data.dataset']} ({split})"
                   f", {cfg['clients']} clients, {cfg['rounds']} rounds -> {results_dir}"
                   f"{' (resumed)' if resume_dir else ''} (full log: flwr-run.log there)")
     if ray_address:

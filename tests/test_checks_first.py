@@ -139,6 +139,8 @@ def test_validate_refuses_what_run_would_refuse(tmp_path, capsys, nothing_starts
     captured = capsys.readouterr()
     assert rc == 2 and "OK" not in captured.out
     assert f"'{key}' = {value!r}" in captured.err
+    # the refusal names the --set that caused it, as given
+    assert f"--set {key}={value} --set output-dir={out} passes validation, but" in captured.err
     assert not out.exists()
 
 

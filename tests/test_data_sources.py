@@ -204,7 +204,7 @@ def test_display_names_are_one_folder_name():
 
 @pytest.mark.parametrize("model, size", [("cnn", None), ("cnn", 10)])
 def test_a_model_that_does_not_fit_the_data_is_refused_before_start(tmp_path, model, size):
-    """A table's (2,) samples or 10 x 10 images cannot go through the CNN (it needs >= 16
+    """A table's (3,) samples or 10 x 10 images cannot go through the CNN (it needs >= 16
     px): refused by the preflight check, before any folder is made."""
     if size is None:
         make_csv(tmp_path / "t.csv")
@@ -214,7 +214,10 @@ def test_a_model_that_does_not_fit_the_data_is_refused_before_start(tmp_path, mo
         root = make_imagefolder(tmp_path / "imgs")
         cfg = own_config(str(root), tmp_path, model=model, **{"data.image-size": size})
     out = tmp_path / "results" / "run"
-    with pytest.raises(pf.PreflightError, match=rf"model '{model}' does not fit dataset"):
+    match = (rf"model '{model}' needs images \(channels, height, width\) but dataset '.*' "
+             rf"gives samples of 3 features: use model 'mclr' or 'dnn'$" if size is None
+             else rf"model '{model}' does not fit dataset")
+    with pytest.raises(pf.PreflightError, match=match):
         pf.preflight(cfg, results_dir=out, initial_out=out / "initial.npz")
     assert not (tmp_path / "results").exists()
 

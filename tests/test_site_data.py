@@ -245,7 +245,8 @@ def test_preflight_checks_the_model_on_the_declared_shape_only(tmp_path, fresh, 
     out = tmp_path / "res" / "initial.npz"
     pf.preflight(site_cfg(tmp_path), initial_out=out)
     assert out.is_file() and reads == []
-    with pytest.raises(pf.PreflightError, match=r"model 'cnn' does not fit dataset 'site'"):
+    with pytest.raises(pf.PreflightError, match=r"model 'cnn' needs images .* dataset 'site' "
+                       r"gives samples of 3 features"):
         pf.preflight(site_cfg(tmp_path, shape=(3,)))
     from flower_pfl.learning import shards
 

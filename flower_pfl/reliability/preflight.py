@@ -384,6 +384,10 @@ def check_model(values: Mapping[str, Any], hyper: Mapping[str, Any] | None,
     except um.UserModelError as exc:
         raise PreflightError(str(exc)) from exc
     except (ValueError, TypeError, RuntimeError) as exc:  # a built-in that cannot take them
+        if batch.dim() == 2:  # a table's samples: features, no image
+            raise PreflightError(f"model '{name}' needs images (channels, height, width) but "
+                                 f"dataset '{dataset}' gives samples of {batch.shape[1]} "
+                                 f"features: use model 'mclr' or 'dnn'") from exc
         raise PreflightError(f"model '{name}' does not fit dataset '{dataset}': it cannot be "
                              f"built for samples of shape {tuple(batch.shape[1:])} ({exc}); "
                              f"images need 'cnn' or 'resnet18' (or 'mclr'/'dnn'), a table "

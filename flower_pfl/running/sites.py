@@ -399,8 +399,9 @@ def submit_main(argv: Sequence[str]) -> int:
         if match:
             run_id.append(match.group(1))
 
-    split = "own data per site" if cfg["data.dataset"] == "site" else cfg["data.partition"]
-    say(f"{cfg.strategy} on {cfg['data.dataset']}/{split}, {cfg['clients']} "
+    split = ("own data per site" if cfg["data.dataset"] == "site"
+             else f"{cfg['data.partition']} partition")
+    say(f"{cfg.strategy} on {cfg['data.dataset']} ({split}), {cfg['clients']} "
         f"clients, {cfg['rounds']} rounds -> SuperLink {args.superlink}; results {results}")
     procs = ProcessSet()
     stop_on_signals()
