@@ -316,7 +316,7 @@ def _run_simulation(cfg: RunConfig, results_dir: Path, quiet: bool, timeout: flo
     record of a failure (:func:`~flower_pfl.reporting.results.mark_failed`) or a stop."""
     from flower_pfl import initial_model, raynode
     from flower_pfl.reliability import stop
-    from flower_pfl.reliability.preflight import preflight_apart
+    from flower_pfl.reliability.preflight_apart import preflight_apart
     from flower_pfl.reporting.console import RunConsole
     from flower_pfl.reporting.results import mark_failed
     from flower_pfl.running.launch import check_ray_address, config_tree, run_simulation

@@ -41,7 +41,8 @@ from flower_pfl import cli_parser, initial_model, raynode, registry
 from flower_pfl import config as config_mod
 from flower_pfl.matrix import MatrixError, load_matrix
 from flower_pfl.reliability import checkpoints, stop
-from flower_pfl.reliability.preflight import PreflightError, check_before_start, preflight_apart
+from flower_pfl.reliability.preflight import PreflightError, check_before_start
+from flower_pfl.reliability.preflight_apart import preflight_apart
 from flower_pfl.reporting import tracking
 from flower_pfl.reporting.console import BenchConsole, RunConsole, summary_lines
 from flower_pfl.reporting.results import (

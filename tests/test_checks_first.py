@@ -20,6 +20,7 @@ from flower_pfl import cli, config, matrix
 from flower_pfl.learning import data, devices
 from flower_pfl.reliability import preflight as pf
 from flower_pfl.reliability.preflight import Machine, PreflightError
+from flower_pfl.reliability.preflight_apart import preflight_apart
 from flower_pfl.running import bench, launch, procs, rayhead
 from tests.conftest import small_config
 
@@ -195,11 +196,11 @@ def test_a_ray_cluster_or_a_remote_superlink_is_not_judged_by_this_machine(tmp_p
     cfg = small_config(model="mclr", device="cuda", **{"client-resources.num-gpus": 1})
     assert pf.start_problems(cfg.values, "cluster", tmp_path / "r", NO_GPU) == []
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # run joins a cluster: its default
-    pf.preflight_apart(cfg, tmp_path / "r")  # the data and the model still checked here
+    preflight_apart(cfg, tmp_path / "r")  # the data and the model still checked here
     monkeypatch.delenv("RAY_ADDRESS")
     with pytest.raises(PreflightError, match=r"^2 settings cannot work here:\n  - 'device' = "
                                              r"'cuda': .*\n  - 'client-resources.num-gpus' = 1:"):
-        pf.preflight_apart(cfg, tmp_path / "r")
+        preflight_apart(cfg, tmp_path / "r")
     # submit: the SuperLink's folders and the nodes' devices are not this machine's; the
     # data sizes are the same everywhere
     blocker = tmp_path / "file"

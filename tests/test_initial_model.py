@@ -15,7 +15,7 @@ from flwr.common import Context, RecordDict
 from flower_pfl import initial_model, server_app
 from flower_pfl.config import RunConfig
 from flower_pfl.learning.models import initial_arrays
-from flower_pfl.reliability.preflight import preflight_apart
+from flower_pfl.reliability.preflight_apart import preflight_apart
 from tests.conftest import small_config
 
 

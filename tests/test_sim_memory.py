@@ -133,7 +133,8 @@ def test_the_launcher_checks_the_model_without_importing_torch(tmp_path):
     {"clients": 400, "data.subsample": 500},  # the partition
 ])
 def test_a_bad_config_gives_the_same_error_from_the_child(tmp_path, change):
-    from flower_pfl.reliability.preflight import PreflightError, preflight, preflight_apart
+    from flower_pfl.reliability.preflight import PreflightError, preflight
+    from flower_pfl.reliability.preflight_apart import preflight_apart
 
     cfg = small_config(**change)
     with pytest.raises(PreflightError) as here:

@@ -434,11 +434,3 @@ def strategy_needs(values: Mapping[str, Any], hyper: Mapping[str, Any] | None
     hyper = dict(registry.get(strategy).validate_hyper({}, strategy)[0], **(hyper or {}))
     return issubclass(cls, fedrep), int(hyper["hidden"]) if issubclass(cls, pfedhn) else None
 
-
-# the launcher's way to run it (a child process): preflight_apart.py, importable from here
-from flower_pfl.reliability.preflight_apart import (  # noqa: E402
-    preflight_apart as preflight_apart,
-)
-from flower_pfl.reliability.preflight_apart import (  # noqa: E402
-    preflight_child as preflight_child,
-)
