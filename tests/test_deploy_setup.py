@@ -173,6 +173,10 @@ try:
     shards.check_shard(manifest, cfg, 1, "data")
 except Exception as ex:
     log(logging.ERROR, "%s raised an exception", "ClientApp", exc_info=ex)
+    # the SuperNode may send the reply before the task's exit code is logged (a fast node)
+    log(logging.INFO, "")
+    log(logging.INFO, "[RUN 7, ROUND 3]")
+    log(logging.INFO, "Sending: train message (ID: cd34)")
     flwr_exit(ExitCode.TASK_PROC_EXCEPTION, "")
 """
 SUPERNODE = f"""

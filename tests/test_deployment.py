@@ -95,8 +95,12 @@ def test_secure_deployment_refuses_a_stranger_survives_a_restart_and_a_node_lost
     with open(tmp_path / "res" / "failures.csv") as fh:
         failures = list(csv.DictReader(fh))
     assert any(int(f["partition-id"]) == 3 and int(f["round"]) == 2 for f in failures)
-    for r in range(3, rounds + 1):  # ... and the other three clients' metrics are all there
-        assert sorted(int(row["partition-id"]) for row in _rows(tmp_path / "res", r)) == [0, 1, 2]
+    # ... and the other clients' metrics are all there; the restarted one's from the round its
+    # SuperNode is back (a round may be shorter than a SuperNode's restart: it misses those)
+    seen = [sorted(int(row["partition-id"]) for row in _rows(tmp_path / "res", r))
+            for r in range(3, rounds + 1)]
+    back = seen.index([0, 1, 2])
+    assert all(s == [0, 2] for s in seen[:back]) and all(s == [0, 1, 2] for s in seen[back:])
     with open(tmp_path / "res" / "server.csv") as fh:
         assert sorted(int(r["round"]) for r in csv.DictReader(fh)) == list(range(1, rounds + 1))
     # the restarted node kept counting from its state on disk: a reset would give <= rounds - 2

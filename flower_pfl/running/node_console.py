@@ -85,13 +85,12 @@ class NodeConsole:
         if TASK_EXIT_800.match(text) and self.summarised:
             self.state, self.summarised = "exit", False  # the same failure, said already
             return out
-        self.summarised = False
         match = ROUND.search(text)
         if match:
             self.round = int(match.group(1))
         match = RECEIVING.search(text)
-        if match:
-            self.message = match.group(1)
+        if match:  # a new message: an exit code after it is its own (the reply's lines, e.g.
+            self.message, self.summarised = match.group(1), False  # "Sending", may come first)
         return out + [None]
 
     def close(self) -> list[str]:
