@@ -1,10 +1,11 @@
-"""strategies/ and clients/ are top-level folders but live in the flower_pfl namespace.
+"""strategies/ and clients/ are subpackages of flower_pfl (the top-level folders of a checkout
+are links to them).
 
 An installed flower-pfl must not collide with another project's ``strategies`` or ``clients``
-module: from a source tree (checkout, editable install, app bundle) flower_pfl/__init__.py maps
-exactly those two names to the folders; a wheel installs them inside the package (pyproject's
-``package-dir``).  Either way nothing else of the tree is part of the package, and each class
-exists once.
+module: from a source tree (checkout, editable install, app bundle) and from a wheel they are
+``flower_pfl.strategies`` / ``flower_pfl.clients`` by plain imports, the top-level links refuse
+to import as packages of their own, nothing else of the tree is part of the package, and each
+class exists once.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def test_from_the_source_tree_only_the_two_subpackages_join_the_package():
     """From a checkout: ``flower_pfl.tests`` and a doubled ``flower_pfl.flower_pfl`` do not
     import, nor ``strategies`` as a package of its own (a second copy of the classes)."""
     seen = one_copy(ROOT, ROOT)
-    assert Path(seen["file"]) == ROOT / "strategies" / "base.py"
+    assert Path(seen["file"]) == ROOT / "flower_pfl" / "strategies" / "base.py"
 
 
 def test_a_foreign_strategies_package_first_on_the_path_does_not_shadow_ours(tmp_path):
@@ -84,8 +85,8 @@ def test_a_foreign_strategies_package_first_on_the_path_does_not_shadow_ours(tmp
 
 def test_the_wheel_installs_strategies_and_clients_inside_the_package(tmp_path):
     src = tmp_path / "src"  # a copy: building in the checkout would leave build/ there
-    for name in ("flower_pfl", "strategies", "clients"):
-        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "flower_pfl", src / "flower_pfl",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
@@ -116,10 +117,11 @@ def test_the_app_bundle_carries_the_code_and_stays_under_flowers_limit(tmp_path)
     fab = build_fab_from_disk(ROOT)
     assert len(fab) <= FAB_MAX_SIZE
     names = set(zipfile.ZipFile(io.BytesIO(fab)).namelist())
-    assert {"flower_pfl/server_app.py", "flower_pfl/client_app.py", "strategies/fedamp.py",
-            "clients/fedamp.py", "simulation.yaml", "configs/pfedbred-fmnist-mclr.yaml"} <= names
+    assert {"flower_pfl/server_app.py", "flower_pfl/client_app.py",
+            "flower_pfl/strategies/fedamp.py", "flower_pfl/clients/fedamp.py", "simulation.yaml",
+            "configs/pfedbred-fmnist-mclr.yaml"} <= names
     assert not any(n.startswith(("docs/", "tests/", "benchmarks/")) for n in names)
     app = tmp_path / "app"  # as a SuperNode unpacks it
     zipfile.ZipFile(io.BytesIO(fab)).extractall(app)
     seen = one_copy(tmp_path, app)
-    assert Path(seen["file"]) == app / "strategies" / "base.py"
+    assert Path(seen["file"]) == app / "flower_pfl" / "strategies" / "base.py"
