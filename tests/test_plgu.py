@@ -300,7 +300,7 @@ def test_fedrep_head_is_personal_and_body_is_shared(tmp_path):
 
 
 def test_grep_scores_follow_eq10(tmp_path):
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
 
     from flower_pfl.clients.plgu import PLGUGRepClient
 
@@ -556,7 +556,7 @@ def test_perturbed_pass_leaves_batchnorm_statistics_untouched():
     unperturbed pass -- net.bn1's running_mean = 0.1 * (channel means of conv1(x) at theta),
     running_var = 0.9 + 0.1 * (their unbiased variances), num_batches_tracked = 1 on every
     BatchNorm -- and the perturbed pass alone leaves every buffer bit for bit as it was."""
-    from flower_pfl.learning.training import lwsam_step
+    from flower_pfl.algorithms.lwsam import lwsam_step
 
     _, _, data = _bn_batches(1)
     xb, yb = data[0]

@@ -71,6 +71,22 @@ def test_ghost_clipping_equals_opacus_per_sample_gradients_on_a_mlp():
     assert not hasattr(next(ghost.parameters()), "_norm_sample")  # opacus' state removed
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_the_norm_pass_computes_no_weight_gradient():
+    # pass 1 needs each layer's output gradient only (its ghost norms): a weight's gradient
+    # is computed once a step (pass 2), a bias's twice (pass 1 reaches each layer through it)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    calls = dict.fromkeys((name for name, _ in model.named_parameters()), 0)
+    for name, p in model.named_parameters():
+        p.register_hook(lambda g, name=name: calls.__setitem__(name, calls[name] + 1))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 5, generator=g), torch.randint(0, 3, (6,), generator=g)
+    dp_train(model, x, y, TrainSpec(lr=0.1, batch_size=16), torch.Generator().manual_seed(0),
+             torch.device("cpu"), 0.0, 1.0, num_steps=3)
+    assert calls == {"0.weight": 3, "0.bias": 6, "2.weight": 3, "2.bias": 6}
+
+
 def test_dp_sgd_noise_moves_the_step():
     torch.manual_seed(0)  # opacus draws its noise from torch's generator
     w, _, _ = one_step(5.0)  # std 5 x 1 / 2 per coordinate on the mean

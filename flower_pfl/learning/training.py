@@ -8,17 +8,8 @@ A regulariser callable is added to the loss and differentiated with the data ter
 pFedMe and Ditto) is instead added as a gradient after the data loss's backward pass,
 bit for bit autograd's (:func:`~flower_pfl.algorithms.prox.add_prox_grad_`).
 
-``lwsam_step`` is the one local optimizer step of SAM / LWSAM (PLGU Algorithm 1, eqs. 4-5,
-p = q = 2; the perturbation itself is :func:`flower_pfl.algorithms.plgu_math.lwsam_perturbation`):
-gradient g at theta, ascent eps = rho * Lambda g / ||Lambda g|| on the ``perturbed`` tensors
-(||eps|| = rho; the norm over the perturbed tensors -- eq. 5's printed ||g||^2 is replaced,
-docs/algorithms/plgu.md), gradient g~ at theta + eps, then one optimizer step with g~ on
-the perturbed tensors and with the plain g on the ``plain`` tensors (Algorithm 1's
-personalized update, line 5).  The perturbed pass restores the model's buffers: BatchNorm
-running statistics move once per step, with the unperturbed pass.
-SAM (FedSAM) is Lambda = I, eps = rho g/||g||; rho = 0 is exactly one SGD step (no second
-pass).
-``train_lwsam`` loops it over the same mini-batch schedule as ``train``.
+``train_lwsam`` loops PLGU's SAM / LWSAM step (:func:`flower_pfl.algorithms.lwsam.lwsam_step`,
+PLGU Algorithm 1) over the same mini-batch schedule as ``train``.
 """
 
 from __future__ import annotations
@@ -31,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flower_pfl.algorithms.plgu_math import lwsam_perturbation, perturbed_gradient
+from flower_pfl.algorithms.lwsam import lwsam_step
 from flower_pfl.algorithms.prox import PROX_VALUE_EVERY, Prox, add_prox_grad_
 from flower_pfl.learning.schedule import lr_of_config
 
@@ -173,31 +164,6 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
             "local_steps": float(done)}
 
 
-def lwsam_step(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor,
-               opt: torch.optim.Optimizer, perturbed: Sequence[torch.Tensor],
-               scales: Sequence[float], rho: float, plain: Sequence[torch.Tensor] = (),
-               loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
-               ) -> float:
-    """One SAM/LWSAM step on the batch (xb, yb); returns the loss at theta (before eps).
-
-    ``perturbed``: tensors that get the ascent perturbation and the SAM gradient g~;
-    ``scales``: Lambda of each of them (1.0 everywhere = SAM); ``plain``: tensors updated
-    with the unperturbed gradient g; any other parameter of ``model`` stays fixed.
-    ``opt`` must optimise exactly ``perturbed + plain``."""
-    tensors = list(perturbed) + list(plain)
-    loss = loss_fn(model(xb), yb)
-    grads = torch.autograd.grad(loss, tensors)
-    g_pert, g_plain = grads[:len(perturbed)], grads[len(perturbed):]
-    if rho > 0 and perturbed:
-        g_pert = perturbed_gradient(model, perturbed, lwsam_perturbation(g_pert, scales, rho),
-                                    xb, yb, loss_fn)
-    for p, g in zip(tensors, list(g_pert) + list(g_plain)):
-        p.grad = g.detach()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return float(loss.detach())
-
-
 def train_lwsam(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
                 generator: torch.Generator, device: torch.device,
                 perturbed: Sequence[torch.Tensor], scales: Sequence[float], rho: float,
@@ -284,6 +250,7 @@ def dp_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec
         make_optimizer(params, spec, lr), noise_multiplier=noise_multiplier,
         max_grad_norm=max_grad_norm, expected_batch_size=max(1, round(q * n)),
         loss_reduction="mean")
+    norm_inputs = _norm_pass_inputs(gsm)
     prox = regularizer if isinstance(regularizer, Prox) else None
     total, total_reg = 0.0, 0.0
     try:
@@ -295,7 +262,7 @@ def dp_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec
                 opt.zero_grad(set_to_none=True)
                 if len(idx):
                     xb, yb = x[idx].to(device), y[idx].to(device)
-                    total += _clipped_backward(gsm, opt, xb, yb, loss_fn)
+                    total += _clipped_backward(gsm, opt, xb, yb, loss_fn, norm_inputs)
                 else:  # an empty Poisson batch still gets its noise (a zero clipped sum)
                     for p in params:
                         p.grad = torch.zeros_like(p)
@@ -318,19 +285,37 @@ def dp_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec
              "local_steps": float(steps)}, q)
 
 
+def _norm_pass_inputs(gsm: Any) -> list[torch.Tensor]:
+    """The tensors pass 1 of :func:`_clipped_backward` differentiates: the smallest trainable
+    parameter of each module that owns one (a Linear layer's bias).  Asking for these makes
+    autograd reach every such module's output -- where opacus' hooks take the gradients the
+    ghost norms need -- without computing the other parameters' gradients, which pass 1
+    would throw away (for a Linear layer its weight's, the largest matrix product of the
+    backward pass)."""
+    inputs = []
+    for module in gsm.modules():
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if own:
+            inputs.append(min(own, key=lambda p: p.numel()))
+    return inputs
+
+
 def _clipped_backward(gsm: Any, opt: Any, xb: torch.Tensor, yb: torch.Tensor,
-                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
+                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                      norm_inputs: Sequence[torch.Tensor]) -> float:
     """Leave sum_i c_i grad l_i in each parameter's ``.grad`` (c_i = opacus' clip factor of
     sample i's gradient norm) for the batch (xb, yb) of b samples; returns the batch's mean
     loss.  Pass 1: ``loss.backward`` with the hooks on, which store each sample's gradient
-    norm (ghost norms); pass 2 (hooks off): the output's gradient dL/dout = (1/b) dl_i/dout_i
+    norm (ghost norms), restricted to ``norm_inputs`` (:func:`_norm_pass_inputs`: the hooks
+    fire on every trainable module, the gradients of its other parameters are not
+    computed); pass 2 (hooks off): the output's gradient dL/dout = (1/b) dl_i/dout_i
     scaled row by row by b c_i and back-propagated -- the gradient of sum_i c_i l_i, as
     opacus' ``DPTensorFastGradientClipping.backward`` (which needs per-sample losses; this
     needs only the mean ``loss_fn``)."""
     out = gsm(xb)
     out.retain_grad()
     loss = loss_fn(out, yb)
-    loss.backward(retain_graph=True)
+    loss.backward(inputs=[out, *norm_inputs], retain_graph=True)
     coef = gsm.get_clipping_coef()  # min(1, C / (||g_i|| + 1e-6)), shape (b,)
     opt.zero_grad(set_to_none=True)  # pass 1's gradients are not clipped: dropped
     assert out.grad is not None
