@@ -155,7 +155,7 @@ def attacked_run(conf: dict[str, Any], out: Path) -> tuple[list[np.ndarray], flo
     from flwr.common import parameters_to_ndarrays
 
     from flower_pfl import config as config_mod
-    from flower_pfl.reporting.results import read_rows
+    from flower_pfl.reporting.run_files import read_rows
     from flower_pfl.running import inprocess
 
     uploads: list[list[np.ndarray]] = []

@@ -257,7 +257,7 @@ def per_round(run: Path) -> tuple[float | None, int, str]:
 
 
 def device_truth(run: Path) -> dict:
-    from flower_pfl.reporting.results import read_rows
+    from flower_pfl.reporting.run_files import read_rows
 
     rows = read_rows(run, "clients")
     fits = read_rows(run, "fit")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from flwr.common import ConfigRecord
+from flwr.app import ConfigRecord
 
 from flower_pfl import config, registry
 from flower_pfl.running import inprocess

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flower_pfl import config as config_mod
 from flower_pfl.matrix import Cell, MatrixError, load_matrix
-from flower_pfl.reporting.results import read_summary
+from flower_pfl.reporting.run_files import read_summary
 from flower_pfl.running import bench
 
 

@@ -82,7 +82,9 @@ def make_scratch(parent: Path, source: Path = ROOT) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info")
     for name in COPY:
         src = source / name
-        if src.is_dir():
+        if src.is_symlink():  # the top-level strategies/ and clients/: links into the package
+            os.symlink(os.readlink(src), dest / name)
+        elif src.is_dir():
             shutil.copytree(src, dest / name, ignore=ignore)
         elif src.is_file():
             shutil.copy2(src, dest / name)
@@ -311,7 +313,7 @@ def main(argv=None) -> int:
                 with WarmRunner(args.python, env_for(scratch)) as runner:
                     for name, path in check_shadowing(args.python, scratch, runner).items():
                         print(f"{name}.__file__ = {path} (in a fork of the warm parent)")
-            probe = next(m for m in MUTATIONS if m.file.startswith("strategies/"))
+            probe = next(m for m in MUTATIONS if m.file.startswith("flower_pfl/strategies/"))
             apply(probe, scratch)
             print(f"scratch copy {scratch}: applied {probe.name} to {probe.file} "
                   f"({'mutated' if probe.new in (scratch / probe.file).read_text() else 'NOT'}"

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from flower_pfl.reporting.results import read_rows
+from flower_pfl.reporting.run_files import read_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 STRATEGIES = ["fedamp", "heurfedamp", "fedacs", "selffl", "scaffold", "ditto"]

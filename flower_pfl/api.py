@@ -25,7 +25,7 @@ YAML's ``engine: tuned | stock``, Flower's engine replacements on or off).
 Nothing here parses YAML, validates, checks the machine or reads a CSV by itself: the
 configuration goes through :mod:`flower_pfl.config`, the checks before start through
 :mod:`flower_pfl.reliability.preflight` (as ``flower-pfl run``), the tables through
-:func:`flower_pfl.reporting.results.read_rows`.  Heavy modules are imported only when a run
+:func:`flower_pfl.reporting.run_files.read_rows`.  Heavy modules are imported only when a run
 starts (``import flower_pfl`` stays light).
 """
 
@@ -85,7 +85,7 @@ class RunResult:
         self.dir = Path(results_dir)
         self.backend = backend
         if config is None:
-            from flower_pfl.reporting.results import read_values
+            from flower_pfl.reporting.run_files import read_values
 
             config = read_values(self.dir)
         self.config = dict(config)
@@ -101,7 +101,7 @@ class RunResult:
         """``summary.json`` as a dict ({} before the run wrote one): ``status`` (running,
         completed, stopped, failed), ``rounds`` (rounds.csv's rows), ``final``, ``bmta``,
         ``coverage``, ``error`` of a failed run, the strategy's own entries."""
-        from flower_pfl.reporting.results import read_summary
+        from flower_pfl.reporting.run_files import read_summary
 
         summary = read_summary(self.dir)
         return summary if isinstance(summary, dict) else {}
@@ -127,7 +127,7 @@ class RunResult:
     def rows(self, name: str) -> list[dict[str, Any]]:
         """``<name>.csv``'s rows (``name`` one of :data:`TABLES` or a strategy's own table,
         e.g. FedACS' ``peers``) as dicts of typed cells (:func:`typed`)."""
-        from flower_pfl.reporting.results import read_rows
+        from flower_pfl.reporting.run_files import read_rows
 
         return [{key: typed(value) for key, value in row.items()}
                 for row in read_rows(self.dir, name)]
@@ -139,7 +139,7 @@ class RunResult:
         pandas = _pandas()
         if pandas is None:
             return rows
-        from flower_pfl.reporting.results import read_rows
+        from flower_pfl.reporting.run_files import read_rows
 
         header = list(read_rows(self.dir, name)[0]) if rows else []
         return pandas.DataFrame(rows, columns=header)
@@ -225,8 +225,8 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | None = None
 
 
 def _results_dir(cfg: RunConfig) -> Path:
-    """:func:`~flower_pfl.reporting.results.new_results_dir`, its refusal a PreflightError."""
-    from flower_pfl.reporting.results import new_results_dir
+    """:func:`~flower_pfl.reporting.run_dirs.new_results_dir`, its refusal a PreflightError."""
+    from flower_pfl.reporting.run_dirs import new_results_dir
 
     try:
         return new_results_dir(cfg)

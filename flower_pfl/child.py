@@ -104,7 +104,7 @@ def spawn(cmd: Sequence[str], *, session: bool = True, watch: bool = True,
     return proc
 
 
-def run(cmd: Sequence[str], *, timeout: float | None = None, input: Any = None,
+def run(cmd: Sequence[str], *, timeout: float | None = None, input: str | bytes | None = None,
         check: bool = False, capture_output: bool = False, session: bool = False,
         watch: bool = True, **popen: Any) -> subprocess.CompletedProcess[Any]:
     """``subprocess.run`` through :func:`spawn` (PDEATHSIG from any thread: this thread waits

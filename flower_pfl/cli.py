@@ -35,7 +35,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from flower_pfl import cli_parser, initial_model, raynode, registry
 from flower_pfl import config as config_mod
@@ -45,11 +45,9 @@ from flower_pfl.reliability.preflight import PreflightError, check_before_start
 from flower_pfl.reliability.preflight_apart import preflight_apart
 from flower_pfl.reporting import tracking
 from flower_pfl.reporting.console import BenchConsole, RunConsole, summary_lines
-from flower_pfl.reporting.results import (
-    mark_failed,
-    new_results_dir,
-    read_summary,
-)
+from flower_pfl.reporting.results import mark_failed
+from flower_pfl.reporting.run_dirs import new_results_dir
+from flower_pfl.reporting.run_files import read_summary
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.bench import run_bench
 from flower_pfl.running.launch import (
@@ -174,13 +172,21 @@ def strategies_command(name: str | None) -> int:
               f"`flower-pfl strategies` lists them", file=sys.stderr)
         return 2
     entry = registry.REGISTRY[name]
-    wrap = lambda text, indent: textwrap.fill(text, width, initial_indent=indent,  # noqa: E731
-                                              subsequent_indent=indent)
+
+    def wrap(text: str, indent: str) -> str:
+        return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent)
+
     print(wrap(f"{entry.name}: {entry.summary}", ""))
-    where = registry.locate(name)  # read from the sources: no torch
-    print("  " + ", ".join(f"{what} {'.'.join(at) if at else '(none bound)'}"
-                           for what, at in (("strategy", where.strategy),
-                                            ("client", where.client))))
+
+    def bound(load: Callable[[str], type]) -> str:
+        try:
+            cls = load(name)
+        except LookupError:  # nothing bound to the entry
+            return "(none bound)"
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    # the client index imports torch (its clients train): a second or two
+    print(f"  strategy {bound(registry.strategy_class)}, client {bound(registry.client_class)}")
     if not entry.hyper:
         print("  no hyper-parameters")
         return 0
@@ -193,7 +199,7 @@ def strategies_command(name: str | None) -> int:
     return 0
 
 
-def compare_command(args) -> int:
+def compare_command(args: argparse.Namespace) -> int:
     """``flower-pfl compare RUN_DIR ...`` (reporting/compare.py): 0 written, 2 refused."""
     from flower_pfl.reporting.compare import CompareError, compare
 
@@ -208,7 +214,7 @@ def compare_command(args) -> int:
     return 0
 
 
-def deploy_command(args, cfg: config_mod.RunConfig) -> int:
+def deploy_command(args: argparse.Namespace, cfg: config_mod.RunConfig) -> int:
     from flower_pfl.running.deploy import deploy
 
     if not args.certs and not args.insecure:
@@ -252,8 +258,8 @@ def actor_estimate(cfg: config_mod.RunConfig) -> int | None:
     return max(1, min(int(cfg["clients"]), (cpus or 1) // int(cfg["client-resources.num-cpus"])))
 
 
-def run_command(args, cfg: config_mod.RunConfig, config_path: Path, sets: Sequence[str],
-                resume_dir: Path | None) -> int:
+def run_command(args: argparse.Namespace, cfg: config_mod.RunConfig, config_path: Path,
+                sets: Sequence[str], resume_dir: Path | None) -> int:
     """``flower-pfl run``: preflight, the federation with its console, the summary."""
     try:
         results_dir = resume_dir or new_results_dir(cfg)

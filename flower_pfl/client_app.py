@@ -9,8 +9,10 @@ instantiates the registered NumPyClient for that strategy.
 
 from __future__ import annotations
 
-from flwr.client import ClientApp, NumPyClient
-from flwr.common import Context
+from flwr.app import Context
+from flwr.client import Client, NumPyClient  # legacy API: no current path in Flower 1.42
+from flwr.clientapp import ClientApp
+from flwr.common import NDArrays, Scalar  # (NumPyClient's own types, flwr.common only)
 
 from flower_pfl import registry, timing
 
@@ -21,7 +23,7 @@ class RegistryClient(NumPyClient):
     def __init__(self, context: Context) -> None:
         self.ctx = context
 
-    def _client(self, config) -> NumPyClient:
+    def _client(self, config: dict[str, Scalar]) -> NumPyClient:
         name = config.get("strategy")
         if name is None:  # handshake: any client answers get_properties the same way
             from flower_pfl.clients.base import PFLClient
@@ -29,17 +31,19 @@ class RegistryClient(NumPyClient):
             return PFLClient(self.ctx)
         return registry.client_class(str(name))(self.ctx)
 
-    def get_properties(self, config):
+    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         return self._client(config).get_properties(config)
 
-    def fit(self, parameters, config):
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]
+            ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         return self._client(config).fit(parameters, config)
 
-    def evaluate(self, parameters, config):
+    def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]
+                 ) -> tuple[float, int, dict[str, Scalar]]:
         return self._client(config).evaluate(parameters, config)
 
 
-def client_fn(context: Context):
+def client_fn(context: Context) -> Client:
     return RegistryClient(context).to_client()
 
 

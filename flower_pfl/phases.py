@@ -43,12 +43,13 @@ class Recorder:
         self.phases: dict[str, float] = {}
         self.originals: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
 
-    def wrap(self, fn: Callable, name: str, kind: Callable[..., dict] | None = None) -> Callable:
+    def wrap(self, fn: Callable[..., Any], name: str,
+             kind: Callable[..., dict[str, Any]] | None = None) -> Callable[..., Any]:
         """``fn`` timed as phase ``name``; ``kind(*args)`` tags the record an outermost call
         closes (e.g. ``{"kind": "train", "round": 3}``)."""
         @functools.wraps(fn)
-        def timed(*args, **kwargs):
-            frame = [name, time.perf_counter(), 0.0]
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            frame: list[Any] = [name, time.perf_counter(), 0.0]
             self.stack.append(frame)
             try:
                 return fn(*args, **kwargs)
@@ -74,7 +75,7 @@ class Recorder:
 
 
 #: a target: (owner object, attribute name, phase name[, record kind from the call's args])
-Target = tuple
+Target = tuple[Any, ...]
 
 
 def install(role: str, targets: Iterable[Target]) -> Recorder | None:

@@ -15,29 +15,29 @@ so a misspelt entry or class fails when its module is imported, and the import g
 strategy -> catalog and client -> strategy.  Every entry is bound to exactly one strategy
 class and one client class (tests/test_registry.py).
 
-:func:`strategy_class` and :func:`client_class` import only the module that binds the name:
-several strategy modules import torch, and a numpy strategy's ServerApp must not.
-:func:`locate` finds that module by reading the decorators in the package's sources (ast,
-nothing executed); the import then does the binding, and :func:`bindings` imports every
-module (tests: the source reading and the bindings agree).
+The modules that bind are listed, by plain imports, in two index modules:
+``flower_pfl/strategies/index.py`` and ``flower_pfl/clients/index.py``.
+:func:`strategy_class` imports the strategy index (every strategy module: torch-free at
+import, so a numpy strategy's ServerApp loads no torch), :func:`client_class` the client
+index (clients train: torch).  The registry names the index by a string: the strategy
+modules import this module (``strategy_for``), so an import statement here would close a
+circle; mypy and the structure drawing follow the index modules themselves.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
 import importlib
-import importlib.util
 import pkgutil
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from flower_pfl import catalog
 from flower_pfl.hyper import Entry
 
 STRATEGIES = "flower_pfl.strategies"
 CLIENTS = "flower_pfl.clients"
+#: the modules that import every module binding a strategy / a client (``MODULES``)
+STRATEGY_INDEX = f"{STRATEGIES}.index"
+CLIENT_INDEX = f"{CLIENTS}.index"
 RECIPE = "README.md, 'Adding an algorithm, in order'"
 
 T = TypeVar("T", bound=type)
@@ -113,118 +113,51 @@ def _path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-@dataclass(frozen=True)
-class Location:
-    """Where a strategy name's classes are defined: (module, class name) pairs."""
-
-    strategy: tuple[str, str] | None
-    client: tuple[str, str] | None
-
-
-def _sources(package: str) -> Iterator[tuple[str, ast.Module]]:
-    """(module name, parsed source) of every module of ``package``, without importing them."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"{package} not found")
-    folder = Path(list(spec.submodule_search_locations)[0])
-    for path in sorted(folder.glob("*.py")):
-        if path.name != "__init__.py":
-            yield f"{package}.{path.stem}", ast.parse(path.read_text(encoding="utf-8"))
-
-
-def _decorated(package: str, decorator: str
-               ) -> Iterator[tuple[str, str, list[str | None]]]:
-    """(module, class name, dotted names of the decorator's arguments) for every top-level
-    class of ``package`` decorated with ``flower_pfl.registry.<decorator>(...)``."""
-    for module, tree in _sources(package):
-        names: dict[str, str] = {}
-        for node in tree.body:
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
-            elif isinstance(node, ast.Import):
-                names.update({a.asname or a.name: a.name if a.asname else a.name.split(".")[0]
-                              for a in node.names})
-
-        def dotted(expr: ast.expr) -> str | None:
-            if isinstance(expr, ast.Name):
-                return names.get(expr.id, f"{module}.{expr.id}")  # noqa: B023 - this module's
-            if isinstance(expr, ast.Attribute):
-                base = dotted(expr.value)
-                return base and f"{base}.{expr.attr}"
-            return None
-
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef):
-                for d in node.decorator_list:
-                    if isinstance(d, ast.Call) and dotted(d.func) == f"{__name__}.{decorator}":
-                        yield module, node.name, [dotted(a) for a in d.args]
-
-
-def _attribute(dotted: str | None) -> Any:
-    module, _, name = (dotted or "").rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return None
-
-
-@functools.lru_cache(maxsize=None)
-def _index() -> tuple[dict[str, tuple[str, str]], dict[tuple[str, str], tuple[str, str]]]:
-    strategies: dict[str, tuple[str, str]] = {}
-    for module, cls, args in _decorated(STRATEGIES, "strategy_for"):
-        entry = _attribute(args[0]) if len(args) == 1 else None  # a catalog module: no torch
-        if isinstance(entry, Entry):
-            strategies.setdefault(entry.name, (module, cls))
-    clients: dict[tuple[str, str], tuple[str, str]] = {}
-    for module, cls, args in _decorated(CLIENTS, "client_for"):
-        for arg in args:
-            owner, _, name = (arg or "").rpartition(".")
-            clients.setdefault((owner, name), (module, cls))
-    return strategies, clients
-
-
-def locate(name: str) -> Location:
-    """Where the classes bound to strategy ``name`` are, read from the sources: nothing is
-    imported but the catalog (``flower-pfl strategies NAME`` shows it without torch)."""
-    get(name)
-    strategies, clients = _index()
-    strategy = strategies.get(name)
-    return Location(strategy, clients.get(strategy) if strategy else None)
-
-
 def strategy_class(name: str) -> type:
-    """The Strategy class bound to ``name``; imports its module only."""
+    """The Strategy class bound to ``name``.  Imports the strategy index (every strategy
+    module; no torch).  KeyError: an unknown name; LookupError: no class bound to it."""
     entry = get(name)
-    where = locate(name).strategy
-    if where is not None:
-        importlib.import_module(where[0])
+    importlib.import_module(STRATEGY_INDEX)
     if entry.name not in _STRATEGY:
         raise LookupError(f"no Strategy class is bound to '{name}': decorate one in "
-                          f"strategies/<file>.py with @strategy_for(<its catalog entry>) "
-                          f"({RECIPE})")
+                          f"strategies/<file>.py with @strategy_for(<its catalog entry>) and "
+                          f"import that module in {_file(STRATEGY_INDEX)} ({RECIPE})")
     return _STRATEGY[entry.name]
 
 
 def client_class(name: str) -> type:
-    """The client class bound to ``name``'s Strategy class; imports its module only."""
+    """The client class bound to ``name``'s Strategy class.  Imports the client index
+    (every client module; torch).  KeyError: an unknown name; LookupError: no client
+    serves it."""
     strategy = strategy_class(name)
-    where = locate(name).client
-    if where is not None:
-        importlib.import_module(where[0])
+    importlib.import_module(CLIENT_INDEX)
     if strategy not in _CLIENT:
         raise LookupError(f"no client class serves '{name}' ({_path(strategy)}): list it in a "
-                          f"client's @client_for(...) in clients/<file>.py ({RECIPE})")
+                          f"client's @client_for(...) in clients/<file>.py and import that "
+                          f"module in {_file(CLIENT_INDEX)} ({RECIPE})")
     return _CLIENT[strategy]
 
 
 def bindings() -> dict[str, tuple[type | None, type | None]]:
-    """Import every strategy and client module; name -> (Strategy class, client class),
-    None where nothing is bound."""
-    for package in (STRATEGIES, CLIENTS):
-        for module, _ in _sources(package):
-            importlib.import_module(module)
-    return {name: (_STRATEGY.get(name), _CLIENT.get(_STRATEGY.get(name)))  # type: ignore[arg-type]
-            for name in REGISTRY}
+    """Import both indexes; name -> (Strategy class, client class), None where nothing is
+    bound."""
+    importlib.import_module(STRATEGY_INDEX)
+    importlib.import_module(CLIENT_INDEX)
+    out: dict[str, tuple[type | None, type | None]] = {}
+    for name in REGISTRY:
+        strategy = _STRATEGY.get(name)
+        out[name] = (strategy, _CLIENT.get(strategy) if strategy is not None else None)
+    return out
+
+
+def binding_modules() -> tuple[set[str], set[str]]:
+    """The modules whose classes are bound so far: (strategy modules, client modules)."""
+    return ({c.__module__ for c in _STRATEGY.values()},
+            {c.__module__ for c in _CLIENT.values()})
+
+
+def _file(module: str) -> str:
+    return module.replace(".", "/") + ".py"
 
 
 def training_table(keys: Sequence[str]) -> str:

@@ -35,13 +35,14 @@ import tempfile
 import timeit
 from logging import INFO
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 from flwr.app import Context
 from flwr.common import Parameters  # the legacy loop's type (no newer home)
 from flwr.common.logger import log
 from flwr.server import Server, ServerAppComponents, ServerConfig  # the legacy loop
-from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_manager import ClientManager, SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.server.history import History
 from flwr.serverapp import Grid, ServerApp
@@ -53,6 +54,9 @@ from flower_pfl.strategies.nodes import message_threads
 from flower_pfl.tuned import switch
 from flower_pfl.tuned.engine_wakeup import poll_faster
 
+if TYPE_CHECKING:  # imported with the registered strategy (registry.strategy_class)
+    from flower_pfl.strategies.base import PersonalizedStrategy
+
 
 class ResumableServer(Server):
     """Flower's legacy round loop (fit round, then federated evaluation), from
@@ -61,6 +65,12 @@ class ResumableServer(Server):
     by ``flower-pfl run`` (both checkpointed; strategies/checkpointing.py).  Flower's
     public ``Server`` API only (``fit_round``, ``evaluate_round``, ``client_manager``):
     it is the same loop with ``engine: tuned`` and ``engine: stock``."""
+
+    strategy: PersonalizedStrategy  # Flower's Server holds it as its base class, Strategy
+
+    def __init__(self, *, client_manager: ClientManager, strategy: PersonalizedStrategy
+                 ) -> None:
+        super().__init__(client_manager=client_manager, strategy=strategy)
 
     def initial_parameters(self) -> Parameters:
         """The strategy's initial parameters (our strategies always give them: the model is
@@ -105,7 +115,7 @@ _CHILD = ("import json, sys, numpy as np\n"
           "np.savez(sys.argv[2], *initial_arrays(values))\n")
 
 
-def initial_arrays_apart(values) -> list[np.ndarray]:
+def initial_arrays_apart(values: Mapping[str, Any]) -> list[np.ndarray]:
     """``flower_pfl.learning.models.initial_arrays`` of the run's ``values``, computed in a
     child process (same interpreter, same ``sys.path``) so that this one never imports
     torch; the arrays are bit for bit the ones computed here."""
@@ -119,7 +129,7 @@ def initial_arrays_apart(values) -> list[np.ndarray]:
             return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
-def _flag(value) -> bool:
+def _flag(value: object) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes")
 
 
@@ -135,7 +145,8 @@ def read_config(context: Context) -> config_mod.RunConfig:
     return config_mod.load(path, str(rc.get("overrides", "")) or None)
 
 
-def build_strategy(context: Context, cfg: config_mod.RunConfig | None = None):
+def build_strategy(context: Context, cfg: config_mod.RunConfig | None = None
+                   ) -> tuple[config_mod.RunConfig, PersonalizedStrategy]:
     """(the configuration, the registered strategy built from it); ``cfg``: the one
     :func:`read_config` read (None: read here)."""
     rc = context.run_config
@@ -145,7 +156,7 @@ def build_strategy(context: Context, cfg: config_mod.RunConfig | None = None):
     initial = initial_model.read(str(rc.get("initial-arrays", "")) or None, cfg.values)
     log(INFO, "[flower-pfl] initial model: %s",
         initial_model.READ if initial is not None else initial_model.BUILT)
-    strategy = registry.strategy_class(cfg.strategy)(
+    strategy: PersonalizedStrategy = registry.strategy_class(cfg.strategy)(
         cfg, initial_arrays=initial if initial is not None else initial_arrays_apart(cfg.values),
         results_dir=results_dir)
     strategy.cfg_travels = not rc.get("cfg")  # the clients read the same run config
@@ -186,6 +197,7 @@ def main(grid: Grid, context: Context) -> None:
                             simulation=switch.in_simulation(grid))
     timing.install_server()  # nothing unless FLOWER_PFL_PHASES is set (flower_pfl.phases)
     components = server_fn(context, cfg)
+    assert isinstance(components.server, ResumableServer), "server_fn builds one"
     strategy = components.server.strategy
     with strategy.results.record_outcome():  # raised: summary.json says failed, and why
         if "engine_wakeup" in engine.kept:

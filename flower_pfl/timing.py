@@ -15,9 +15,13 @@ writes.  Nothing is wrapped unless ``FLOWER_PFL_PHASES`` is set.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from flower_pfl import phases
+
+if TYPE_CHECKING:
+    from flwr.app import Context, Message
+    from flwr.clientapp.typing import ClientAppCallable
 
 
 def _round(msg: Any) -> int:
@@ -29,7 +33,7 @@ def _round(msg: Any) -> int:
     return 0
 
 
-def message_mod(msg, context, call_next):
+def message_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """A ClientApp mod that only passes the message on (its wrapper times the call)."""
     return call_next(msg, context)
 
@@ -45,7 +49,7 @@ def install_client(dispatcher: type) -> tuple[phases.Recorder | None, list[Calla
     """(the recorder, the mods) of :func:`client_mods`; (None, []) when the timer is off."""
     if phases.folder() is None:
         return None, []
-    from flower_pfl.clients import base, fedamp, fedavg, fedprox
+    from flower_pfl.clients import base, fedamp, fedavg, fedprox, state
 
     this = sys.modules[__name__]
     targets = [
@@ -63,7 +67,7 @@ def install_client(dispatcher: type) -> tuple[phases.Recorder | None, list[Calla
         (fedavg, "get_arrays", "ours: model -> numpy"),
         (fedprox.FedProxClient, "regularizer", "ours: prox centre"),
         (fedamp.FedAMPClient, "regularizer", "ours: prox centre"),
-        *[(base.ClientState, name, "ours: personal state (context.state)")
+        *[(state.ClientState, name, "ours: personal state (context.state)")
           for name in ("get_arrays", "set_arrays", "get_values", "set_values", "resolve")],
         (base.PFLClient, "fit", "ours: fit/evaluate rest (metrics, device report)"),
         (base.PFLClient, "evaluate", "ours: fit/evaluate rest (metrics, device report)"),

@@ -14,10 +14,13 @@ starts with nothing said and says it again.  No Flower import at module level, s
 from __future__ import annotations
 
 from logging import WARNING
-from typing import Hashable, MutableSet
+from typing import Hashable, MutableSet, TypeVar
+
+#: what a set remembers: a key of the owner's choosing (the console's: the line itself)
+K = TypeVar("K", bound=Hashable)
 
 
-def first_time(given: MutableSet[Hashable], key: Hashable) -> bool:
+def first_time(given: MutableSet[K], key: K) -> bool:
     """True the first time ``key`` is seen in ``given`` (and remembers it), False after."""
     if key in given:
         return False
@@ -25,7 +28,7 @@ def first_time(given: MutableSet[Hashable], key: Hashable) -> bool:
     return True
 
 
-def warn_once(given: MutableSet[Hashable], key: Hashable, message: str, *args: object) -> bool:
+def warn_once(given: MutableSet[K], key: K, message: str, *args: object) -> bool:
     """Log ``message % args`` as a WARNING the first time ``key`` is seen in ``given``;
     returns whether it was logged."""
     if not first_time(given, key):

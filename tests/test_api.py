@@ -25,7 +25,7 @@ import pytest
 
 import flower_pfl
 from flower_pfl import api
-from flower_pfl.reporting.results import read_summary
+from flower_pfl.reporting.run_files import read_summary
 from flower_pfl.strategies.base import RoundError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -121,10 +121,15 @@ def test_the_bundle_carries_the_runs_own_model_module_and_package(tmp_path):
 
 
 def test_a_module_named_like_the_apps_own_folders_is_refused(tmp_path):
-    (tmp_path / "clients.py").write_text("def make():\n    return None\n")
+    (tmp_path / "flower_pfl.py").write_text("def make():\n    return None\n")
     staged = app_stage.stage(APP_DIR, tmp_path / "app")
-    with pytest.raises(app_stage.StageError, match="has a top-level 'clients' of its own"):
-        app_stage.stage_user_model(staged, "clients:make", [tmp_path], APP_DIR)
+    with pytest.raises(app_stage.StageError, match="has a top-level 'flower_pfl' of its own"):
+        app_stage.stage_user_model(staged, "flower_pfl:make", [tmp_path], APP_DIR)
+    # the top-level strategies/ and clients/ are links the bundle leaves out (the code is
+    # flower_pfl.clients): a user's own `clients` module is staged, it shadows nothing
+    (tmp_path / "clients.py").write_text("def make():\n    return None\n")
+    assert app_stage.stage_user_model(staged, "clients:make", [tmp_path], APP_DIR) == "/clients.py"
+    assert (staged / "clients.py").is_file() and not (staged / "strategies").exists()
 
 
 @pytest.mark.parametrize("value, ok", [("m:f", True), ("pkg.mod:make", True),

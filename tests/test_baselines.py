@@ -129,7 +129,7 @@ def replay_fit(proxy, state, ins):
     returns (state after, FitRes)."""
     import copy
 
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
 
     from flower_pfl.client_app import client_fn
 
@@ -163,7 +163,7 @@ def state_values(state, key, accepted_round: int = 10**9):
 
 
 def make_client(cls, pid: int = 0, num: int = 4):
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
 
     return cls(Context(run_id=0, node_id=1, node_config={"partition-id": pid,
                                                          "num-partitions": num},

@@ -21,7 +21,7 @@ import yaml
 
 from flower_pfl import config, matrix
 from flower_pfl.config import merge
-from flower_pfl.reporting import results, tables
+from flower_pfl.reporting import coverage, run_files, tables
 from flower_pfl.running import bench, rayhead
 
 STRATEGIES = ["fedavg", "fedacs"]
@@ -66,9 +66,9 @@ def test_every_cell_ran_through_flwr_and_table_matches_summaries(tiny):
         for seed in SEEDS:
             cell = out / "runs" / "prac" / strategy / f"seed-{seed}"
             assert "Successfully started run" in (cell / "flwr-run.log").read_text()
-            summary = results.read_summary(cell)
+            summary = run_files.read_summary(cell)
             assert summary["status"] == "completed" and len(summary["rounds"]) == 2
-            assert results.read_values(cell)["seed"] == seed
+            assert run_files.read_values(cell)["seed"] == seed
             finals.append(100 * summary["final"]["personal_mean"])
             bmtas.append(100 * summary["bmta"])
             worst.append(100 * summary["final"]["personal_worst10_mean"])
@@ -191,7 +191,7 @@ def test_cell_state_detects_unfinished_and_changed_cells(tiny, tmp_path):
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(r for r in rows if not (r["round"] == "1" and r["partition-id"] == "0"))
-    assert results.client_failures(copy.dir) is not None
+    assert coverage.client_failures(copy.dir) is not None
     assert bench.cell_state(copy) == "todo" and tables.cell_numbers(copy.dir) is None
     clients_csv.write_text(good)
     assert bench.cell_state(copy) == "done"
@@ -283,7 +283,7 @@ def test_inprocess_cells_land_in_the_bench_layout_marked_as_such(tiny, tmp_path)
     tables.write_table(m, recs, dest)
     row = _table(dest)["fedavg"]
     assert row["engine"] == "inprocess" and row["seeds_done"] == "2"
-    bmtas = [100 * results.read_summary(dest / "runs" / "prac" / "fedavg" / f"seed-{s}")["bmta"]
+    bmtas = [100 * run_files.read_summary(dest / "runs" / "prac" / "fedavg" / f"seed-{s}")["bmta"]
              for s in SEEDS]
     assert float(row["bmta"]) == pytest.approx(sum(bmtas) / 2, abs=1e-9)
     md = (dest / "table.md").read_text()

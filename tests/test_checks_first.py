@@ -228,7 +228,7 @@ def test_a_run_name_that_holds_a_run_is_refused_and_unnamed_runs_never_share_a_f
         tmp_path, capsys, nothing_starts, monkeypatch):
     # two runs' rows appended to one rounds.csv would be a record of neither
     from flower_pfl import config as config_mod
-    from flower_pfl.reporting.results import new_results_dir
+    from flower_pfl.reporting.run_dirs import new_results_dir
 
     out = tmp_path / "out"
     (out / "mine").mkdir(parents=True)

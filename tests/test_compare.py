@@ -16,7 +16,7 @@ import pytest
 
 from flower_pfl.cli import main
 from flower_pfl.reporting import compare as cmp
-from flower_pfl.reporting.results import read_summary
+from flower_pfl.reporting.run_files import read_summary
 from flower_pfl.running import inprocess
 from tests.conftest import small_config
 from tests.test_plots import drawn  # noqa: F401 - the fixture: figures as drawn

@@ -264,7 +264,7 @@ class _OneReply:
         self.code, self.reason = code, reason
 
     def send_and_receive(self, messages, timeout=None):
-        from flwr.common import Error, Message
+        from flwr.app import Error, Message
 
         (msg,) = messages
         msg.metadata.__dict__["_message_id"] = "m1"

@@ -11,7 +11,8 @@ import yaml
 
 from flower_pfl.reporting import compare as cmp
 from flower_pfl.reporting.console import summary_lines
-from flower_pfl.reporting.results import read_summary, run_coverage
+from flower_pfl.reporting.coverage import run_coverage
+from flower_pfl.reporting.run_files import read_summary
 from flower_pfl.running.deploy import Deployment, key_registered, make_ca, make_node_key
 from flower_pfl.running.procs import is_alive
 

@@ -14,8 +14,7 @@ import time
 import uuid
 
 import pytest
-from flwr.app import Message, RecordDict
-from flwr.common import ConfigRecord
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
 from flwr.server.superlink.fleet.vce import vce_api

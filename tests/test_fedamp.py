@@ -108,7 +108,7 @@ def test_prox_term_gradient_is_lambda_over_alpha_times_w_minus_u():
 
 def _drift(prox_coef, tmp_path):
     """Distance ||w_i - u_i|| after one round of the real FedAMP client."""
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
 
     from flower_pfl.clients.fedamp import FedAMPClient
     from flower_pfl.learning.models import initial_arrays

@@ -57,6 +57,15 @@ def _mypy_sources():
     return options, sources
 
 
+def test_mypy_with_no_arguments_checks_every_module_of_the_package():
+    _, sources = _mypy_sources()
+    on_disk = {p.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".").removesuffix(
+        ".__init__") for p in (ROOT / "flower_pfl").rglob("*.py") if "__pycache__" not in p.parts}
+    assert {s.module for s in sources} == on_disk
+    assert {"flower_pfl.strategies.fedamp", "flower_pfl.clients.fedamp",
+            "flower_pfl.server_app", "flower_pfl.running.sites"} <= on_disk
+
+
 def test_no_mypy_option_switches_a_listed_files_errors_off():
     options, sources = _mypy_sources()
     assert len(sources) >= 40 and {"flower_pfl.tuned.patch", "flower_pfl.running.app_stage",
@@ -113,13 +122,13 @@ def test_ruff_lints_every_python_file_but_the_recorded_scripts():
     linted = {Path(p).resolve().relative_to(ROOT).as_posix() for p in listed}
     wanted = {f for f in _python_files() if not f.startswith(RUFF_EXCLUDED)}
     assert wanted - linted == set()
-    assert {"benchmarks/mutations.py", "tests/test_gates.py", "strategies/fedamp.py",
+    assert {"benchmarks/mutations.py", "tests/test_gates.py", "flower_pfl/strategies/fedamp.py",
             "flower_pfl/tuned/patch.py"} <= linted
 
 
 def test_ruff_reports_a_planted_file_in_every_linted_folder():
     folders = sorted({Path(f).parent.as_posix() for f in _python_files()})
-    assert {"tests", "benchmarks", "flower_pfl/running", "clients"} <= set(folders)
+    assert {"tests", "benchmarks", "flower_pfl/running", "flower_pfl/clients"} <= set(folders)
     for folder in folders:
         out = subprocess.run([str(BIN / "ruff"), "check", "--no-cache", "--force-exclude",
                               "--output-format", "concise", "--stdin-filename",
@@ -404,6 +413,11 @@ def test_the_mutation_checks_fail_on_a_planted_gap():
         f"{first.name}: the old text occurs 0 times in {first.file} (must be exactly once): "
         "'no such text anywhere'"]
     assert len(table.check_patches([first, first])) == 1  # a name used twice
+    # a patch through the top-level link: the runner's copy would patch a file no test imports
+    side = next(m for m in mutations if m.file.startswith("flower_pfl/strategies/"))
+    linked = side.file.removeprefix("flower_pfl/")
+    assert table.check_patches([replace(side, file=linked)]) == [
+        f"{side.name}: {linked} goes through a link; name the file itself ({side.file})"]
     planted = [replace(first, tests=("tests/test_nope.py",)),
                replace(first, tests=("tests/test_fedamp.py::test_renamed_away",)),
                replace(first, tests=("tests/test_deployment.py",)),

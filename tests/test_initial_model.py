@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.common import Context, RecordDict
+from flwr.app import Context, RecordDict
 
 from flower_pfl import initial_model, server_app
 from flower_pfl.config import RunConfig

@@ -255,7 +255,7 @@ def test_each_prior_runs_and_differs_from_pfedme(prior, tmp_path):
 
 
 def test_client_state_carries_theta_and_memory_across_rounds():
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
 
     from flower_pfl.clients.pfedbred import PFedBreDClient
     from flower_pfl.clients.state import ClientState

@@ -9,7 +9,7 @@ from flwr.clientapp import ClientApp
 
 from flower_pfl import client_app, phases, timing
 from flower_pfl.clients import base
-from flower_pfl.reporting.results import read_rows
+from flower_pfl.reporting.run_files import read_rows
 from flower_pfl.running import inprocess
 from tests.conftest import small_config
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from flower_pfl.reporting import plots
-from flower_pfl.reporting.results import read_rows, read_summary
+from flower_pfl.reporting.run_files import read_rows, read_summary
 from flower_pfl.running import inprocess
 from tests.conftest import small_config
 

@@ -152,7 +152,7 @@ def _autograd_train(monkeypatch):
 
 
 def _fit(cls, config, arrays=None, state=None):
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
 
     from flower_pfl.learning.models import initial_arrays
 
@@ -181,7 +181,7 @@ def test_client_round_equals_the_autograd_prox_term(name, monkeypatch):
     u_i, FedProx's / Ditto's w^t; Ditto's v_i starts away from it): the upload -- and
     Ditto's personal model v_i -- bit for bit today's, and not the round without the term."""
     import numpy as np
-    from flwr.common import RecordDict
+    from flwr.app import RecordDict
 
     cls, key, extra = _client_case(name)
     coef = 15.0 if name == "fedamp" else 0.7

@@ -21,14 +21,16 @@ from flower_pfl.cli import main
 from flower_pfl.config import APP_DIR
 from flower_pfl.reporting import compare as cmp
 from flower_pfl.reporting import console
-from flower_pfl.reporting.coverage import _spans, coverage_cell, coverage_line, coverage_record
-from flower_pfl.reporting.results import (
-    ResultsWriter,
+from flower_pfl.reporting.coverage import (
+    _spans,
     client_failures,
-    mark_failed,
-    read_summary,
+    coverage_cell,
+    coverage_line,
+    coverage_record,
     run_coverage,
 )
+from flower_pfl.reporting.results import ResultsWriter, mark_failed
+from flower_pfl.reporting.run_files import read_summary
 from flower_pfl.running import inprocess
 from flower_pfl.running.procs import LaunchError
 from flower_pfl.strategies.base import RoundError

@@ -1,9 +1,12 @@
 """The registry: every catalog entry bound in code to one Strategy class and one client
-class, a wrong binding refused at import, the launcher without torch."""
+class, a wrong binding refused at import, each binding module listed in its package's index,
+the strategy modules torch-free at import, the launcher without torch or Flower."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,16 +27,48 @@ def test_every_entry_is_bound_to_one_strategy_and_one_client():
     strategies = [s for s, _ in bound.values()]
     assert len(set(strategies)) == len(strategies)  # no strategy class bound twice
     for name, (strategy, client) in bound.items():
+        assert strategy is not None and client is not None
         assert strategy.__module__.startswith("flower_pfl.strategies.")
         assert client.__module__.startswith("flower_pfl.clients.")
-        # what the sources say (read without importing) is what the imports bound
-        where = registry.locate(name)
-        assert where.strategy == (strategy.__module__, strategy.__qualname__), name
-        assert where.client == (client.__module__, client.__qualname__), name
         assert registry.strategy_class(name) is strategy
         assert registry.client_class(name) is client
     # a client may serve several strategies (one paper's variants)
     assert bound["heurfedamp"][1] is bound["fedamp"][1]
+
+
+def _import_every_module(package: str) -> set[str]:
+    """Import every module of ``package`` found on disk (each binds what it decorates)."""
+    found = pkgutil.iter_modules(importlib.import_module(package).__path__)
+    return {importlib.import_module(f"{package}.{info.name}").__name__ for info in found}
+
+
+def _unindexed(index_modules: tuple[object, ...], binding: set[str]) -> list[str]:
+    """The modules that bind (``binding``) but the index does not list, and those it lists
+    that bind nothing."""
+    listed = {getattr(m, "__name__", "") for m in index_modules}
+    return sorted((binding - listed) | (listed - binding))
+
+
+def test_every_module_that_binds_is_listed_in_its_index():
+    """A strategy or client module left out of flower_pfl/strategies/index.py or
+    flower_pfl/clients/index.py would leave its names unbound for strategy_class /
+    client_class: every module of each package is imported, and those that bind are
+    exactly the index's."""
+    from flower_pfl.clients import index as clients
+    from flower_pfl.clients import state
+    from flower_pfl.strategies import index as strategies
+
+    on_disk = _import_every_module(registry.STRATEGIES) | _import_every_module(registry.CLIENTS)
+    s_modules, c_modules = registry.binding_modules()
+    assert s_modules | c_modules <= on_disk
+    assert _unindexed(strategies.MODULES, s_modules) == []
+    assert _unindexed(clients.MODULES, c_modules) == []
+    # the check does fail: an index without fedamp's module, and one listing a module that
+    # binds nothing
+    fedamp = "flower_pfl.strategies.fedamp"
+    assert _unindexed(tuple(m for m in strategies.MODULES if m.__name__ != fedamp),
+                      s_modules) == [fedamp]
+    assert _unindexed((*clients.MODULES, state), c_modules) == ["flower_pfl.clients.state"]
 
 
 def test_a_wrong_binding_is_refused_when_its_module_is_imported():
@@ -56,47 +91,62 @@ def test_a_wrong_binding_is_refused_when_its_module_is_imported():
         registry.strategy_class("fedavgg")
 
 
+def test_an_unbound_name_says_where_to_bind_and_list_it(monkeypatch):
+    """A catalog entry whose module is not in the index: the lookup names the decorator and
+    the index file."""
+    registry.bindings()
+    monkeypatch.delitem(registry._STRATEGY, "fedamp")
+    with pytest.raises(LookupError, match=r"@strategy_for.*flower_pfl/strategies/index\.py"):
+        registry.strategy_class("fedamp")
+    monkeypatch.undo()
+    fedavg = registry.strategy_class("fedavg")
+    monkeypatch.delitem(registry._CLIENT, fedavg)
+    with pytest.raises(LookupError, match=r"@client_for.*flower_pfl/clients/index\.py"):
+        registry.client_class("fedavg")
+
+
+def _run(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen: dict = json.loads(out.stdout.strip().splitlines()[-1])
+    return seen
+
+
 LAUNCHER = """
 import json, sys
 from flower_pfl import cli
-codes = [cli.main(["strategies"]), cli.main(["strategies", "fedamp"]),
+codes = [cli.main(["strategies"]),
          cli.main(["validate", "--config", "simulation.yaml", "--set", "strategy=pfedhn"])]
-from flower_pfl import registry
-where = registry.locate("plgu-ghn")
-print(json.dumps({"codes": codes, "torch": "torch" in sys.modules,
+print(json.dumps({"codes": codes, "torch": "torch" in sys.modules, "flwr": "flwr" in sys.modules,
                   "strategies": sorted(m for m in sys.modules
-                                       if m.startswith("flower_pfl.strategies.")),
-                  "where": [list(where.strategy), list(where.client)]}))
+                                       if m.startswith("flower_pfl.strategies."))}))
 """
 
 
-def test_the_launcher_lists_validates_and_locates_without_torch():
-    """`flower-pfl strategies [NAME]` and config validation read the catalog and the sources,
-    importing no strategy or client module (several import torch)."""
-    out = subprocess.run([sys.executable, "-c", LAUNCHER], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen["codes"] == [0, 0, 0]
-    assert seen["torch"] is False and seen["strategies"] == []
-    assert seen["where"] == [["flower_pfl.strategies.plgu", "PLGUGHN"],
-                             ["flower_pfl.clients.plgu", "PLGUGHNClient"]]
-    assert "strategy flower_pfl.strategies.fedamp.FedAMP, client " \
-           "flower_pfl.clients.fedamp.FedAMPClient" in out.stdout
+def test_the_launcher_lists_and_validates_without_torch_or_flower():
+    """`flower-pfl strategies` and config validation read the catalog only: no strategy or
+    client module, neither torch nor Flower."""
+    seen = _run(LAUNCHER)
+    assert seen == {"codes": [0, 0], "torch": False, "flwr": False, "strategies": []}
 
 
-def test_a_strategy_lookup_imports_only_its_own_module():
-    """The ServerApp of a numpy strategy must not import torch: the lookup imports the one
-    module that binds the name, not every strategy (pFedHN's imports torch)."""
-    code = ("import sys, json; from flower_pfl import registry; "
-            "registry.strategy_class('fedamp'); "
-            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('flower_pfl.strat'))))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    loaded = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "flower_pfl.strategies.fedamp" in loaded
-    assert not {"flower_pfl.strategies.pfedhn", "flower_pfl.strategies.heurfedamp"} & set(loaded)
+def test_importing_every_strategy_module_imports_no_torch():
+    """The ServerApp of a numpy strategy must not load torch: strategy_class imports the
+    strategy index (every strategy module), each of which imports torch only inside the
+    method that uses it.  Every module of the package, index or not, is imported here."""
+    code = ("import importlib, json, pkgutil, sys\n"
+            "from flower_pfl import registry, strategies\n"
+            "registry.strategy_class('fedamp')\n"
+            "indexed = sorted(m for m in sys.modules if m.startswith('flower_pfl.strategies.'))\n"
+            "for info in pkgutil.iter_modules(strategies.__path__):\n"
+            "    importlib.import_module('flower_pfl.strategies.' + info.name)\n"
+            "print(json.dumps({'torch': sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'torchvision')), 'indexed': indexed}))")
+    seen = _run(code)
+    assert seen["torch"] == [], "a strategy module imports torch at its top"
+    assert {"flower_pfl.strategies.pfedhn", "flower_pfl.strategies.plgu",
+            "flower_pfl.strategies.index"} <= set(seen["indexed"])
 
 
 def test_every_mutation_entry_applies_covers_and_sits_in_its_papers_file():
@@ -152,6 +202,8 @@ def test_the_readme_recipe_names_what_the_checks_require():
                    "flower_pfl/catalog/<paper>.py", "ENTRIES",
                    f"{registry.STRATEGIES.rpartition('.')[2]}/<name>.py",
                    f"{registry.CLIENTS.rpartition('.')[2]}/<name>.py",
+                   registry.STRATEGY_INDEX.replace(".", "/") + ".py",
+                   registry.CLIENT_INDEX.replace(".", "/") + ".py",
                    f"{folder}/<paper>.yaml",
                    "simulation.yaml", "tests/test_registry.py", "tests/test_message_path.py",
                    "benchmarks/mutations.py --only", "aggregate_updates"):

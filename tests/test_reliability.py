@@ -72,7 +72,7 @@ def test_norm_bound_is_on_the_update_and_nan_metric_rejected():
 # ------------------------------------------------------- transactional client state
 @pytest.mark.parametrize("disk", [False, True])
 def test_client_state_keeps_a_fit_only_when_the_server_accepts_it(tmp_path, disk):
-    from flwr.common import RecordDict
+    from flwr.app import RecordDict
 
     state = ClientState(RecordDict(), tmp_path / "p0" if disk else None)
     state.set_arrays("personal", [np.zeros(3, np.float32)])
@@ -690,7 +690,7 @@ def test_real_repeated_starts_of_a_model_matrix_run_do_not_hang(tmp_path):
 
 # ------------------------------------------------------------------ federation changes
 def _with_pids(pids: list[int]):
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
     from flwr.server.client_manager import SimpleClientManager
 
     manager = SimpleClientManager()

@@ -1,4 +1,4 @@
-"""The metric kind is decided once (flower_pfl.reporting.results: metric_of, lower_is_better,
+"""The metric kind is decided once (flower_pfl.reporting.metric_kind: metric_of, lower_is_better,
 run_metric) and every reader follows it: the writer's BMTA, the console's closing "best",
 the table's numbers (an error is not scaled to percent) and its lower-is-better flag.
 
@@ -16,16 +16,16 @@ import shutil
 import pytest
 
 from flower_pfl.learning.metrics import STAT_KEYS
-from flower_pfl.reporting import console, results, tables
+from flower_pfl.reporting import console, metric_kind, results, run_files, tables
 from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
 
 def test_the_rule_itself():
-    assert results.metric_of({"data.dataset": "synthetic-gaussian"}) == "mse"
-    assert results.metric_of({"data.dataset": "fmnist"}) == "accuracy"
-    assert results.metric_of({}) == "accuracy"
-    assert results.lower_is_better("mse") and not results.lower_is_better("accuracy")
+    assert metric_kind.metric_of({"data.dataset": "synthetic-gaussian"}) == "mse"
+    assert metric_kind.metric_of({"data.dataset": "fmnist"}) == "accuracy"
+    assert metric_kind.metric_of({}) == "accuracy"
+    assert metric_kind.lower_is_better("mse") and not metric_kind.lower_is_better("accuracy")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_an_mse_run_is_read_back_as_lower_is_better_everywhere(mse_run, tmp_path
         run = tmp_path / "copy"
         shutil.copytree(mse_run, run)
         (run / "config.json").unlink()
-    assert results.run_metric(run) == "mse"
+    assert metric_kind.run_metric(run) == "mse"
     summary = json.loads((run / "summary.json").read_text())
     means = [r["personal_mean"] for r in summary["rounds"]]
     assert min(means) < max(means)  # the test tells min from max
@@ -62,7 +62,7 @@ def test_an_mse_run_is_read_back_as_lower_is_better_everywhere(mse_run, tmp_path
     assert nums is not None
     assert nums["bmta"] == pytest.approx(best)  # not scaled to percent
     assert nums["final_mean"] == pytest.approx(means[-1])
-    rows = results.read_rows(run, "clients")
+    rows = run_files.read_rows(run, "clients")
     assert "mse" in rows[0] and "accuracy" not in rows[0]  # the clients' column, same rule
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from flower_pfl.matrix import load_matrix
-from flower_pfl.reporting.results import SERIES, client_failures, read_rows
+from flower_pfl.reporting.coverage import client_failures
+from flower_pfl.reporting.run_files import SERIES, read_rows
 from flower_pfl.reporting.tables import cell_numbers, collect, round_series, write_table
 from flower_pfl.running.bench import cell_state, slim_cell, under_docs
 

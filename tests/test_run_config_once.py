@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 
 import pytest
-from flwr.common import Context, RecordDict
+from flwr.app import Context, RecordDict
 
 from flower_pfl.clients.base import PFLClient
 from flower_pfl.running import inprocess

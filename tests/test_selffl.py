@@ -162,7 +162,7 @@ def test_server_uses_variance_weights_not_a_plain_mean(tmp_path):
 
 
 def test_client_starts_from_eq10_not_from_the_global_model(tmp_path):
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
 
     from flower_pfl.clients.selffl import SelfFLClient
 
@@ -215,7 +215,7 @@ def test_orders_of_magnitude_drop_by_hand():
 
 
 def _selffl_client(cfg, pid=0):
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
 
     from flower_pfl.clients.selffl import SelfFLClient
 

@@ -147,7 +147,7 @@ def _accuracies(results: Path) -> dict:
 def _shard_federation(out: Path, num: int):
     """As ``inprocess.make_federation`` (same node ids and order), each node's
     ``data-root`` its own shard folder."""
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
     from flwr.server.client_manager import SimpleClientManager
 
     manager = SimpleClientManager()

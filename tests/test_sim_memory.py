@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SERVER_CHILD = """
 import json, sys
-from flwr.common import Context, RecordDict
+from flwr.app import Context, RecordDict
 from flower_pfl import server_app
 ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={
     "config-file": "simulation.yaml", "results-dir": sys.argv[2],

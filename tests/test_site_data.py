@@ -50,7 +50,7 @@ def site_cfg(tmp_path, shape=(1, 16, 16), **more):
 def federation(paths):
     """``inprocess.make_federation``'s nodes, each with ``data-root`` its own site's path
     (the node config ``flower-pfl supernode --data PATH`` gives)."""
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
     from flwr.server.client_manager import SimpleClientManager
 
     manager = SimpleClientManager()

@@ -99,13 +99,14 @@ def layer_scores(personal: Sequence[Sequence[np.ndarray]],
     return d / total
 
 
-def lwsam_scaling(scores: Sequence[float]) -> np.ndarray:
+def lwsam_scaling(scores: Sequence[float] | np.ndarray) -> np.ndarray:
     """Lambda_l = L * xi_l (mean 1): uniform scores give Lambda = I, i.e. SAM."""
     xi = np.asarray(scores, dtype=np.float64)
     return xi * len(xi)
 
 
-def split_layers(scores: Sequence[float], num_personal: int) -> tuple[list[int], list[int]]:
+def split_layers(scores: Sequence[float] | np.ndarray, num_personal: int
+                 ) -> tuple[list[int], list[int]]:
     """Algorithm 2, line 7: (L^Per = the D layers with the largest xi, L^Uni = the rest),
     each sorted; ties go to the earlier layer."""
     xi = np.asarray(scores, dtype=np.float64)

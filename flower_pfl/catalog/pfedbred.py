@@ -9,6 +9,8 @@ The choices the paper leaves open, and the runs: docs/algorithms/pfedbred.md.
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from flower_pfl.catalog import refusals
 from flower_pfl.hyper import NUM, POS, Entry, Hyper
 
@@ -94,7 +96,7 @@ _ENVELOPE = Hyper("mu", (str,), lambda v: v in ("mu", "w"), "one of ['mu', 'w']"
 META = {"eta": _ETA, "eta-alpha": _ETA_ALPHA, "envelope": _ENVELOPE}
 
 
-def _stability(values, hyper) -> list[str]:
+def _stability(values: Mapping[str, Any], hyper: Mapping[str, Any]) -> list[str]:
     """Explicit SGD on lambda/2||theta - mu||^2 (step alpha) and line 9 (step alpha_m) multiply
     the gap by (1 - step*lambda): at step*lambda >= 1 they overshoot (>= 2: diverge)."""
     problems = []

@@ -17,12 +17,13 @@ Choices: v_i starts at the first global model received; eta = train.lr; eta_alph
 from __future__ import annotations
 
 import torch
+from flwr.common import NDArrays
 from torch.nn import functional as F
 
 from flower_pfl.algorithms.baselines_math import apfl_step, mixture
-from flower_pfl.clients.base import PFLClient
+from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.instructions import APFLInstruction
-from flower_pfl.learning.models import get_arrays
+from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.learning.training import batches
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.apfl import APFL
@@ -30,11 +31,12 @@ from flower_pfl.strategies.apfl import APFL
 
 @client_for(APFL)
 class APFLClient(PFLClient):
-    def load_alpha(self, config) -> float:
+    def load_alpha(self, config: MessageConfig) -> float:
         values = self.state.get_values("apfl")
         return float(values["alpha"]) if values else APFLInstruction.from_config(config).alpha_init
 
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         w = self.new_model(parameters).train()
         v = self.load_personal("apfl-v")
         v = (v if v is not None else self.new_model(parameters)).train()
@@ -55,7 +57,8 @@ class APFLClient(PFLClient):
         return get_arrays(w), {"train_loss": loss_w / steps, "mixture_loss": loss_mix / steps,
                                "alpha": alpha, "local_steps": float(steps)}
 
-    def personal_model(self, parameters, config):
+    def personal_model(self, parameters: NDArrays, config: MessageConfig
+                       ) -> NamedLayers:
         w = self.new_model(parameters)
         v = self.load_personal("apfl-v")
         if v is None:

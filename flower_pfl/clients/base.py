@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
 import torch
 from flwr.app import Context
-from flwr.client import NumPyClient
-from flwr.common import NDArrays, Scalar
+from flwr.client import NumPyClient  # legacy API: no flwr.clientapp path in Flower 1.42
+from flwr.common import NDArrays, Scalar  # (NumPyClient's own types, flwr.common only)
+from torch import nn
 from torch.nn import functional as F
 
 from flower_pfl import raynode
+from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.state import ClientState
 from flower_pfl.config import RunConfig
 from flower_pfl.instructions import EvaluateInstruction, ReceivedModel, RoundInstruction
@@ -43,9 +45,20 @@ from flower_pfl.learning.splits import unseen_classes
 from flower_pfl.learning.training import TrainSpec, dp_train, evaluate, gaussian_nll, train
 from flower_pfl.privacy.client_side import is_private, private_upload
 from flower_pfl.reliability.uploads import EXTRA_ARRAYS, parse_parts, split_parts
-from flower_pfl.reporting.results import metric_of
+from flower_pfl.reporting.metric_kind import metric_of
 
 _CFG_CACHE: dict[str, RunConfig] = {}
+
+#: a message's config as the client reads it (``FitIns.config`` / ``EvaluateIns.config``)
+MessageConfig = Mapping[str, Scalar]
+#: a fit's metrics as a client hook returns them (``fit_round``; ``local_train``'s
+#: ``dict[str, float]`` is one)
+Metrics = Mapping[str, Scalar]
+#: the data loss of a local step: (model output, targets) -> scalar tensor
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: an extra term of the local objective (``training.train``): a ``Prox`` (applied as its
+#: gradient), a callable ``f(model) -> tensor`` added to the loss, or None
+Regularizer = Union[Callable[[nn.Module], torch.Tensor], Prox, None]
 
 
 def parse_run_config(text: str) -> RunConfig:
@@ -56,7 +69,22 @@ def parse_run_config(text: str) -> RunConfig:
 
 
 class PFLClient(NumPyClient):
-    """Base NumPyClient: identity, configuration, data, device, state, evaluation."""
+    """Base NumPyClient: identity, configuration, data, device, state, evaluation.
+
+    ``cfg``, ``data`` and ``spec`` are the message's: :meth:`setup` sets them, first thing
+    in every ``fit`` and ``evaluate`` (read before it: AttributeError)."""
+
+    ctx: Context
+    pid: int  # partition-id (node config)
+    data_root: str | None  # the node's data-root, else $FLOWER_PFL_DATA, else data.root
+    state: ClientState
+    cfg: RunConfig  # the run's validated configuration (setup)
+    data: ClientData  # this client's local train/test split (setup)
+    device: torch.device
+    spec: TrainSpec  # local training's settings at this round's learning rate (setup)
+    round: int  # the server round of the message being answered (setup; 0 before)
+    eval_steps: int  # local SGD steps personal_model took in this evaluation
+    in_fit: bool  # sample-level DP: local training in a fit runs DP-SGD
 
     def __init__(self, context: Context) -> None:
         self.ctx = context
@@ -64,31 +92,30 @@ class PFLClient(NumPyClient):
             raise RuntimeError("this node has no 'partition-id' in its node config; start the "
                                "SuperNode with --node-config 'partition-id=<i> num-partitions=<n>'")
         self.pid = int(context.node_config["partition-id"])
-        self.data_root = context.node_config.get("data-root") or os.environ.get("FLOWER_PFL_DATA")
+        root = context.node_config.get("data-root")
+        self.data_root = str(root) if root else os.environ.get("FLOWER_PFL_DATA")
         self.state = ClientState(context.state)  # its disk folder is set in setup()
-        self.cfg: RunConfig | None = None
-        self.data: ClientData | None = None
         self.device = torch.device("cpu")
-        self.spec: TrainSpec | None = None
-        self.round = 0  # the server round of the message being answered (setup)
-        self.eval_steps = 0  # local SGD steps personal_model took in this evaluation
-        self.in_fit = False  # sample-level DP: local training in a fit runs DP-SGD
+        self.round = 0
+        self.eval_steps = 0
+        self.in_fit = False
 
     # ------------------------------------------------------------------ subclass hooks
-    def fit_round(self, parameters: NDArrays, config: Mapping[str, Scalar]
-                  ) -> tuple[NDArrays, dict[str, Scalar]]:
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         """One round of local training; returns (arrays to upload, metrics)."""
         raise NotImplementedError
 
-    def personal_model(self, parameters: NDArrays, config: Mapping[str, Scalar]) -> NamedLayers:
+    def personal_model(self, parameters: NDArrays, config: MessageConfig) -> NamedLayers:
         """The model evaluated as this client's personalized model."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ Flower methods
-    def get_properties(self, config: Mapping[str, Scalar]) -> dict[str, Scalar]:
+    def get_properties(self, config: MessageConfig) -> dict[str, Scalar]:
         return {"partition-id": self.pid}
 
-    def fit(self, parameters: NDArrays, config: Mapping[str, Scalar]):
+    def fit(self, parameters: NDArrays, config: MessageConfig
+            ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         self.setup(config)
         self.state.begin(self.round)  # kept only if the server accepts this round's upload
         try:
@@ -116,10 +143,12 @@ class PFLClient(NumPyClient):
         self.state.end()
         # and, in a simulation on Ray, the node it ran on (flower_pfl.raynode)
         metrics = {"lr": self.spec.lr, **metrics}  # this round's train.lr-schedule rate
-        metrics = {"partition-id": self.pid, **metrics, **device, **raynode.node_metrics()}
-        return arrays, self.data.num_train, metrics
+        reply: dict[str, Scalar] = {
+            "partition-id": self.pid, **metrics, **device, **raynode.node_metrics()}
+        return arrays, self.data.num_train, reply
 
-    def evaluate(self, parameters: NDArrays, config: Mapping[str, Scalar]):
+    def evaluate(self, parameters: NDArrays, config: MessageConfig
+                 ) -> tuple[float, int, dict[str, Scalar]]:
         self.setup(config)
         self.eval_steps = 0  # local_train counts what personal_model trains (FT, Per-FedAvg)
         model = self.personal_model(parameters, config)
@@ -141,7 +170,7 @@ class PFLClient(NumPyClient):
         return loss, self.data.num_test, metrics
 
     # ------------------------------------------------------------------------ helpers
-    def setup(self, config: Mapping[str, Scalar]) -> None:
+    def setup(self, config: MessageConfig) -> None:
         sent = RoundInstruction.from_config(config)
         self.cfg = parse_run_config(self.run_config_text(config))
         self.state.disk = self.state_dir(config)
@@ -150,7 +179,8 @@ class PFLClient(NumPyClient):
         self.device = resolve_device(self.cfg["device"])
         self.data = load_client_data(self.cfg.values, self.pid, self.data_root, self.device)
         self.round = sent.round
-        self.spec = TrainSpec.from_config(self.cfg, self.round)  # the round's lr (schedule)
+        # the round's lr (schedule); from_config reads cfg.values, its annotation says Mapping
+        self.spec = TrainSpec.from_config(self.cfg, self.round)  # type: ignore[arg-type]  # RunConfig
 
     def evaluated_model(self, parameters: NDArrays, model: NamedLayers) -> str:
         """What a client without an accepted fit evaluated, as a phrase (``evaluate``'s
@@ -168,7 +198,7 @@ class PFLClient(NumPyClient):
         return (f"{what} after {self.eval_steps} local SGD step(s) on its own training data "
                 f"at evaluation (personalized there, though no fit of its was accepted)")
 
-    def run_config_text(self, config: Mapping[str, Scalar]) -> str:
+    def run_config_text(self, config: MessageConfig) -> str:
         """The run's validated configuration (JSON): from the run config, where flower-pfl's
         launchers put it once per run, else from the message (a server started by
         ``flwr run`` with a YAML path sends it with every message)."""
@@ -180,7 +210,7 @@ class PFLClient(NumPyClient):
                                "config-file and overrides")
         return str(text)
 
-    def state_dir(self, config: Mapping[str, Scalar]) -> Path | None:
+    def state_dir(self, config: MessageConfig) -> Path | None:
         """Where this client's state is mirrored on disk: the node's ``state-dir``
         (deployment), else the run's ``client-state-dir`` (simulation with checkpoints),
         else nowhere.  Keyed by the server's run-uid, which a resumed run keeps."""
@@ -194,14 +224,15 @@ class PFLClient(NumPyClient):
         return None
 
     @staticmethod
-    def split_download(parameters: NDArrays, config: Mapping[str, Scalar]
+    def split_download(parameters: NDArrays, config: MessageConfig
                        ) -> tuple[list[np.ndarray], dict[str, list[np.ndarray]]]:
         """(model, {name: extra part}) of what the server sent (``fit_extra``: SCAFFOLD's c);
         an upload's extra part is laid out as ``reliability.uploads.UploadTemplate`` says."""
         return split_parts(parameters, parse_parts(str(config.get(EXTRA_ARRAYS, ""))))
 
     def new_model(self, arrays: Sequence[np.ndarray] | None = None) -> NamedLayers:
-        model = model_for(self.cfg)
+        # model_for reads cfg[...] and, for a user model's folder, RunConfig.source
+        model = model_for(self.cfg)  # type: ignore[arg-type]  # RunConfig, not a Mapping
         if arrays is not None and len(arrays):
             set_arrays(model, arrays)
         return model.to(self.device)
@@ -212,7 +243,8 @@ class PFLClient(NumPyClient):
         g.manual_seed(hash((self.cfg["seed"], self.pid, self.round, salt)) & 0x7FFFFFFF)
         return g
 
-    def local_train(self, model: NamedLayers, regularizer=None, num_steps: int | None = None,
+    def local_train(self, model: NamedLayers, regularizer: Regularizer = None,
+                    num_steps: int | None = None,
                     salt: int = 0, lr: float | None = None) -> dict[str, float]:
         if self.in_fit and self.cfg.values.get("privacy.mode") == "sample-level":
             return self.private_train(model, regularizer, num_steps, salt, lr)
@@ -222,7 +254,8 @@ class PFLClient(NumPyClient):
         self.eval_steps += int(out.get("local_steps", 0))  # read only by evaluate
         return out
 
-    def private_train(self, model: NamedLayers, regularizer, num_steps: int | None,
+    def private_train(self, model: NamedLayers, regularizer: Regularizer,
+                      num_steps: int | None,
                       salt: int, lr: float | None) -> dict[str, float]:
         """Sample-level DP (docs/privacy.md): DP-SGD with opacus (``dp_train``); every step
         joins this client's accountant history (its state, privacy/sample_level.py) and the
@@ -243,7 +276,7 @@ class PFLClient(NumPyClient):
         delta = values.get("privacy.delta") or 1.0 / self.data.num_train
         return {**out, "dp_epsilon": sl.epsilon(history, delta), "dp_delta": float(delta)}
 
-    def loss_fn(self):
+    def loss_fn(self) -> LossFn:
         """The data loss of every local step: cross-entropy for images, the Gaussian NLL
         (known noise variance) for the synthetic task."""
         return F.cross_entropy if self.data.task == "classification" else \
@@ -255,7 +288,7 @@ class PFLClient(NumPyClient):
         if self.data.task == "classification":
             return evaluate(model, self.data.x_test, self.data.y_test, self.device)
         with torch.no_grad():
-            theta = float(model.theta.detach().cpu()[0])
+            theta = float(model.get_parameter("theta").detach().cpu()[0])  # ScalarModel
             nll = float(((theta - self.data.y_test) ** 2).mean() / (2 * self.data.noise_sq))
         return nll, (theta - self.data.theta_true) ** 2
 
@@ -277,17 +310,19 @@ class PersonalStateClient(PFLClient):
     the server sent (its cloud/intermediate model), or its initial model.
     """
 
-    def regularizer(self, model: NamedLayers, config: Mapping[str, Scalar]):
+    def regularizer(self, model: NamedLayers, config: MessageConfig) -> Regularizer:
         """Extra loss term ``f(model) -> tensor`` built once per round, or None."""
         return None
 
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         model = self.new_model(parameters)
         metrics = self.local_train(model, regularizer=self.regularizer(model, config))
         self.save_personal(model)
         return get_arrays(model), metrics
 
-    def personal_model(self, parameters, config):
+    def personal_model(self, parameters: NDArrays, config: MessageConfig
+                       ) -> NamedLayers:
         if ReceivedModel.from_config(config).evaluate_received and parameters:
             return self.new_model(parameters)  # the server chose the model (e.g. FedAMP's u_i)
         model = self.load_personal()

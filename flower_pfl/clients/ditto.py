@@ -12,9 +12,13 @@ evaluates the global model beside it (Ditto-G).
 
 from __future__ import annotations
 
+from flwr.common import NDArrays
+
 from flower_pfl.algorithms.prox import Prox
+from flower_pfl.clients.base import MessageConfig, Metrics
 from flower_pfl.clients.fedavg import FedAvgClient
 from flower_pfl.instructions import DittoFit
+from flower_pfl.learning.models import NamedLayers
 from flower_pfl.learning.training import params_of
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.ditto import Ditto
@@ -22,7 +26,8 @@ from flower_pfl.strategies.ditto import Ditto
 
 @client_for(Ditto)
 class DittoClient(FedAvgClient):
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         center = params_of(self.new_model(parameters))  # w^t
         sent = DittoFit.from_config(config)
         lam = sent.lam
@@ -32,14 +37,14 @@ class DittoClient(FedAvgClient):
                                     num_steps=steps, salt=1)
         self.save_personal(v, "ditto-v")
         arrays, metrics = super().fit_round(parameters, config)  # w: FedAvg's local update
-        metrics.update({"personal_train_loss": personal["train_loss"],
-                        "personal_prox_loss": personal["reg_loss"]})
-        return arrays, metrics
+        return arrays, {**metrics, "personal_train_loss": personal["train_loss"],
+                        "personal_prox_loss": personal["reg_loss"]}
 
-    def personal_model(self, parameters, config):
+    def personal_model(self, parameters: NDArrays, config: MessageConfig
+                       ) -> NamedLayers:
         return self._personal(parameters)
 
-    def _personal(self, parameters):
+    def _personal(self, parameters: NDArrays) -> NamedLayers:
         """v_i from context.state; before the first fit, the global model received."""
         v = self.load_personal("ditto-v")
         return v if v is not None else self.new_model(parameters)

@@ -12,8 +12,9 @@ in context.state as the client's personalized model and uploaded.
 from __future__ import annotations
 
 from flower_pfl.algorithms.prox import Prox
-from flower_pfl.clients.base import PersonalStateClient
+from flower_pfl.clients.base import MessageConfig, PersonalStateClient
 from flower_pfl.instructions import FedAMPFit
+from flower_pfl.learning.models import NamedLayers
 from flower_pfl.learning.training import params_of
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.fedamp import FedAMP
@@ -22,7 +23,7 @@ from flower_pfl.strategies.heurfedamp import HeurFedAMP
 
 @client_for(FedAMP, HeurFedAMP)
 class FedAMPClient(PersonalStateClient):
-    def regularizer(self, model, config):
+    def regularizer(self, model: NamedLayers, config: MessageConfig) -> Prox:
         center = params_of(model)  # u_i (training starts there), detached: it does not move
         coef = FedAMPFit.from_config(config).prox_coef  # lambda / alpha_k, from the server
         return Prox(center, coef)

@@ -9,32 +9,37 @@ model again).
 
 from __future__ import annotations
 
-from flower_pfl.clients.base import PFLClient
+from flwr.common import NDArrays
+
+from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient, Regularizer
 from flower_pfl.instructions import FineTuneEval
-from flower_pfl.learning.models import get_arrays
+from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
 
 
 @client_for(FedAvg)
 class FedAvgClient(PFLClient):
-    def regularizer(self, model, config):
+    def regularizer(self, model: NamedLayers, config: MessageConfig) -> Regularizer:
         """Extra term of the local objective: a ``prox.Prox`` (FedProx) or a callable
         ``f(model) -> tensor`` added to the loss; None: the data loss alone."""
         return None
 
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         model = self.new_model(parameters)
         metrics = self.local_train(model, regularizer=self.regularizer(model, config))
         return get_arrays(model), metrics
 
-    def personal_model(self, parameters, config):
+    def personal_model(self, parameters: NDArrays, config: MessageConfig
+                       ) -> NamedLayers:
         return self.new_model(parameters)
 
 
 @client_for(FedAvgFT)
 class FedAvgFTClient(FedAvgClient):
-    def personal_model(self, parameters, config):
+    def personal_model(self, parameters: NDArrays, config: MessageConfig
+                       ) -> NamedLayers:
         model = self.new_model(parameters)
         self.local_train(model, num_steps=FineTuneEval.from_config(config).finetune_steps, salt=1)
         return model

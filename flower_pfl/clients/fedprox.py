@@ -16,8 +16,10 @@ on the client's training data -- exactly FedAvg-FT's evaluation path (inherited)
 from __future__ import annotations
 
 from flower_pfl.algorithms.prox import Prox
+from flower_pfl.clients.base import MessageConfig
 from flower_pfl.clients.fedavg import FedAvgClient, FedAvgFTClient
 from flower_pfl.instructions import FedProxFit
+from flower_pfl.learning.models import NamedLayers
 from flower_pfl.learning.training import params_of
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.fedprox import FedProx, FedProxFT
@@ -25,7 +27,7 @@ from flower_pfl.strategies.fedprox import FedProx, FedProxFT
 
 @client_for(FedProx)
 class FedProxClient(FedAvgClient):
-    def regularizer(self, model, config):
+    def regularizer(self, model: NamedLayers, config: MessageConfig) -> Prox:
         center = params_of(model)  # w^t: training starts there; detached, it does not move
         mu = FedProxFit.from_config(config).mu
         return Prox(center, mu)

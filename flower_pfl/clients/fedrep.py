@@ -20,24 +20,28 @@ body is empty: FedRep then IS local training of the head (the strategy warns).
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Sequence
 
-from flower_pfl.clients.base import PFLClient
+import numpy as np
+import torch
+from flwr.common import NDArrays
+
+from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
 from flower_pfl.instructions import FedRepFit
-from flower_pfl.learning.models import get_arrays, head_count, head_split
+from flower_pfl.learning.models import NamedLayers, get_arrays, head_count, head_split
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.fedrep import FedRep
 
 
 @client_for(FedRep)
 class FedRepClient(LWSAMClientMixin, PFLClient):
-    def split(self, model):
+    def split(self, model: NamedLayers) -> tuple[list[int], list[int]]:
         """(indices of head arrays, indices of body arrays) in get_arrays order
         (:func:`~flower_pfl.learning.models.head_split`)."""
         return head_split(model)
 
-    def assemble(self, body_arrays):
+    def assemble(self, body_arrays: Sequence[np.ndarray]) -> NamedLayers:
         """The model (h_i, phi): the stored head (or the initial one) and the given body."""
         model = self.new_model()
         arrays = get_arrays(model)
@@ -50,11 +54,14 @@ class FedRepClient(LWSAMClientMixin, PFLClient):
             arrays[i] = a
         return self.new_model(arrays)
 
-    def body_scales(self, received_body, body_layers) -> list[float]:
+    def body_scales(self, received_body: NDArrays,
+                    body_layers: Sequence[Sequence[torch.Tensor]]) -> list[float]:
         """Lambda per body layer: FedRep perturbs nothing (rho = 0), so any value works."""
         return [1.0] * len(body_layers)
 
-    def train_body(self, model, body_layers, scales, rho, num_steps, config):
+    def train_body(self, model: NamedLayers, body_layers: Sequence[Sequence[torch.Tensor]],
+                   scales: Sequence[float], rho: float, num_steps: int, config: MessageConfig
+                   ) -> tuple[dict[str, float], list[np.ndarray]]:
         """Step 3: the body with the head frozen (LWSAM when rho > 0, plain SGD at rho = 0);
         returns (metrics, the body arrays to upload)."""
         perturbed = [p for layer in body_layers for p in layer]
@@ -64,7 +71,8 @@ class FedRepClient(LWSAMClientMixin, PFLClient):
         arrays = get_arrays(model)
         return metrics, [arrays[i] for i in self.split(model)[1]]
 
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         model = self.assemble(parameters)
         layers, heads = layer_tensors(model), head_count(model)
         head_t = [p for layer in layers[-heads:] for p in layer]
@@ -87,5 +95,6 @@ class FedRepClient(LWSAMClientMixin, PFLClient):
         return [np.asarray(a) for a in body_arrays], {k: float(v) for k, v in metrics.items()
                                                       if np.isfinite(v)}
 
-    def personal_model(self, parameters, config):
+    def personal_model(self, parameters: NDArrays, config: MessageConfig
+                       ) -> NamedLayers:
         return self.assemble(parameters)

@@ -2,7 +2,7 @@
 Minimization", ICML 2022; PLGU's [33]) and the LWSAM helpers the PLGU clients share.
 
 FedSAM: start from the global model w^t, run the configured local steps with SAM
-(:func:`flower_pfl.learning.training.lwsam_step` with Lambda = I: eps = rho g/||g||, then the
+(:func:`flower_pfl.algorithms.lwsam.lwsam_step` with Lambda = I: eps = rho g/||g||, then the
 gradient at w + eps), upload Delta = w^K - w^t. The personalized model IS the global model.
 With BatchNorm the running statistics move once per step (the perturbed pass restores
 them, :func:`flower_pfl.algorithms.plgu_math.perturbed_gradient`) and travel in Delta.
@@ -14,9 +14,10 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from flwr.common import NDArrays
 
 from flower_pfl.algorithms.plgu_math import two_model_train
-from flower_pfl.clients.base import PFLClient
+from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.instructions import SAMFit
 from flower_pfl.learning.models import NamedLayers, get_arrays, layer_groups
 from flower_pfl.learning.training import batches, make_optimizer, train_lwsam
@@ -26,7 +27,7 @@ from flower_pfl.strategies.fedsam import FedSAM
 
 def layer_tensors(model: NamedLayers) -> list[list[torch.Tensor]]:
     """The trainable tensors of each layer group (order of ``layer_names()``)."""
-    out = []
+    out: list[list[torch.Tensor]] = []
     for name in model.layer_names():
         try:
             out.append(list(model.get_submodule(name).parameters(recurse=False)))
@@ -51,20 +52,21 @@ def parameter_groups(model: NamedLayers) -> list[tuple[str, list[int]]]:
     return [(name, [i for i in idx if keys[i] in params]) for name, idx in layer_groups(model)]
 
 
-class LWSAMClientMixin:
+class LWSAMClientMixin(PFLClient):
     """Runs :func:`flower_pfl.learning.training.train_lwsam` (one model) or
     :func:`flower_pfl.algorithms.plgu_math.two_model_train` (Algorithm 1's two models) on the
-    client's
-    data, with the same mini-batch schedule as :func:`flower_pfl.learning.training.train`."""
+    client's data, with the same mini-batch schedule as
+    :func:`flower_pfl.learning.training.train` (a PFLClient: it trains on ``self.data`` with
+    ``self.spec``; listed before PFLClient in its users' bases)."""
 
-    def lwsam_train(self: PFLClient, model: NamedLayers, perturbed: Sequence[torch.Tensor],
+    def lwsam_train(self, model: NamedLayers, perturbed: Sequence[torch.Tensor],
                     scales: Sequence[float], rho: float, plain: Sequence[torch.Tensor] = (),
                     num_steps: int | None = None, salt: int = 0) -> dict[str, float]:
         return train_lwsam(model, self.data.x_train, self.data.y_train, self.spec,
                            self.generator(salt), self.device, perturbed, scales, rho, plain,
                            num_steps=num_steps, loss_fn=self.loss_fn())
 
-    def two_model_train(self: PFLClient, theta_model: NamedLayers,
+    def two_model_train(self, theta_model: NamedLayers,
                         theta: Sequence[torch.Tensor], w: Sequence[torch.Tensor],
                         scales: Sequence[float], rho: float, num_steps: int | None = None,
                         salt: int = 0, w_model: NamedLayers | None = None
@@ -90,12 +92,14 @@ def deltas(trained: Sequence[np.ndarray], start: Sequence[np.ndarray]) -> list[n
 
 @client_for(FedSAM)
 class FedSAMClient(LWSAMClientMixin, PFLClient):
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         model = self.new_model(parameters)
         tensors = [p for layer in layer_tensors(model) for p in layer]
         rho = SAMFit.from_config(config).rho
         metrics = self.lwsam_train(model, tensors, [1.0] * len(tensors), rho)
         return deltas(get_arrays(model), parameters), metrics
 
-    def personal_model(self, parameters, config):
+    def personal_model(self, parameters: NDArrays, config: MessageConfig
+                       ) -> NamedLayers:
         return self.new_model(parameters)

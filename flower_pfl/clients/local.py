@@ -5,14 +5,17 @@ The model lives in ``context.state`` between rounds; nothing is uploaded.
 
 from __future__ import annotations
 
-from flower_pfl.clients.base import PersonalStateClient
+from flwr.common import NDArrays
+
+from flower_pfl.clients.base import MessageConfig, Metrics, PersonalStateClient
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.local import Local
 
 
 @client_for(Local)
 class LocalClient(PersonalStateClient):
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         model = self.load_personal() or self.new_model()
         metrics = self.local_train(model)
         self.save_personal(model)

@@ -17,12 +17,14 @@ split; the global model itself is Per-FedAvg-G.
 
 from __future__ import annotations
 
+from flwr.common import NDArrays
 from torch.nn import functional as F
 
 from flower_pfl.algorithms.baselines_math import batches_per_step, perfedavg_step
+from flower_pfl.clients.base import MessageConfig, Metrics
 from flower_pfl.clients.fedavg import FedAvgClient
 from flower_pfl.instructions import PerFedAvgEval, PerFedAvgFit
-from flower_pfl.learning.models import get_arrays
+from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.learning.training import batches
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.perfedavg import PerFedAvg
@@ -35,7 +37,8 @@ class PerFedAvgClient(FedAvgClient):
             return self.spec.steps
         return self.spec.epochs * self.spec.steps_per_pass(self.data.num_train, per_step)
 
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         model = self.new_model(parameters).train()
         sent = PerFedAvgFit.from_config(config)
         variant = sent.variant
@@ -52,7 +55,8 @@ class PerFedAvgClient(FedAvgClient):
                                     variant, F.cross_entropy, sent.delta)
         return get_arrays(model), {"train_loss": total / tau, "local_steps": float(tau)}
 
-    def personal_model(self, parameters, config):
+    def personal_model(self, parameters: NDArrays, config: MessageConfig
+                       ) -> NamedLayers:
         model = self.new_model(parameters)
         sent = PerFedAvgEval.from_config(config)
         self.local_train(model, num_steps=sent.personal_steps, salt=1, lr=sent.alpha)

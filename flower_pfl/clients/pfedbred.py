@@ -18,9 +18,10 @@ hyper-parameters come from the strategy in the fit config.
 from __future__ import annotations
 
 import torch
+from flwr.common import NDArrays
 
 from flower_pfl.algorithms import pfedbred_math as pm
-from flower_pfl.clients.base import PersonalStateClient
+from flower_pfl.clients.base import MessageConfig, Metrics, PersonalStateClient
 from flower_pfl.instructions import PFedBreDFit, PFedBreDReply
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.training import batches
@@ -39,7 +40,8 @@ MEMORY_KEY = "pfedbred-w"
 
 @client_for(PFedBreD, PFedBreDLG, PFedBreDMEG, PFedBreDMH, PFedBreDMHLookahead, PFedMe)
 class PFedBreDClient(PersonalStateClient):
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         sent = PFedBreDFit.from_config(config)
         prior = sent.prior
         w = self.new_model(parameters)                                   # w_{i,0} = w^(t-1)

@@ -10,21 +10,24 @@ The client also keeps theta~_i in ``context.state``: PLGU-GHN's scores need it.
 
 from __future__ import annotations
 
-from flower_pfl.clients.base import PFLClient
+from flwr.common import NDArrays
+
+from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
 from flower_pfl.instructions import SAMFit
-from flower_pfl.learning.models import get_arrays
+from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.pfedhn import PFedHN
 
 
 @client_for(PFedHN)
 class PFedHNClient(LWSAMClientMixin, PFLClient):
-    def scales(self, generated, model) -> list[float]:
+    def scales(self, generated: NDArrays, model: NamedLayers) -> list[float]:
         """Lambda per layer: pFedHN runs plain SGD (rho = 0), so any value works."""
         return [1.0] * len(model.layer_names())
 
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         model = self.new_model(parameters)
         layers = layer_tensors(model)
         lam = self.scales(parameters, model)
@@ -35,5 +38,6 @@ class PFedHNClient(LWSAMClientMixin, PFLClient):
         self.state.set_arrays("trained", trained)
         return trained, metrics
 
-    def personal_model(self, parameters, config):
+    def personal_model(self, parameters: NDArrays, config: MessageConfig
+                       ) -> NamedLayers:
         return self.new_model(parameters)

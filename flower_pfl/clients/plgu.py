@@ -37,10 +37,14 @@ PLGU-GHN (our reading; the paper defers it to a supplement we do not have): pFed
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
+import torch
+from flwr.common import NDArrays
 
 from flower_pfl.algorithms import plgu_math as pm
-from flower_pfl.clients.base import PFLClient
+from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.clients.fedrep import FedRepClient
 from flower_pfl.clients.fedsam import (
     LWSAMClientMixin,
@@ -51,14 +55,15 @@ from flower_pfl.clients.fedsam import (
 )
 from flower_pfl.clients.pfedhn import PFedHNClient
 from flower_pfl.instructions import FedRepFit, PLGUFit, PLGUReply
-from flower_pfl.learning.models import get_arrays, head_count
+from flower_pfl.learning.models import NamedLayers, get_arrays, head_count
 from flower_pfl.registry import client_for
 from flower_pfl.strategies.plgu import PLGUGHN, PLGULF, PLGUGRep
 
 
 @client_for(PLGULF)
 class PLGULFClient(LWSAMClientMixin, PFLClient):
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         template = self.new_model(parameters)
         groups = self.groups(template)
         personal = self.state.get_arrays("personal")
@@ -101,14 +106,17 @@ class PLGULFClient(LWSAMClientMixin, PFLClient):
             personal_layers=",".join(groups[l][0] for l in per),
             xi_max=float(xi.max()), xi_min=float(xi.min())).to_config()}
 
-    def personal_model(self, parameters, config):
+    def personal_model(self, parameters: NDArrays, config: MessageConfig
+                       ) -> NamedLayers:
         model = self.load_personal()
         return model if model is not None else self.new_model(parameters)
 
 
 @client_for(PLGUGRep)
 class PLGUGRepClient(FedRepClient):
-    def train_body(self, model, body_layers, scales, rho, num_steps, config):
+    def train_body(self, model: NamedLayers, body_layers: Sequence[Sequence[torch.Tensor]],
+                   scales: Sequence[float], rho: float, num_steps: int, config: MessageConfig
+                   ) -> tuple[dict[str, float], list[np.ndarray]]:
         """``reading: two-model``: Algorithm 1 on the body -- phi~ (in ``model``) by plain
         SGD, a copy w~ of the received body by the LWSAM gradient at phi~ + eps; w~ (the
         generalized representation) is uploaded.  ``one-model``: FedRep's LWSAM body."""
@@ -124,7 +132,8 @@ class PLGUGRepClient(FedRepClient):
         arrays = get_arrays(w_model)
         return metrics, [arrays[i] for i in self.split(w_model)[1]]
 
-    def body_scales(self, received_body, body_layers):
+    def body_scales(self, received_body: NDArrays,
+                    body_layers: Sequence[Sequence[torch.Tensor]]) -> list[float]:
         """Eq. 10 over the body layers, Lambda = L_phi * xi (uniform on first participation)."""
         if not body_layers:
             return []
@@ -133,22 +142,25 @@ class PLGUGRepClient(FedRepClient):
         groups = self.groups(model)[:-heads]
         scored = parameter_groups(model)[:-heads]  # eq. 10 over parameters (not BN statistics)
         # body arrays are the get_arrays entries of the body groups, in order
-        offsets, pos = [], 0
+        offsets: list[list[int]] = []
+        pos = 0
         for (_, idx), (_, params) in zip(groups, scored):
             offsets.append([pos + j for j, i in enumerate(idx) if i in params])
             pos += len(idx)
         mine = self.state.get_arrays("body")
         if mine is None:
             mine = received_body
-        split = lambda arrays: [[arrays[i] for i in idx]  # noqa: E731 - closure over offsets
-                                for idx in offsets]
+
+        def split(arrays: Sequence[np.ndarray]) -> list[list[np.ndarray]]:  # by offsets
+            return [[arrays[i] for i in idx] for idx in offsets]
+
         return [float(v) for v in pm.lwsam_scaling(pm.layer_scores(split(mine),
                                                                     split(received_body)))]
 
 
 @client_for(PLGUGHN)
 class PLGUGHNClient(PFedHNClient):
-    def scales(self, generated, model):
+    def scales(self, generated: NDArrays, model: NamedLayers) -> list[float]:
         """Eq. 6 between the last trained model and the generated one; Lambda = L * xi."""
         groups = parameter_groups(model)  # eq. 6 over parameters (not BN statistics)
         trained = self.state.get_arrays("trained")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from flwr.common import NDArrays
 
 from flower_pfl.algorithms.baselines_math import (
     CONTROL,
@@ -31,8 +32,8 @@ from flower_pfl.algorithms.baselines_math import (
     scaffold_client_control,
     scaffold_control_delta,
 )
-from flower_pfl.clients.base import PFLClient
-from flower_pfl.learning.models import get_arrays
+from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
+from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.registry import client_for
 from flower_pfl.reliability.uploads import UploadTemplate
 from flower_pfl.strategies.scaffold import Scaffold
@@ -40,7 +41,8 @@ from flower_pfl.strategies.scaffold import Scaffold
 
 @client_for(Scaffold)
 class ScaffoldClient(PFLClient):
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         parameters, extra = self.split_download(parameters, config)
         model = self.new_model(parameters)
         x = [np.asarray(a, dtype=np.float32) for a in parameters]
@@ -61,5 +63,6 @@ class ScaffoldClient(PFLClient):
         dc = scaffold_control_delta(c, x, y, steps, self.spec.lr)
         return UploadTemplate(y, {CONTROL_DELTA: dc}).arrays, metrics
 
-    def personal_model(self, parameters, config):
+    def personal_model(self, parameters: NDArrays, config: MessageConfig
+                       ) -> NamedLayers:
         return self.new_model(parameters)

@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TypedDict
 
 import numpy as np
 import torch
+from flwr.common import NDArrays
+from torch import nn
 
 from flower_pfl.algorithms import selffl_math as sm
-from flower_pfl.clients.base import PersonalStateClient
+from flower_pfl.clients.base import MessageConfig, Metrics, PersonalStateClient
 from flower_pfl.instructions import SelfFLFit, SelfFLReply
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.params import ParamSpec
@@ -54,7 +57,19 @@ def first_participation_fits(first_fits: int, samples: int) -> int:
     return max(1, first_fits - samples) if first_fits > 1 else 1
 
 
-def _known(value) -> float:
+class Bootstrap(TypedDict, total=False):
+    """The bootstrap fit's part of a reply (:class:`~flower_pfl.instructions.SelfFLReply`'s
+    fields of the same names)."""
+
+    bootstrap_steps: float
+    bootstrap_converged: bool
+    bootstrap_s: float
+    curvature: float  # NaN: unknown (sent as -1)
+    bootstrap_fits: int
+    optimum_sq_norm: float
+
+
+def _known(value: float) -> float:
     value = float(value)
     return value if value >= 0 else math.nan
 
@@ -70,11 +85,12 @@ class SelfFLClient(PersonalStateClient):
                           arrays[1].astype(np.float64))
 
     def save_moments(self, moments: sm.Welford) -> None:
+        assert moments.mean is not None and moments.m2 is not None  # count > 0: add() set them
         self.state.set_values("selffl", {"count": moments.count})
         self.state.set_arrays("selffl-moments", [moments.mean, moments.m2])
 
-    def bootstrap_optimum(self, init, spec: ParamSpec, config, fit: int = 0
-                          ) -> tuple[np.ndarray, dict]:
+    def bootstrap_optimum(self, init: np.ndarray, spec: ParamSpec, config: MessageConfig,
+                          fit: int = 0) -> tuple[np.ndarray, Bootstrap]:
         """theta_{m,t}: train a copy from ``init`` on a bootstrap resample of the local train
         set until the ConvergenceRule fires (or the step cap); returns it flattened.
         ``fit`` > 0: a further independent resample of the same round (first participation)."""
@@ -91,9 +107,11 @@ class SelfFLClient(PersonalStateClient):
         rule = sm.ConvergenceRule(sent.bootstrap_tol,
                                   window=min(-(-n // self.spec.batch_size), max(1, cap // 3)))
 
-        def stop(m) -> bool:
-            norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in m.parameters()
-                                  if p.grad is not None))
+        def stop(m: nn.Module) -> bool:
+            # (arg-type: after a backward pass some parameter has a gradient, so the sum is
+            # a Tensor, never sum()'s start 0)
+            norm = torch.sqrt(sum((p.grad.detach() ** 2).sum()  # type: ignore[arg-type]
+                                  for p in m.parameters() if p.grad is not None))
             return rule.update(float(norm))
 
         loss_fn = self.loss_fn()
@@ -103,12 +121,14 @@ class SelfFLClient(PersonalStateClient):
                     num_steps=cap, lr=lr,
                     loss_fn=loss_fn, stop=stop)
         rho = rule.contraction()
-        info = {"bootstrap_steps": out["local_steps"], "bootstrap_converged": rule.converged,
-                "bootstrap_s": time.perf_counter() - started,
-                "curvature": sm.measured_curvature(rho, lr)}
+        info: Bootstrap = {
+            "bootstrap_steps": out["local_steps"], "bootstrap_converged": rule.converged,
+            "bootstrap_s": time.perf_counter() - started,
+            "curvature": sm.measured_curvature(rho, lr)}
         return spec.flatten(get_arrays(model)).astype(np.float64), info
 
-    def fit_round(self, parameters, config):
+    def fit_round(self, parameters: NDArrays, config: MessageConfig
+                  ) -> tuple[NDArrays, Metrics]:
         spec = ParamSpec.of(parameters)
         theta_global = spec.flatten(parameters).astype(np.float64)
         personal = self.state.get_arrays("personal")
@@ -117,7 +137,8 @@ class SelfFLClient(PersonalStateClient):
         default_steps = self.spec.num_steps(self.data.num_train)
         sent = SelfFLFit.from_config(config)
         oracle = _known(sent.oracle_sigma_sq)
-        extra, upload = {}, {}
+        extra: Bootstrap = {}
+        upload: dict[str, list[np.ndarray]] = {}
         sample = sent.sample_variance  # False in the early warm-up rounds
         boot = sent.variance_estimator == "bootstrap" and sample
         fits = first_participation_fits(sent.first_fits, moments.count) \
@@ -144,6 +165,7 @@ class SelfFLClient(PersonalStateClient):
             # the fit runs first: its contraction sets this round's eq. 8 ('measured')
             optimum, extra = self.bootstrap_optimum(init, spec, config)
         curvature = extra.get("curvature") if sent.contraction == "measured" else None
+        eta_m: float | None
         if sent.warmup:
             steps, eta_m, why = default_steps, None, sm.RULE_WARMUP
         else:

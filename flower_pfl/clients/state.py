@@ -20,12 +20,19 @@ import json
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence, TypedDict
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, ConfigRecordValues, RecordDict
 
 from flower_pfl.atomic import atomic_write
+
+
+class _Txn(TypedDict):
+    """An open fit's stage: its server round and the keys it wrote (in order)."""
+
+    round: int
+    keys: list[str]
 
 
 class ClientState:
@@ -46,10 +53,10 @@ class ClientState:
     PENDING = "pending-"
     TXN = "txn"
 
-    def __init__(self, record_dict, disk_dir: str | Path | None = None) -> None:
+    def __init__(self, record_dict: RecordDict, disk_dir: str | Path | None = None) -> None:
         self.records = record_dict
         self.disk = Path(disk_dir) if disk_dir else None
-        self._txn: dict[str, Any] | None = None
+        self._txn: _Txn | None = None
 
     # -- storage (memory first, then disk)
     def _restore(self, key: str) -> bool:
@@ -65,7 +72,8 @@ class ClientState:
             return True
         return False
 
-    def _write(self, key: str, suffix: str, write, mode: str) -> None:
+    def _write(self, key: str, suffix: str, write: Callable[[IO[Any]], object],
+               mode: str) -> None:
         if self.disk is None:
             return
         self.disk.mkdir(parents=True, exist_ok=True)
@@ -116,7 +124,7 @@ class ClientState:
     def abort(self) -> None:
         """Throw away what the current transaction wrote."""
         txn, self._txn = self._txn, None
-        for key in (txn or {}).get("keys", []):
+        for key in txn["keys"] if txn is not None else []:
             self._drop(self.PENDING + key)
 
     def resolve(self, accepted_round: int) -> None:
@@ -138,22 +146,31 @@ class ClientState:
         key = self._key(key, writing=False)
         if not self._has(key):
             return None
-        return [a.copy() for a in self.records[key].to_numpy_ndarrays()]
+        record = self.records[key]
+        if not isinstance(record, ArrayRecord):
+            raise TypeError(f"context.state['{key}'] holds a {type(record).__name__}, not arrays")
+        return [a.copy() for a in record.to_numpy_ndarrays()]
 
     def set_arrays(self, key: str, arrays: Sequence[np.ndarray]) -> None:
         key = self._key(key, writing=True)
         arrays = [np.ascontiguousarray(a) for a in arrays]
         self.records[key] = ArrayRecord(arrays)
-        self._write(key, ".npz", lambda fh: np.savez(fh, **{f"a{i}": a for i, a in
-                                                            enumerate(arrays)}), "wb")
+        named = {f"a{i}": a for i, a in enumerate(arrays)}  # _restore reads a0, a1, ...
+        # numpy's stub: a **dict[str, ndarray] might name savez's allow_pickle: bool
+        self._write(key, ".npz", lambda fh: np.savez(fh, **named), "wb")  # type: ignore[arg-type]
 
     def get_values(self, key: str) -> dict[str, Any] | None:
+        """The values stored under ``key`` (ConfigRecord values: scalars or lists of them;
+        typed Any so that a caller's ``int(meta["fit-rounds"])`` reads as written)."""
         key = self._key(key, writing=False)
         if not self._has(key):
             return None
-        return dict(self.records[key])
+        record = self.records[key]
+        if not isinstance(record, ConfigRecord):
+            raise TypeError(f"context.state['{key}'] holds a {type(record).__name__}, not values")
+        return dict(record)
 
-    def set_values(self, key: str, values: Mapping[str, Any]) -> None:
+    def set_values(self, key: str, values: Mapping[str, ConfigRecordValues]) -> None:
         key = self._key(key, writing=True)
         self.records[key] = ConfigRecord(OrderedDict(values))
         self._write(key, ".json", lambda fh: fh.write(json.dumps(dict(values))), "w")

@@ -36,21 +36,15 @@ import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from flower_pfl.hyper import did_you_mean
 from flower_pfl.learning.metrics import STAT_KEYS
-from flower_pfl.reporting.coverage import coverage_cell, coverage_line
-from flower_pfl.reporting.results import (
-    TRAINED_KEYS,
-    last_evaluation,
-    lower_is_better,
-    read_json,
-    read_summary,
-    read_values,
-    run_coverage,
-    run_metric,
-)
+from flower_pfl.reporting.coverage import coverage_cell, coverage_line, run_coverage
+from flower_pfl.reporting.metric_kind import lower_is_better, run_metric
+from flower_pfl.reporting.results import TRAINED_KEYS
+from flower_pfl.reporting.run_files import read_json, read_summary, read_values
+from flower_pfl.reporting.run_readings import last_evaluation
 from flower_pfl.reporting.tables import COLUMNS, cell_numbers, number_cells, settings_line
 
 #: a label longer than this is replaced by the run folder's name
@@ -180,8 +174,10 @@ def label_runs(runs: Sequence[Run]) -> None:
                        + [f"hyper.{k}={_show(run.hyper.get(k))}" for k in hyper_diff])
         label = " ".join([run.strategy] + run.differs)
         run.label = label if len(label) <= MAX_LABEL else run.dir.name
-    for suffix in (lambda i, r: f" ({r.dir.name})",  # then: one folder name, two places
-                   lambda i, r: f" [{i + 1}]"):
+    suffixes: tuple[Callable[[int, Run], str], ...] = (
+        lambda i, r: f" ({r.dir.name})",  # then: one folder name, two places
+        lambda i, r: f" [{i + 1}]")
+    for suffix in suffixes:
         labels = [r.label for r in runs]
         for i, run in enumerate(runs):
             if labels.count(run.label) > 1:

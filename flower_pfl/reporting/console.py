@@ -29,7 +29,8 @@ from typing import IO, Any, Iterator
 from flower_pfl.reporting.console_output import Output, RoundTracker, follow_round
 from flower_pfl.reporting.coverage import coverage_line
 from flower_pfl.reporting.log_lines import classify, fmt_metric, fmt_s, format_round
-from flower_pfl.reporting.results import lower_is_better, read_summary, run_metric
+from flower_pfl.reporting.metric_kind import lower_is_better, run_metric
+from flower_pfl.reporting.run_files import read_summary
 from flower_pfl.warnings_once import first_time
 
 
@@ -77,7 +78,7 @@ class RunConsole:
     """The console of one ``flower-pfl run``: feed it every output line (:meth:`feed`)."""
 
     def __init__(self, rounds: int, clients: int | None = None, actors: int | None = None,
-                 verbose: bool = False, quiet: bool = False, stream: IO | None = None,
+                 verbose: bool = False, quiet: bool = False, stream: IO[str] | None = None,
                  bar: bool | None = None) -> None:
         self.out = Output(stream, bar=False if (verbose or quiet) else bar)
         self.verbose, self.quiet = verbose, quiet
@@ -94,7 +95,7 @@ class RunConsole:
         """Seconds since the run started (what the round lines print; the summary's)."""
         return time.time() - self.track.started
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.out.stop()
 
     def print(self, text: str, style: str | None = None) -> None:
@@ -172,7 +173,7 @@ class BenchConsole:
     terminal a bar for the cells (k/N) and one for the round inside the current cell;
     ``verbose`` echoes every cell's Flower log as it is."""
 
-    def __init__(self, cells: int, verbose: bool = False, stream: IO | None = None,
+    def __init__(self, cells: int, verbose: bool = False, stream: IO[str] | None = None,
                  bar: bool | None = None) -> None:
         self.out = Output(stream, bar=False if verbose else bar)
         self.verbose = verbose
@@ -184,7 +185,7 @@ class BenchConsole:
         self.out.start([("cells", "cells", self.cells), ("round", "", 1)])
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.out.stop()
 
     def log(self, text: str, **_: Any) -> None:

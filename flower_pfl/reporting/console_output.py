@@ -18,12 +18,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import IO, Any, Sequence
+from typing import IO, TYPE_CHECKING, Any, Sequence
 
 from flower_pfl.reporting.log_lines import ROUND_START, RoundInfo, fmt_s, parse_round, strip_ansi
 
+if TYPE_CHECKING:  # rich is imported when a bar starts (Output.start)
+    from rich.progress import Progress, TaskID
 
-def use_color(stream: IO) -> bool:
+
+def use_color(stream: IO[str]) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
 
 
@@ -31,12 +34,12 @@ class Output:
     """Lines to a stream, with a rich progress bar above which they print when the stream
     is a terminal (``bar``), plain text otherwise."""
 
-    def __init__(self, stream: IO | None = None, bar: bool | None = None) -> None:
+    def __init__(self, stream: IO[str] | None = None, bar: bool | None = None) -> None:
         self.stream = stream or sys.stdout
         self.color = use_color(self.stream)
         self.bar = self.color if bar is None else bar
-        self.progress = None
-        self.tasks: dict[str, Any] = {}
+        self.progress: Progress | None = None
+        self.tasks: dict[str, TaskID] = {}
 
     def start(self, tasks: Sequence[tuple[str, str, int]]) -> None:
         """Start the bar with (key, description, total) tasks (a no-op without a bar)."""
@@ -79,9 +82,10 @@ class Output:
         if self.progress is not None:
             from rich.text import Text
 
+            # no style: rich's own default, ""
             self.progress.console.print(Text.from_ansi(text) if ansi and self.color else
-                                        Text(strip_ansi(text), style=style if self.color
-                                             else None))
+                                        Text(strip_ansi(text), style=(style or "")
+                                             if self.color else ""))
             return
         self.stream.write((text if ansi and self.color else strip_ansi(text)) + "\n")
         self.stream.flush()
@@ -143,7 +147,9 @@ def follow_round(out: Output, track: RoundTracker, kind: str,
     strategy's round line moves both and sets the ETA.  Returns (n of a ``[ROUND n]``, the
     numbers of a round line, the ETA after it); all None for any other line."""
     if kind == "round-start":
-        n = int(ROUND_START.search(text).group(1))
+        match = ROUND_START.search(text)
+        assert match is not None, "classify() calls a line round-start where ROUND_START is"
+        n = int(match.group(1))
         if track.started_round(n):
             out.update("round", completed=n - 1)
         return n, None, None

@@ -13,7 +13,7 @@ the same way everywhere (docs/reliability.md "Coverage"):
   (:func:`client_failures`) all read that record.
 
 The writer (:class:`~flower_pfl.reporting.results.ResultsWriter`) and the reader of a run on
-disk (:func:`run_coverage`; both re-exported by :mod:`~flower_pfl.reporting.results`) call
+disk (:func:`run_coverage`, which readers import from here) call
 :func:`coverage_record`: one definition, for simulation and deployment alike (both go
 through the strategy).
 """

@@ -148,7 +148,9 @@ def fmt_metric(value: float | None, metric: str) -> str:
 
 def format_round(r: RoundInfo, total: int, timing: str = "", devices: bool = False) -> str:
     """One console line for an evaluated round."""
-    f = lambda v: fmt_metric(v, r.metric)  # noqa: E731
+    def f(v: float | None) -> str:
+        return fmt_metric(v, r.metric)
+
     what = "" if r.metric == "accuracy" else f" {r.metric}"  # accuracy: the % says it
     line = (f"round {r.round:>{len(str(total))}}/{total}  personalized{what} {f(r.mean)}  "
             f"worst-10% {f(r.worst10)}  top-10% {f(r.top10)}  best {f(r.best)}")

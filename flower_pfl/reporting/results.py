@@ -1,4 +1,5 @@
-"""A run's results folder, ``<output-dir>/<run-name>/`` (:func:`default_results_dir`).
+"""Writing a run's results folder, ``<output-dir>/<run-name>/``
+(:func:`flower_pfl.reporting.run_dirs.new_results_dir`).
 
 * ``config.json``   -- the validated configuration of the run
 * ``rounds.csv``    -- a row per evaluation round: statistics of the personalized (and the
@@ -21,13 +22,11 @@
                        run's curves, TensorBoard events (:mod:`flower_pfl.reporting.tracking`)
 
 Everything is appended/rewritten as it happens (a crash loses nothing already measured).
-Reading a run back: :func:`read_summary`, :func:`read_values`, :func:`read_rows`,
-:func:`run_metric`, :func:`run_coverage`, :func:`client_failures`, beside the writer so
-both know one layout.
-
-The per-client metric is decided here only: :func:`metric_of` names it (``accuracy``, or
-the synthetic task's ``mse``), :func:`lower_is_better` its direction, :func:`run_metric`
-reads a finished run's.  BMTA = the best per-round mean so far (min for an error).
+The folder's name: :mod:`flower_pfl.reporting.run_dirs`.  Reading a run back:
+:mod:`flower_pfl.reporting.run_files` (the files), :mod:`~flower_pfl.reporting.run_readings`
+(last round, loss, never-trained clients), :mod:`~flower_pfl.reporting.coverage`; the metric
+and its direction: :mod:`flower_pfl.reporting.metric_kind`.  BMTA = the best per-round mean
+so far (min for an error).
 Open choice: a CSV gains a column only by being rewritten with the union of the columns.
 """
 
@@ -38,7 +37,7 @@ import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -46,54 +45,17 @@ from flower_pfl import raynode
 from flower_pfl.atomic import atomic_write_text
 from flower_pfl.learning import devices
 from flower_pfl.learning.metrics import STAT_KEYS, best_mean
-from flower_pfl.learning.sources import display_name  # imagefolder:/a/b -> imagefolder-b
 from flower_pfl.reporting import tracking
-from flower_pfl.reporting.coverage import client_failures as client_failures  # re-exported
 from flower_pfl.reporting.coverage import coverage_record
-from flower_pfl.reporting.coverage import run_coverage as run_coverage  # (bench, tables)
 from flower_pfl.reporting.heatmaps import matrix_title, true_groups, write_heatmap_png
-from flower_pfl.reporting.run_files import SERIES as SERIES  # re-exported: the readers' home
-from flower_pfl.reporting.run_files import read_json as read_json
-from flower_pfl.reporting.run_files import read_rows as read_rows
-from flower_pfl.reporting.run_files import read_summary as read_summary
-from flower_pfl.reporting.run_files import read_values as read_values
-
-if TYPE_CHECKING:
-    from flower_pfl.config import RunConfig
+from flower_pfl.reporting.metric_kind import lower_is_better, metric_of
+from flower_pfl.reporting.run_files import read_json
+from flower_pfl.reporting.run_readings import loss_by_round, untrained
 
 #: statistics of the trained clients only in rounds.csv (``personal_trained_<key>``)
 TRAINED_KEYS = ("mean", "weighted_mean", "worst10_mean")
 #: characters of a failed run's error message kept in summary.json
 MAX_ERROR = 4000
-
-
-def default_results_dir(cfg: RunConfig) -> Path:
-    """``<output-dir>/<run-name>`` (a run without a name: strategy, dataset, partition (none
-    for per-site data) and the start time); a relative output dir resolves against the cwd."""
-    part = "" if cfg["data.dataset"] == "site" else f"{cfg['data.partition']}-"
-    name = cfg["run-name"] or (f"{cfg.strategy}-{display_name(cfg['data.dataset'])}-"
-                               f"{part}{time.strftime('%Y%m%d-%H%M%S')}")
-    return (Path(cfg["output-dir"]).expanduser().resolve() / name)
-
-
-def new_results_dir(cfg: RunConfig) -> Path:
-    """The folder of a new run: :func:`default_results_dir`, never one that holds a run.
-    Without a ``run-name`` the name carries the start second, and a second run in that
-    second gets ``-2``, ``-3``, ...; a ``run-name`` whose folder holds a run already
-    (summary.json) raises FileExistsError naming the key: its CSV files would be appended
-    to, two runs' rows mixed.  (``--resume`` continues a run in its own folder instead.)"""
-    path = default_results_dir(cfg)
-    if cfg["run-name"]:
-        if (path / "summary.json").exists():
-            raise FileExistsError(f"'run-name' = {cfg['run-name']}: {path} holds a run "
-                                  f"already (summary.json); choose another run-name, remove "
-                                  f"it, or continue it with --resume")
-        return path
-    base, k = path, 1
-    while path.exists():
-        k += 1
-        path = base.with_name(f"{base.name}-{k}")
-    return path
 
 
 class ResultsWriter:
@@ -386,66 +348,3 @@ def append_csv(path: Path, rows: Mapping[str, Any] | Sequence[Mapping[str, Any]]
         if not header:
             w.writeheader()
         w.writerows(rows)
-
-
-def untrained(clients: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Partition-ids whose evaluation row says they never trained (``fit-rounds`` 0)."""
-    return sorted(int(c["partition-id"]) for c in clients
-                  if "fit-rounds" in c and str(c["fit-rounds"]) != ""
-                  and int(float(c["fit-rounds"])) == 0)
-
-
-def last_evaluation(run_dir: Path) -> tuple[int | None, list[dict[str, str]]]:
-    """(round, clients.csv rows) of a run's last evaluated round; (None, []) without one."""
-    rows = read_rows(run_dir, "clients")
-    if not rows:
-        return None, []
-    last = max(int(r["round"]) for r in rows)
-    return last, [r for r in rows if int(r["round"]) == last]
-
-
-def loss_by_round(run_dir: Path) -> dict[str, dict[int, float]]:
-    """Per round: the mean ``train_loss`` of the accepted uploads (fit.csv) and the clients'
-    personalized test loss weighted by their test samples (clients.csv)."""
-    out: dict[str, dict[int, float]] = {"train": {}, "personalized test": {}}
-    fits: dict[int, list[float]] = {}
-    for r in read_rows(run_dir, "fit"):
-        try:
-            fits.setdefault(int(r["round"]), []).append(float(r["train_loss"]))
-        except (KeyError, ValueError):
-            continue
-    out["train"] = {k: float(np.mean(v)) for k, v in fits.items()}
-    tests: dict[int, tuple[list[float], list[float]]] = {}
-    for r in read_rows(run_dir, "clients"):
-        try:
-            loss, w = float(r["loss"]), float(r.get("num-test") or 1)
-        except (KeyError, ValueError):
-            continue
-        ls, ws = tests.setdefault(int(r["round"]), ([], []))
-        ls.append(loss)
-        ws.append(w)
-    out["personalized test"] = {k: float(np.average(ls, weights=ws))
-                                for k, (ls, ws) in tests.items() if sum(ws) > 0}
-    return {k: v for k, v in out.items() if v}
-
-
-# ------------------------------------------------------------------------- reading
-def metric_of(values: Mapping[str, Any]) -> str:
-    """What a run's per-client numbers are: ``accuracy``, or ``mse`` (lower is better) for
-    the synthetic Gaussian task."""
-    return "mse" if values.get("data.dataset") == "synthetic-gaussian" else "accuracy"
-
-
-def lower_is_better(metric: str) -> bool:
-    """Whether a smaller value of ``metric`` is better: an error (``mse``), not an accuracy."""
-    return metric == "mse"
-
-
-def run_metric(run_dir: Path) -> str:
-    """The metric of a run on disk: :func:`metric_of` its ``config.json``; a run without one
-    (a cell copied by hand): the metric column its ``clients.csv`` wrote (the clients name
-    the column by :func:`metric_of`), else ``accuracy``."""
-    if (Path(run_dir) / "config.json").is_file():
-        return metric_of(read_values(run_dir))
-    rows = read_rows(run_dir, "clients")
-    return "mse" if rows and "mse" in rows[0] else "accuracy"

@@ -25,7 +25,7 @@ From the finished cells of a :class:`~flower_pfl.matrix.Matrix` (read back throu
   last evaluated round marked).
 
 Choices left open: a cell counts only where its run completed with every client (see
-:func:`flower_pfl.reporting.results.client_failures`); s/round is measured after the first
+:func:`flower_pfl.reporting.coverage.client_failures`); s/round is measured after the first
 evaluation (the start is not a round's cost).
 """
 
@@ -40,7 +40,9 @@ import numpy as np
 
 from flower_pfl import config as config_mod
 from flower_pfl.matrix import COMPARE, Cell, Matrix
+from flower_pfl.reporting.coverage import client_failures
 from flower_pfl.reporting.heatmaps import MATRIX_BINARY, MATRIX_LABELS, matrix_title, true_groups
+from flower_pfl.reporting.metric_kind import lower_is_better, run_metric
 from flower_pfl.reporting.pairs import (
     GLOBAL_MARK,
     PAIR_FIELDS,
@@ -50,17 +52,8 @@ from flower_pfl.reporting.pairs import (
     pair_records,
     pairs_md,
 )
-from flower_pfl.reporting.results import (
-    client_failures,
-    last_evaluation,
-    lower_is_better,
-    read_json,
-    read_rows,
-    read_summary,
-    read_values,
-    run_metric,
-    untrained,
-)
+from flower_pfl.reporting.run_files import read_json, read_rows, read_summary, read_values
+from flower_pfl.reporting.run_readings import last_evaluation, untrained
 from flower_pfl.reporting.stats import mean_std
 
 # The table's columns: (record key, header)

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # torch is imported when the first record is written
+    from torch.utils.tensorboard import SummaryWriter
 
 MISSING = ("tracking: tensorboard needs the TensorBoard package, which is not installed in "
            "this environment: pip install 'flower-pfl[tensorboard]' (or pip install "
@@ -48,7 +51,7 @@ def enabled(values: Mapping[str, Any]) -> bool:
 def available() -> bool:
     """Whether TensorBoard's writer can be imported."""
     try:
-        import tensorboard  # noqa: F401
+        import tensorboard  # type: ignore[import-untyped]  # noqa: F401 - no types; only present?
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
     except ImportError:
         return False
@@ -102,9 +105,9 @@ class TensorBoardTracker:
         require({"tracking": "tensorboard"})
         self.folder = Path(folder)
         self.metric = metric
-        self.writer = None
+        self.writer: SummaryWriter | None = None
 
-    def _open(self, step: int):
+    def _open(self, step: int) -> SummaryWriter:
         if self.writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -122,7 +125,7 @@ class TensorBoardTracker:
         """An evaluated round: ``row`` as written to rounds.csv, ``clients`` its
         clients.csv rows."""
         step = int(row["round"])
-        self._open(step)
+        writer = self._open(step)
         for model, prefix in (("personal", "personalized"), ("global", "global")):
             for stat in STATS:
                 key = f"{model}_{stat}"
@@ -135,12 +138,12 @@ class TensorBoardTracker:
                             (f"global_{m}", f"clients/global_{m}")):
             values = [float(c[column]) for c in clients if _finite(c.get(column)) is not None]
             if values:
-                self.writer.add_histogram(tag, np.asarray(values), step)
+                writer.add_histogram(tag, np.asarray(values), step)
         weights = [float(c.get("num-test", 1)) for c in clients if "loss" in c]
         losses = [float(c["loss"]) for c in clients if "loss" in c]
         if losses and sum(weights) > 0:
             self.scalar("loss/personalized_test", np.average(losses, weights=weights), step)
-        self.writer.flush()
+        writer.flush()
 
     def fit(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """A round's accepted uploads (fit.csv rows): the mean train loss."""
@@ -166,7 +169,7 @@ def open_tracker(values: Mapping[str, Any], results_dir: Path,
                  metric: str) -> TensorBoardTracker | None:
     """The run's tracker (None: tracking off); raises :class:`TrackingError` where it is on
     and TensorBoard is missing.  ``metric``: the writer's
-    (:func:`flower_pfl.reporting.results.metric_of`; handed over, not imported: the writer
+    (:func:`flower_pfl.reporting.metric_kind.metric_of`; handed over, not imported: the writer
     imports this module)."""
     if not enabled(values):
         return None

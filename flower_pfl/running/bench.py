@@ -7,7 +7,7 @@ reproduces the cell alone. A cell whose ``summary.json`` says ``completed`` for 
 ``cell.yaml`` is skipped on a rerun, so an interrupted bench resumes where it stopped; a
 changed cell configuration -- or a changed registry default it resolves to (its
 ``config.json``) -- reruns.  A run that completed while clients failed
-(:func:`flower_pfl.reporting.results.client_failures`) is no number and reruns.
+(:func:`flower_pfl.reporting.coverage.client_failures`) is no number and reruns.
 
 All cells of one bench share ONE SuperLink (``--superlink per-cell`` starts one per run, as
 ``flower-pfl run`` does); ``--ray shared`` also starts ONE Ray instance
@@ -35,7 +35,7 @@ import time
 import zipfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
 
 import yaml
 
@@ -43,18 +43,23 @@ from flower_pfl import config as config_mod
 from flower_pfl.config import APP_DIR
 from flower_pfl.hyper import read_yaml
 from flower_pfl.matrix import Cell, Matrix
+from flower_pfl.reporting.coverage import client_failures
 from flower_pfl.reporting.log_lines import fmt_s
-from flower_pfl.reporting.results import (
-    SERIES,
-    client_failures,
-    mark_failed,
-    read_json,
-    read_summary,
-)
+from flower_pfl.reporting.results import mark_failed
+from flower_pfl.reporting.run_files import SERIES, read_json, read_summary
 from flower_pfl.reporting.tables import collect, write_plots, write_table
 from flower_pfl.running.launch import federation_config, run_simulation, simulation_superlink
-from flower_pfl.running.procs import LaunchError, ProcessSet, RunOutcome, flwr_run
+from flower_pfl.running.procs import LaunchError, OnLine, ProcessSet, RunOutcome, flwr_run
 from flower_pfl.running.rayhead import shared_ray
+
+if TYPE_CHECKING:  # the command line hands it in; not imported at run time
+    from flower_pfl.reporting.console import BenchConsole
+
+
+class BenchLog(Protocol):
+    """Where :func:`run_bench` writes its ``[bench]`` lines: ``print`` or a console's ``log``."""
+
+    def __call__(self, text: str, /, *, flush: bool) -> object: ...
 
 
 # ------------------------------------------------------------------------------- cells
@@ -129,15 +134,16 @@ def cell_state(cell: Cell) -> str:
 
 
 def to_run(cells: Sequence[Cell], states: Mapping[str, str],
-           only: Mapping[str, Sequence | None]) -> list[Cell]:
+           only: Mapping[str, Sequence[object] | None]) -> list[Cell]:
     """The cells still to run ('todo') among those selected by ``only`` (strategy / setting /
     seed lists; None or empty = all), in the order the strategies were asked for (e.g. the
     method of interest first)."""
     todo = [c for c in cells if states[c.key] == "todo" and
-            all(not only.get(k) or v in only[k] for k, v in
+            all(not (chosen := only.get(k)) or v in chosen for k, v in
                 (("strategy", c.strategy), ("setting", c.setting), ("seed", c.seed)))]
-    if only.get("strategy"):
-        todo.sort(key=lambda c: list(only["strategy"]).index(c.strategy))
+    order = only.get("strategy")
+    if order:
+        todo.sort(key=lambda c: list(order).index(c.strategy))
     return todo
 
 
@@ -176,12 +182,13 @@ def check_cells(cells: Sequence[Cell], out: Path | None = None) -> None:
     preflight.raise_problems(lines)
 
 
-def run_on(superlink: tuple[dict, ProcessSet], cfg: config_mod.RunConfig, path: Path,
-           cell: Cell, echo: bool, timeout_s: float | None, on_line=None) -> RunOutcome:
+def run_on(superlink: tuple[dict[str, str], ProcessSet], cfg: config_mod.RunConfig, path: Path,
+           cell: Cell, echo: bool, timeout_s: float | None,
+           on_line: OnLine | None = None) -> RunOutcome:
     """One cell's ``flwr run`` on an already running simulation SuperLink."""
     env, procs = superlink
-    run_config = {"cfg": cfg.to_json(), "config-file": str(path), "overrides": "",
-                  "results-dir": str(cell.dir)}
+    run_config: dict[str, str | bool] = {"cfg": cfg.to_json(), "config-file": str(path),
+                                         "overrides": "", "results-dir": str(cell.dir)}
     return flwr_run(run_config, cell.dir, env, procs, cell.dir / "flwr-run.log",
                     federation_config=federation_config(cfg), app_dir=APP_DIR, echo=echo,
                     timeout_s=timeout_s, on_line=on_line)
@@ -280,9 +287,10 @@ def environ(key: str, value: str) -> Iterator[None]:
 
 
 def run_bench(matrix: Matrix, out: Path, superlink: str = "shared", echo: bool = False,
-              timeout_s: float | None = None, only: Mapping[str, Sequence] | None = None,
-              log=print, ray: str = "per-run", retries: int = 1,
-              progress=None) -> list[dict[str, Any]]:
+              timeout_s: float | None = None,
+              only: Mapping[str, Sequence[object] | None] | None = None,
+              log: BenchLog = print, ray: str = "per-run", retries: int = 1,
+              progress: BenchConsole | None = None) -> list[dict[str, Any]]:
     """Run every cell not done yet (optionally only some strategies/settings/seeds), then
     write the table and plots. Returns one record per cell of the matrix.
 

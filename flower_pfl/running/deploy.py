@@ -27,12 +27,13 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from flower_pfl import config as config_mod
 from flower_pfl.running.procs import (
     APP_DIR,
     LaunchError,
+    OnLine,
     ProcessSet,
     RunOutcome,
     bin_path,
@@ -174,14 +175,14 @@ def superlink_command(host: str, port: int, certs: dict[str, Path] | None,
     return cmd
 
 
-def wait_superlink(proc: subprocess.Popen, host: str, port: int, ca: Path | None,
-                   timeout_s: float = 120) -> None:
+def wait_superlink(proc: subprocess.Popen[bytes] | subprocess.Popen[str], host: str, port: int,
+                   ca: Path | None, timeout_s: float = 120) -> None:
     scheme = "https" if ca else "http"
     wait_http(f"{scheme}://{join_address(connect_host(host), port)}/health", timeout_s, proc,
               cafile=str(ca) if ca else None)
 
 
-def register_key(public_key: Path, name: str, connection: str, env: dict) -> str:
+def register_key(public_key: Path, name: str, connection: str, env: Mapping[str, str]) -> str:
     """Register a SuperNode's public key on the SuperLink of ``connection``; returns
     ``"registered"`` or ``"already registered"`` (a SuperLink restarted on its database)."""
     out = run([bin_path("flwr"), "supernode", "register", str(public_key), connection,
@@ -208,6 +209,7 @@ def key_registered(superlink: str, ca: Path | None, private_key: Path) -> bool |
     (unreachable within Flower's 30 s, another Flower version)."""
     try:
         import httpx
+        from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.hazmat.primitives.serialization import load_ssh_private_key
         from flwr.proto.fleet_pb2 import ActivateNodeRequest  # pylint: disable=E0611
         from flwr.supercore.error import FlowerError
@@ -221,6 +223,8 @@ def key_registered(superlink: str, ca: Path | None, private_key: Path) -> bool |
         return None
     try:
         key = load_ssh_private_key(Path(private_key).expanduser().read_bytes(), None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            return None  # Flower's node auth signs with ECDSA: another key cannot probe
         with FleetHttpClient.from_server_address(
                 superlink, ca is None, None if ca is None else str(ca),
                 interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperNode"),
@@ -230,7 +234,9 @@ def key_registered(superlink: str, ca: Path | None, private_key: Path) -> bool |
     except httpx.HTTPStatusError as exc:
         error = FlowerError.from_json(exc.response.text)
         code = error.code if error is not None else None
-        return {INVALID_HEARTBEAT_INTERVAL: True, NODE_ACTIVATION_FAILED: False}.get(code)
+        answers: dict[int | None, bool] = {INVALID_HEARTBEAT_INTERVAL: True,
+                                           NODE_ACTIVATION_FAILED: False}
+        return answers.get(code)
     except Exception:  # noqa: BLE001 - unreachable, bad key file, ...: cannot tell
         return None
     return None  # accepted an out-of-bounds interval: not the Flower this was written for
@@ -282,18 +288,20 @@ def supernode_command(superlink: str, port: int, config: str, ca: Path | None,
     return cmd
 
 
-def submit_run(env: dict, connection: str, config_path: Path, overrides: Sequence[str],
+def submit_run(env: Mapping[str, str], connection: str, config_path: Path, overrides: Sequence[str],
                results_dir: Path, workdir: Path, procs: ProcessSet, app_dir: Path = APP_DIR,
-               timeout_s: float | None = None, echo: bool = False, on_line=None,
-               stall_s: float | None = None, see: Sequence[Path] = ()) -> RunOutcome:
+               timeout_s: float | None = None, echo: bool = False,
+               on_line: OnLine | None = None, stall_s: float | None = None,
+               see: Sequence[Path] = ()) -> RunOutcome:
     """``flwr run`` the app with this YAML on the SuperLink of ``connection``, streamed to
     ``<results_dir>/flwr-run.log``; a LaunchError unless it finished ``completed``."""
     results_dir = Path(results_dir).resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
     cfg = config_mod.load(Path(config_path), list(overrides) or None)
-    run_config = {"cfg": cfg.to_json(),  # validated once; the ServerApp and clients read it
-                  "config-file": str(Path(config_path).resolve()),
-                  "overrides": " ".join(overrides), "results-dir": str(results_dir)}
+    run_config: dict[str, str | bool] = {
+        "cfg": cfg.to_json(),  # validated once; the ServerApp and clients read it
+        "config-file": str(Path(config_path).resolve()),
+        "overrides": " ".join(overrides), "results-dir": str(results_dir)}
     return flwr_run(run_config, workdir, env, procs, results_dir / "flwr-run.log",
                     federation=connection, app_dir=app_dir, echo=echo, timeout_s=timeout_s,
                     on_line=on_line, stall_s=stall_s, see=see)
@@ -307,7 +315,7 @@ class Node:
     port: int
     key: Path | None
     gpu: str | None
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
 
 
 @dataclass
@@ -355,7 +363,7 @@ class Deployment:
         self.nodes[name] = node
         return node
 
-    def node_command(self, node: Node) -> tuple[list[str], dict]:
+    def node_command(self, node: Node) -> tuple[list[str], dict[str, str]]:
         """The node's ``flower-supernode`` command and environment. Its disk is
         ``<workdir>/client-state/<name>``; its data ``<data-root>/<pid>`` when that is a
         shard, else ``data-root``; ``OMP_NUM_THREADS`` = ``threads`` (``client-resources.
@@ -374,7 +382,7 @@ class Deployment:
             env["CUDA_VISIBLE_DEVICES"] = node.gpu  # its ClientApp processes inherit it
         return cmd, env
 
-    def start_node(self, node: Node) -> subprocess.Popen:
+    def start_node(self, node: Node) -> subprocess.Popen[bytes]:
         cmd, env = self.node_command(node)
         node.process = self.procs.start(cmd, env, self.workdir / f"{node.name}.log")
         return node.process
@@ -387,7 +395,7 @@ class Deployment:
     # -- runs
     def run(self, config_path: Path, overrides: Sequence[str], results_dir: Path,
             app_dir: Path = APP_DIR, timeout_s: float | None = None, echo: bool = False,
-            on_line=None, stall_s: float | None = None) -> RunOutcome:
+            on_line: OnLine | None = None, stall_s: float | None = None) -> RunOutcome:
         return submit_run(self.env, "deploy", config_path, overrides, results_dir,
                           self.workdir, self.procs, app_dir, timeout_s, echo, on_line, stall_s,
                           see=(self.workdir,))
@@ -404,7 +412,7 @@ class Deployment:
     def __enter__(self) -> "Deployment":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -22,13 +22,14 @@ import shutil
 import tempfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from flower_pfl import config as config_mod
 from flower_pfl.config import APP_DIR
 from flower_pfl.running import procs as procs_mod
 from flower_pfl.running.procs import (  # noqa: F401 - LaunchError: what run_simulation raises
     LaunchError,
+    OnLine,
     ProcessSet,
     RunOutcome,
 )
@@ -39,7 +40,7 @@ from flower_pfl.running.procs import (  # noqa: F401 - LaunchError: what run_sim
 RAY_ENV = {"RAY_prestart_worker_first_driver": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 # ------------------------------------------------------------------------ processes
-def simulation_env(flwr_home: Path, port: int) -> dict:
+def simulation_env(flwr_home: Path, port: int) -> dict[str, str]:
     """The environment of a simulation SuperLink and all it starts: Flower's
     (:func:`flower_pfl.running.procs.flwr_env`) with :data:`RAY_ENV` where not set."""
     env = procs_mod.flwr_env(flwr_home, port)
@@ -50,7 +51,7 @@ def simulation_env(flwr_home: Path, port: int) -> dict:
 
 @contextmanager
 def simulation_superlink(workdir: Path, log_path: Path, ray_address: str | None = None
-                         ) -> Iterator[tuple[dict, ProcessSet]]:
+                         ) -> Iterator[tuple[dict[str, str], ProcessSet]]:
     """A private simulation SuperLink on a free loopback port; stopped on exit.
 
     ``ray_address``: the head of an existing Ray cluster (``HOST:PORT``) its simulation
@@ -80,7 +81,8 @@ def simulation_superlink(workdir: Path, log_path: Path, ray_address: str | None 
 def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequence[str],
                    results_dir: Path, app_dir: Path = APP_DIR, timeout_s: float | None = None,
                    echo: bool = True, num_supernodes: int | None = None, resume: bool = False,
-                   on_line=None, superlink: tuple[dict, ProcessSet] | None = None,
+                   on_line: OnLine | None = None,
+                   superlink: tuple[dict[str, str], ProcessSet] | None = None,
                    ray_address: str | None = None,
                    initial_arrays: Path | None = None) -> RunOutcome:
     """Run ``cfg`` through ``flwr run`` in Ray simulation and stop everything it started.
@@ -103,7 +105,7 @@ def run_simulation(cfg: config_mod.RunConfig, config_path: Path, overrides: Sequ
     results_dir.mkdir(parents=True, exist_ok=True)
     stop.clear_stop(results_dir)  # a stop asked of an earlier run of this folder
     workdir = Path(tempfile.mkdtemp(prefix="flower-pfl-"))
-    run_config = {
+    run_config: dict[str, str | bool] = {
         "cfg": cfg.to_json(),  # validated once; the ServerApp and every client read it
         "config-file": str(config_path.resolve()), "overrides": " ".join(overrides),
         "results-dir": str(results_dir.resolve()), "resume": resume,
@@ -218,7 +220,7 @@ def resume_config(results_dir: Path, config_path: Path | None = None,
     return config_mod.load(own), own
 
 
-def config_tree(values, hyper) -> dict:
+def config_tree(values: Mapping[str, Any], hyper: Mapping[str, Any]) -> dict[str, Any]:
     """A YAML tree that loads as ``values`` with the strategy's ``hyper``."""
     tree = config_mod.merge({}, dict(values))
     tree["hyper"] = {values["strategy"]: dict(hyper)}

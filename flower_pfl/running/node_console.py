@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from flower_pfl.reporting.log_lines import strip_ansi
 from flower_pfl.running.procs import LaunchError, ProcessSet, Terminated, spawn, stop_on_signals
@@ -56,7 +56,8 @@ class NodeConsole:
         self.held: list[str] | None = [] if hold else None  # lines not shown yet
         self.refused = False
         self.state = "pass"  # "trace": in a ClientApp traceback; "exit": in its exit-800 block
-        self.message, self.round = "a", None  # the message being handled (Flower's log)
+        self.message: str = "a"  # the message being handled (Flower's log) and its round
+        self.round: int | None = None
         self.exc: list[str] = []  # the exception's text (the last one of a chain)
         self.in_frames = False
         self.last_error: str | None = None
@@ -131,7 +132,7 @@ class NodeConsole:
                 f"reason in failures.csv{where})")
 
 
-def pump(proc: subprocess.Popen, log_path: Path | None, on_line: Callable[[str], None],
+def pump(proc: subprocess.Popen[str], log_path: Path | None, on_line: Callable[[str], None],
           console: NodeConsole | None = None) -> None:
     """Copy the process' output to our stdout and a log, calling ``on_line`` per line
     (without ANSI codes). Flower colours its log whatever its output is: the log file
@@ -140,11 +141,12 @@ def pump(proc: subprocess.Popen, log_path: Path | None, on_line: Callable[[str],
     log = open(log_path, "a") if log_path else None
     tty = sys.stdout.isatty()
 
-    def show(lines: list[str | None], line: str, plain: str) -> None:
+    def show(lines: Sequence[str | None], line: str, plain: str) -> None:
         for shown in lines:
             sys.stdout.write((line if tty else plain) if shown is None else shown + "\n")
         sys.stdout.flush()
 
+    assert proc.stdout is not None, "started with stdout=PIPE (foreground)"
     try:
         for line in proc.stdout:
             plain = strip_ansi(line)
@@ -160,11 +162,11 @@ def pump(proc: subprocess.Popen, log_path: Path | None, on_line: Callable[[str],
             log.close()
 
 
-def foreground(cmd: list[str], env: dict, what: str, on_line: Callable[[str], None],
-                log_path: Path | None = None,
-                ready: Callable[[subprocess.Popen], None] | None = None,
-                explain: Callable[[], bool] = lambda: True,
-                console: NodeConsole | None = None) -> int:
+def foreground(cmd: list[str], env: Mapping[str, str], what: str,
+               on_line: Callable[[str], None], log_path: Path | None = None,
+               ready: Callable[[subprocess.Popen[str]], None] | None = None,
+               explain: Callable[[], bool] = lambda: True,
+               console: NodeConsole | None = None) -> int:
     """Run ``cmd`` until it exits or we are stopped (Ctrl-C, SIGTERM, SIGHUP); every process
     it started is stopped by PID on the way out. ``ready(proc)`` runs once it started;
     ``explain()`` says whether to name a failure's exit code (False: the caller does)."""

@@ -30,16 +30,17 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from types import FrameType
+from typing import IO, Callable, Iterable, Mapping, Sequence
 
-from flower_pfl.child import (  # noqa: F401 - is_alive, proc_stats, stop_tree: used from here
-    is_alive,
-    proc_stats,
-    run,
-    spawn,
-    stop_tree,
-)
-from flower_pfl.config import APP_DIR
+# ``X as X``: re-exported (launch, deploy, sites, rayhead, node_console and the tests take
+# them from here)
+from flower_pfl.child import is_alive as is_alive
+from flower_pfl.child import proc_stats as proc_stats
+from flower_pfl.child import run as run
+from flower_pfl.child import spawn as spawn
+from flower_pfl.child import stop_tree as stop_tree
+from flower_pfl.config import APP_DIR as APP_DIR
 from flower_pfl.reporting.log_lines import strip_ansi
 from flower_pfl.running.app_stage import app_for_flwr_run
 
@@ -48,15 +49,20 @@ class LaunchError(RuntimeError):
     pass
 
 
+#: what is called with every line a run prints (``flwr_run``'s and ``stream_run``'s ``on_line``)
+OnLine = Callable[[str], object]
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) of an AF_INET socket
+        return port
 
 
 def _proc_table() -> dict[int, tuple[int, int]]:
     """pid -> (ppid, session id), from /proc (Linux)."""
-    table = {}
+    table: dict[int, tuple[int, int]] = {}
     for pid, fields in proc_stats().items():
         try:
             table[pid] = (int(fields[1]), int(fields[3]))
@@ -99,10 +105,11 @@ class ProcessSet:
     """Processes this launcher started; ``stop()`` ends them and all their descendants."""
 
     def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen[bytes] | subprocess.Popen[str]] = []
         self.known: set[int] = set()
 
-    def start(self, cmd: Sequence[str], env: dict, log_path: Path) -> subprocess.Popen:
+    def start(self, cmd: Sequence[str], env: Mapping[str, str], log_path: Path
+              ) -> subprocess.Popen[bytes]:
         """Start ``cmd`` with its output appended to ``log_path``, without the colour codes
         Flower's logger writes whatever its output is (:func:`copy_plain`)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,7 +133,7 @@ class ProcessSet:
                 pass
 
 
-def copy_plain(stream, log_path: Path) -> None:
+def copy_plain(stream: Iterable[bytes], log_path: Path) -> None:
     """Append a process' output (bytes) to ``log_path`` line by line, without ANSI codes."""
     with open(log_path, "a", encoding="utf-8") as log:
         for raw in stream:
@@ -134,7 +141,7 @@ def copy_plain(stream, log_path: Path) -> None:
             log.flush()
 
 
-def flwr_env(flwr_home: Path, port: int) -> dict:
+def flwr_env(flwr_home: Path, port: int) -> dict[str, str]:
     env = os.environ.copy()
     bin_dir = str(Path(sys.executable).parent)  # flower-superexec etc. live beside python
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
@@ -169,11 +176,13 @@ def bin_path(name: str) -> str:
     return str(path) if path.exists() else (shutil.which(name) or name)
 
 
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None,
+def wait_http(url: str, timeout_s: float,
+              proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None = None,
               cafile: str | None = None) -> None:
     import ssl
 
-    handlers: list = [urllib.request.ProxyHandler({})]  # loopback: never via a proxy
+    # loopback: never via a proxy
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
     if cafile:
         handlers.append(urllib.request.HTTPSHandler(
             context=ssl.create_default_context(cafile=cafile)))
@@ -197,7 +206,7 @@ def toml_string(value: str) -> str:
     return json.dumps(value)  # a JSON string literal is a valid TOML basic string
 
 
-def run_status(run_id: str, env: dict) -> str:
+def run_status(run_id: str, env: Mapping[str, str]) -> str:
     out = run([bin_path("flwr"), "ls", "--run-id", run_id, "--format", "json"],
               env=env, capture_output=True, text=True, timeout=60)
     try:
@@ -205,7 +214,7 @@ def run_status(run_id: str, env: dict) -> str:
     except json.JSONDecodeError as exc:
         raise LaunchError(f"could not read the run's status: {out.stdout[-500:]}"
                           f"{out.stderr[-500:]}") from exc
-    return runs[0]["status"] if runs else "unknown"
+    return str(runs[0]["status"]) if runs else "unknown"
 
 
 @dataclass
@@ -221,11 +230,12 @@ def toml_value(value: str | bool) -> str:
     return toml_string(str(value))
 
 
-def flwr_run(run_config: Mapping[str, str | bool], workdir: Path, env: dict, procs: ProcessSet,
+def flwr_run(run_config: Mapping[str, str | bool], workdir: Path, env: Mapping[str, str],
+             procs: ProcessSet,
              log_path: Path, *, federation: str = "local", federation_config: str | None = None,
              app_dir: Path = APP_DIR, echo: bool = True, timeout_s: float | None = None,
-             on_line=None, stall_s: float | None = None, append: bool = False,
-             see: Sequence[Path] = ()) -> RunOutcome:
+             on_line: OnLine | None = None, stall_s: float | None = None,
+             append: bool = False, see: Sequence[Path] = ()) -> RunOutcome:
     """Run a federation through ``flwr run`` and return its final status.
 
     Writes ``run_config`` (the app's run-config keys: strings and booleans) to
@@ -259,9 +269,9 @@ PROGRESS = re.compile(r"\[flower-pfl\]|aggregate_fit|aggregate_evaluate|configur
                       r"configure_evaluate|\[ROUND|\[INIT\]|Successfully started run")
 
 
-def stream_run(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s: float | None,
-            procs: ProcessSet, on_line=None, stall_s: float | None = None,
-            append: bool = False) -> str | None:
+def stream_run(cmd: list[str], env: Mapping[str, str], log_path: Path, echo: bool,
+               timeout_s: float | None, procs: ProcessSet, on_line: OnLine | None = None,
+               stall_s: float | None = None, append: bool = False) -> str | None:
     """Run ``flwr run --stream``, tee its output, return the run id; ``on_line(line)`` is
     called for every line (tests use it to act at a given round).
 
@@ -275,7 +285,7 @@ def stream_run(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s:
     started = time.time()
     deadline = None if timeout_s is None else started + timeout_s
     last_progress, last_line = started, "(nothing yet)"
-    lines: queue.Queue = queue.Queue()
+    lines: queue.Queue[str | None] = queue.Queue()
     tty = sys.stdout.isatty()
     with open(log_path, "a" if append else "w") as log:
         proc = spawn(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -283,7 +293,7 @@ def stream_run(cmd: list[str], env: dict, log_path: Path, echo: bool, timeout_s:
         procs.procs.append(proc)
         assert proc.stdout is not None
 
-        def pump(stream) -> None:
+        def pump(stream: IO[str]) -> None:
             for text in stream:
                 lines.put(text)
             lines.put(None)
@@ -333,7 +343,7 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
-def _raise_terminated(signum, frame) -> None:
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     # One stop is enough: ignore repeats (a scheduler often sends TERM twice) while the
     # ``finally`` blocks stop the processes this launcher started.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -367,7 +377,7 @@ class StopAfterRound:
     is installed whatever it was before (a launcher started with SIGINT ignored can be
     stopped with Ctrl-C too)."""
 
-    def __init__(self, ask) -> None:
+    def __init__(self, ask: Callable[[int], object]) -> None:
         self.ask = ask
         self.signum: int | None = None  # the first signal received
 
@@ -375,7 +385,7 @@ class StopAfterRound:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum = signum
             self.ask(signum)

@@ -111,7 +111,7 @@ def superlink_main(argv: Sequence[str]) -> int:
     say(f"starting the SuperLink on {deploy.join_address(host, port)} (TLS: {certs['cert']}; "
         f"SuperNode authentication on; state in {workdir})")
 
-    def ready(proc: subprocess.Popen) -> None:
+    def ready(proc: subprocess.Popen[str]) -> None:
         deploy.wait_superlink(proc, host, port, certs["ca"])
         for key, name in zip(keys, names):
             state = deploy.register_key(key, name, CONNECTION, env)
@@ -140,7 +140,7 @@ def superlink_main(argv: Sequence[str]) -> int:
 
 
 # ------------------------------------------------------------------------ supernode
-def supernode_plan(args) -> tuple[list[str], dict, str]:
+def supernode_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str], str]:
     """The ``flower-supernode`` command, its environment and a line saying what it is."""
     from flower_pfl.learning import shards
 
@@ -196,7 +196,7 @@ def supernode_plan(args) -> tuple[list[str], dict, str]:
     return cmd, env, about
 
 
-def site_data_line(args, data: Path) -> str:
+def site_data_line(args: argparse.Namespace, data: Path) -> str:
     """What ``--data`` (not a shard) is, checked as far as this machine can: a site's own
     folder or file must exist and hold samples; with ``--config`` of a ``data.dataset:
     site`` run it is read and checked against the run's classes and shape (LaunchError)."""
@@ -325,6 +325,7 @@ def supernode_main(argv: Sequence[str]) -> int:
         if attempt == 1:
             registered = True if key is None else deploy.key_registered(args.superlink, ca, key)
             if registered is False:
+                assert key is not None, "False comes from key_registered(key) alone"
                 say(unregistered_hint(key, args.superlink))
                 return 1
             if registered:
@@ -334,6 +335,7 @@ def supernode_main(argv: Sequence[str]) -> int:
                     f"heartbeats, up to a minute). Trying again every {REJOIN_RETRY_S:.0f} s "
                     f"for up to {args.rejoin_wait:.0f} s (--rejoin-wait)")
             else:
+                assert key is not None, "None comes from key_registered(key) alone"
                 say(f"the SuperLink refuses to activate this node and could not be asked why. "
                     f"Either its key {key} is not registered there (register "
                     f"{public_key_of(key)} with `flower-pfl superlink --keys-dir`), or the "
@@ -372,7 +374,8 @@ def submit_main(argv: Sequence[str]) -> int:
     from flower_pfl import config as config_mod
     from flower_pfl.reliability.preflight import PreflightError, check_before_start
     from flower_pfl.reporting.console import summary_lines
-    from flower_pfl.reporting.results import default_results_dir, mark_failed
+    from flower_pfl.reporting.results import mark_failed
+    from flower_pfl.reporting.run_dirs import default_results_dir
 
     args = submit_parser().parse_args(argv)
     try:

@@ -10,11 +10,30 @@ by the registry.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from flwr.common import Scalar
+
 from flower_pfl.catalog import baselines as catalog
+from flower_pfl.config import RunConfig
 from flower_pfl.instructions import APFLInstruction
+from flower_pfl.instructions import Scalar as InstructionScalar
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
+from flower_pfl.strategies.hyper_view import read_hyper
 from flower_pfl.strategies.mechanism import Mechanism
+
+
+@dataclass(frozen=True)
+class APFLHyper:
+    """hyper.apfl (flower_pfl/catalog/baselines.py)."""
+
+    alpha_init: float  # the mixing weight alpha_i before it is adapted
+    alpha_lr: float  # alpha_i's step size
+    adapt_alpha: bool  # whether alpha_i is adapted (eq. 10)
 
 
 @strategy_for(catalog.APFL)
@@ -23,15 +42,22 @@ class APFL(FedAvg):
                           "round", "v_i = w and alpha_i = alpha-init; an untrained client "
                           "evaluates w")
 
-    def fit_payload(self, pid, server_round):
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
+        self.apfl_hyper = read_hyper(APFLHyper, self.hyper)
+
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         arrays, extra = super().fit_payload(pid, server_round)
         return arrays, {**extra, **self._alpha_config()}
 
-    def eval_payload(self, pid, server_round):
+    def eval_payload(self, pid: int, server_round: int
+                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         arrays, extra = super().eval_payload(pid, server_round)
         return arrays, {**extra, **self._alpha_config()}
 
-    def _alpha_config(self):
-        return APFLInstruction(alpha_init=self.hyper["alpha-init"],
-                               alpha_lr=self.hyper["alpha-lr"],
-                               adapt_alpha=self.hyper["adapt-alpha"]).to_config()
+    def _alpha_config(self) -> dict[str, InstructionScalar]:
+        hp = self.apfl_hyper
+        return APFLInstruction(alpha_init=hp.alpha_init, alpha_lr=hp.alpha_lr,
+                               adapt_alpha=hp.adapt_alpha).to_config()

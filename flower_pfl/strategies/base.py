@@ -20,7 +20,8 @@ Subclasses implement the paper's Algorithm box: ``fit_payload``, ``aggregate_upd
 if needed, ``eval_payload``, ``prepare_round`` and the upload's parts (``upload_template``,
 ``upload_extra``); the config a payload carries is its paper's declaration in
 :mod:`flower_pfl.instructions` (``to_config``), which its client reads back (``from_config``).
-Every attribute is set in ``__init__`` (``setup`` fills in what needs the initial model).
+Every attribute is set in ``__init__`` (``setup`` fills in what needs the initial model);
+its type is declared once, in :mod:`.state`, for the base and its mixins.
 Open choice: a rejected client's server-side state is left untouched
 and the round goes on with the others.  ``ClientUpdate``, ``ClientStore`` and the errors
 live in :mod:`.federation` (re-exported here, as is ``WAIT_FOR_NODES_S`` of :mod:`.nodes`).
@@ -55,17 +56,14 @@ from flower_pfl import raynode
 from flower_pfl.config import RunConfig
 from flower_pfl.instructions import RoundInstruction
 from flower_pfl.learning.params import ParamSpec
-from flower_pfl.model_store import LazyArrays
 from flower_pfl.privacy.clipping import clip_update
 from flower_pfl.privacy.server_side import ClientLevelDP
 from flower_pfl.reliability.upload_checks import flat
 from flower_pfl.reliability.uploads import EXTRA_ARRAYS, UploadTemplate, describe_parts
-from flower_pfl.reporting.results import (
-    ResultsWriter,
-    default_results_dir,
-    lower_is_better,
-    metric_of,
-)
+from flower_pfl.reporting.metric_kind import lower_is_better, metric_of
+from flower_pfl.reporting.results import ResultsWriter
+from flower_pfl.reporting.run_dirs import default_results_dir
+from flower_pfl.store_rows import LazyArrays
 from flower_pfl.strategies.checkpointing import Checkpointing
 from flower_pfl.strategies.evaluation import EvaluationReporting
 from flower_pfl.strategies.federation import (  # noqa: F401 - re-exported (tests import them here)
@@ -82,6 +80,10 @@ from flower_pfl.strategies.mechanism import Mechanism, MechanismCount
 from flower_pfl.strategies.nodes import WAIT_FOR_NODES_S, NodeTracking  # noqa: F401
 from flower_pfl.warnings_once import warn_once
 
+__all__ = ["WAIT_FOR_NODES_S", "ClientFailure", "ClientStore", "ClientUpdate", "FederationError",
+           "PersonalizedStrategy", "ResumeError", "RoundError", "TaggedProxy", "failure_reason",
+           "fit_metrics"]
+
 
 class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Strategy):
     """Base Strategy: identity, sampling, per-client payloads, evaluation of all clients."""
@@ -91,8 +93,8 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
     #: whether clients upload a model (Local uploads nothing: its uploads skip the model checks)
     uploads_model: bool = True
     #: the state a checkpoint holds (checkpointing.py: each subclass names its own)
-    checkpointed = ("rng", "store", "_initial", "global_arrays", "eval_history", "run_uid",
-                    "mechanism_count")
+    checkpointed: tuple[str, ...] = ("rng", "store", "_initial", "global_arrays",
+                                     "eval_history", "run_uid", "mechanism_count")
     #: what the strategy's own mechanism is, where it can fall back (strategies/mechanism.py):
     #: each accepted upload is one client-round that used it or not; None = nothing to count
     mechanism: Mechanism | None = None
@@ -114,7 +116,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         self.store = ClientStore(self.num_clients)
         self._initial = list(initial_arrays) if initial_arrays is not None else None
         self.global_arrays: list[np.ndarray] | None = None
-        self.spec: ParamSpec | None = None
+        self._spec: ParamSpec | None = None  # the model's layout: ``spec``
         self.pid_of_cid: dict[str, int] = {}
         self.proxies: dict[int, ClientProxy] = {}
         self.eval_history: list[dict[str, float]] = []
@@ -150,8 +152,8 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
     def prepare_round(self, server_round: int, sampled: list[int]) -> None:
         """Server-side computation before sending (e.g. FedAMP's cloud models u_i)."""
 
-    def fit_payload(self, pid: int,
-                    server_round: int) -> tuple[list[np.ndarray], dict[str, Scalar]]:
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         """Arrays and extra config sent to sampled client ``pid`` (default: the global model)."""
         return self.global_arrays or [], {}
 
@@ -162,7 +164,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         """Arrays shaped like one client's upload (called after ``setup``/a resume): the
         upload check holds every upload to these shapes and dtypes.  Default: the whole
         model; a strategy whose clients upload a part (FedRep: the body) returns that."""
-        return self._initial
+        return self._initial if self._initial is not None else []
 
     def upload_extra(self, server_round: int) -> dict[str, list[np.ndarray]]:
         """The extra part of this round's uploads, after the model part: named arrays shaped
@@ -184,8 +186,8 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         return UploadTemplate(self.upload_template() or [], self.upload_extra(server_round),
                               self.bounded_extra())
 
-    def eval_payload(self, pid: int,
-                     server_round: int) -> tuple[list[np.ndarray], dict[str, Scalar]]:
+    def eval_payload(self, pid: int, server_round: int
+                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         """Arrays and extra config for evaluation (default: the global model)."""
         return self.global_arrays or [], {}
 
@@ -204,24 +206,14 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         """Record server-side per-round quantities (written to server.csv and the log)."""
         self._round_server_log.update(values)
 
-    @property
-    def round_server_log(self) -> Mapping[str, Any]:
-        """What :meth:`log_server` recorded in this round so far (its server.csv row)."""
-        return self._round_server_log
-
-    @property
-    def initial_model(self) -> list[np.ndarray] | None:
-        """The round-0 model arrays (given, or built from the config by
-        ``initialize_parameters``)."""
-        return self._initial
-
     # ---------------------------------------------------------------- Strategy methods
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         if self._initial is None:
             from flower_pfl.learning.models import initial_arrays
 
-            self._initial = initial_arrays(self.cfg)
-        self.spec = ParamSpec.of(self._initial)
+            # initial_arrays declares a Mapping; it reads a RunConfig by key and its .source
+            self._initial = initial_arrays(self.cfg)  # type: ignore[arg-type]  # RunConfig
+        self._spec = ParamSpec.of(self._initial)
         if not self._restored:
             self.global_arrays = [a.copy() for a in self._initial] if self.has_global_model \
                 else None
@@ -249,15 +241,18 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         sampled = self.sample(server_round)
         started = time.perf_counter()
         self.prepare_round(server_round, sampled)
-        instructions = []
+        instructions: list[tuple[ClientProxy, FitIns]] = []
         max_norm = self.cfg.values.get("max-update-norm")
         self._sent, self._sent_arrays = {}, {}
         for pid in sampled:
             arrays, extra = self.fit_payload(pid, server_round)
+            start = arrays if arrays else self._initial  # what the client starts from
             if max_norm is not None:  # the update's starting point, for the norm check
-                self._sent[pid] = flat(arrays if arrays else self._initial)
+                assert start is not None, "initialize_parameters sets the initial model"
+                self._sent[pid] = flat(start)
             if self.privacy_mode != "none":  # ... and for clipping it (docs/privacy.md)
-                self._sent_arrays[pid] = list(arrays if arrays else self._initial)
+                assert start is not None, "initialize_parameters sets the initial model"
+                self._sent_arrays[pid] = list(start)
             if self.dp is not None:  # the client's clip, reference and noise share
                 extra = {**extra, **self.dp.client_config(len(sampled))}
             extra_arrays = self.fit_extra(pid, server_round)
@@ -377,7 +372,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         """Why partition ``pid``'s upload must be rejected, or None (upload_checks.py)."""
         claimed = res.metrics.get("partition-id", pid)
         if int(claimed) != pid:
-            return f"the upload claims partition-id {claimed}"
+            return f"the upload claims partition-id {claimed!s}"
         if self.uploads_model or arrays:
             return template.check(arrays, res.num_examples, res.metrics, self._sent.get(pid),
                                   max_norm, clip=self.privacy_mode != "none")
@@ -387,10 +382,12 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
                       template: UploadTemplate, lazy: bool | None = None) -> ClientUpdate:
         """An accepted upload split into its model part and its named extra parts
         (``lazy``: None = the class's ``lazy_uploads``; False: ``arrays`` as given)."""
+        model: Sequence[np.ndarray]
+        extra: Mapping[str, Sequence[np.ndarray]]
         if self.lazy_uploads if lazy is None else lazy:  # decoded again when read
-            model, extra = template.split(res.parameters.tensors)
-            model = LazyArrays(model, bytes_to_ndarray)
-            extra = {k: LazyArrays(v, bytes_to_ndarray) for k, v in extra.items()}
+            blobs, blob_parts = template.split(res.parameters.tensors)
+            model = LazyArrays(blobs, bytes_to_ndarray)
+            extra = {k: LazyArrays(v, bytes_to_ndarray) for k, v in blob_parts.items()}
         else:
             model, extra = template.split(arrays)
         update = ClientUpdate(pid, model, int(res.num_examples), dict(res.metrics))
@@ -429,7 +426,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         """What every message carries (the strategy, the round, the run's id, the client's
         last accepted round; the configuration where the clients cannot read it from the run
         config: ``cfg_travels``), then ``extra``."""
-        config: dict[str, Scalar] = RoundInstruction(
+        config = RoundInstruction(
             self.cfg.strategy, server_round, self.run_uid,
             cfg=self.cfg_json if self.cfg_travels else None,
             # the last round whose upload the server accepted from pid
@@ -441,7 +438,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
 def fit_metrics(updates: Sequence[ClientUpdate], failed: Sequence[tuple[int, str]]
                 ) -> dict[str, Scalar]:
     """What aggregate_fit reports to Flower: counts and the mean training loss."""
-    train_losses = [u.metrics["train_loss"] for u in updates if "train_loss" in u.metrics]
+    train_losses = [float(u.metrics["train_loss"]) for u in updates if "train_loss" in u.metrics]
     metrics: dict[str, Scalar] = {"fit_clients": len(updates), "fit_failures": len(failed)}
     if train_losses:
         metrics["train_loss"] = float(np.mean(train_losses))

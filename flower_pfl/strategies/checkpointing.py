@@ -34,6 +34,7 @@ from flwr.common.logger import log
 from flower_pfl.reliability import checkpoints
 from flower_pfl.reliability.stop import stop_requested
 from flower_pfl.strategies.federation import ResumeError
+from flower_pfl.strategies.state import StrategyState
 
 #: the status of a run that stopped before the round that would exceed its target ε
 BUDGET_EXHAUSTED = "budget-exhausted"
@@ -41,7 +42,7 @@ BUDGET_EXHAUSTED = "budget-exhausted"
 PRIVACY_STATE = "privacy-accountant"
 
 
-class Checkpointing:
+class Checkpointing(StrategyState):
     """save_checkpoint / resume and the state they carry (see the module docstring)."""
 
     #: what this class saves (see the module docstring); subclasses add their own names
@@ -187,7 +188,7 @@ def privacy_line(values: Any, server_rows: list[dict[str, Any]]) -> str | None:
     mode = values.get("privacy.mode", "none")
     key = {"client-level": "epsilon", "sample-level": "epsilon_max"}.get(mode)
     rows = [r for r in server_rows if key and key in r]
-    if not rows:
+    if key is None or not rows:
         return None
     if mode == "client-level":
         delta = values.get("privacy.delta") or 1.0 / int(values["clients"])

@@ -9,11 +9,28 @@ evaluated every evaluation round: Ditto-P (v_i, the personalized column) and Dit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from flwr.common import Scalar
+
 from flower_pfl.catalog import baselines as catalog
+from flower_pfl.config import RunConfig
 from flower_pfl.instructions import DittoFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
+from flower_pfl.strategies.hyper_view import read_hyper
 from flower_pfl.strategies.mechanism import Mechanism
+
+
+@dataclass(frozen=True)
+class DittoHyper:
+    """hyper.ditto (flower_pfl/catalog/baselines.py)."""
+
+    lambda_: float  # the personal objective's pull toward the global model
+    personal_steps: int | str  # steps on v_i, or 'auto'
 
 
 @strategy_for(catalog.DITTO)
@@ -21,9 +38,16 @@ class Ditto(FedAvg):
     mechanism = Mechanism("Ditto", "personal v_i carried over from an earlier round",
                           "v_i starts at the global model; an untrained client evaluates w")
 
-    def fit_payload(self, pid, server_round):
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
+        self.ditto_hyper = read_hyper(DittoHyper, self.hyper)
+
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         arrays, extra = super().fit_payload(pid, server_round)
-        steps = self.hyper["personal-steps"]
-        return arrays, {**extra, **DittoFit(lam=self.hyper["lambda"],
-                                            personal_steps=0 if steps == "auto" else steps
+        steps = self.ditto_hyper.personal_steps
+        return arrays, {**extra, **DittoFit(lam=self.ditto_hyper.lambda_,
+                                            # a string is 'auto' (validated)
+                                            personal_steps=0 if isinstance(steps, str) else steps
                                             ).to_config()}

@@ -46,9 +46,10 @@ from flower_pfl.learning.metrics import summarize
 from flower_pfl.learning.splits import UNSEEN_KEY
 from flower_pfl.reporting.coverage import coverage_line
 from flower_pfl.strategies.federation import RoundError, TaggedProxy
+from flower_pfl.strategies.state import StrategyState
 
 
-class EvaluationReporting:
+class EvaluationReporting(StrategyState):
     """configure_evaluate / aggregate_evaluate over all clients (see the module docstring)."""
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
@@ -56,7 +57,7 @@ class EvaluationReporting:
         if not self.is_eval_round(server_round):
             return []
         self.handshake(client_manager)
-        instructions = []
+        instructions: list[tuple[ClientProxy, EvaluateIns]] = []
         eval_global = bool(self.cfg["eval-global"] and self.has_global_model)
         for pid in sorted(self.proxies):
             arrays, extra = self.eval_payload(pid, server_round)

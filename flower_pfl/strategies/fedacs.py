@@ -39,7 +39,10 @@ total (fit and evaluation) goes to the mechanism line and summary.json.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from logging import INFO
+from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 from flwr.common.logger import log
@@ -52,7 +55,9 @@ from flower_pfl.algorithms.attention import (
     quantile_threshold,
 )
 from flower_pfl.catalog import fedacs as catalog
+from flower_pfl.config import RunConfig
 from flower_pfl.registry import strategy_for
+from flower_pfl.strategies.hyper_view import read_hyper
 from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 from flower_pfl.warnings_once import first_time
@@ -77,6 +82,13 @@ def selection_share(xi: np.ndarray, rows: np.ndarray, peers: np.ndarray,
     return float(shares.mean()), off
 
 
+@dataclass(frozen=True)
+class FedACSHyper:
+    """hyper.fedacs (flower_pfl/catalog/fedacs.py)."""
+
+    pick_ratio: float  # the quantile of the similarities that sets delta^k (eq. 4)
+
+
 @strategy_for(catalog.FEDACS)
 class FedACS(MessagePassingStrategy):
     """Saved per round: delta and the number of peers each sampled client aggregated
@@ -88,13 +100,15 @@ class FedACS(MessagePassingStrategy):
     #: run totals for the end-of-run record: {"dropped_nonpositive": pairs,
     #: "consensus_uniform": never-trained client-rounds, fit or evaluation, given the
     #: plain mean of the stored models}
-    checkpointed = ("fedacs_counts",)
+    checkpointed: tuple[str, ...] = ("fedacs_counts",)
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
         self.delta = float("inf")  # delta^k of the round (set by attention)
         self.fedacs_counts = {"dropped_nonpositive": 0, "consensus_uniform": 0}
         self._round_uniform = 0  # newcomer rows of the last attention() call given the mean
+        self.fedacs_hyper = read_hyper(FedACSHyper, self.hyper)
 
     def threshold(self) -> float:
         """delta^k over the similarity matrix of the stored models."""
@@ -102,9 +116,9 @@ class FedACS(MessagePassingStrategy):
         if len(seen) == 0:
             return float("inf")
         return quantile_threshold(self.matrix.cosine(seen, seen),
-                                  float(self.hyper["pick-ratio"]))
+                                  float(self.fedacs_hyper.pick_ratio))
 
-    def attention(self, rows, server_round):
+    def attention(self, rows: np.ndarray, server_round: int) -> np.ndarray:
         peers = self.peers()
         cosine = self.matrix.cosine(rows)
         self.delta = self.threshold()
@@ -125,8 +139,9 @@ class FedACS(MessagePassingStrategy):
                     server_round, self._round_uniform, int(peers.sum()))
         return xi
 
-    def prepare_round(self, server_round, sampled):
+    def prepare_round(self, server_round: int, sampled: list[int]) -> None:
         super().prepare_round(server_round, sampled)
+        assert self.last_xi is not None, "super().prepare_round set this round's weights"
         rows, xi = self.last_xi
         peers = (xi > 0).sum(axis=1) - (xi[np.arange(len(rows)), rows] > 0)
         share, off = selection_share(xi, rows, self.peers(), ~self.matrix.seen[rows])
@@ -144,7 +159,7 @@ class FedACS(MessagePassingStrategy):
                         selection_share=share, dropped_nonpositive=dropped,
                         consensus_uniform=self._round_uniform)
         if off:
-            p = float(self.hyper["pick-ratio"])
+            p = float(self.fedacs_hyper.pick_ratio)
             fix = ("lower hyper.fedacs.pick-ratio: delta is above every peer's similarity, so "
                    "FedACS is running as Local training" if off == "only itself" else
                    "raise hyper.fedacs.pick-ratio: delta is below every peer's similarity, so "
@@ -155,7 +170,8 @@ class FedACS(MessagePassingStrategy):
             {"round": server_round, "partition-id": int(pid), "peers": int(k),
              "newcomer": bool(not self.matrix.seen[pid])} for pid, k in zip(rows, peers)])
 
-    def report_run_end(self, *args, **kwargs):
+    def report_run_end(self, rows: list[dict[str, Any]], trained: dict[str, float] | None,
+                       evaluated: dict[int, str] | None = None) -> None:
         """The mechanism line and summary.json's ``mechanism`` name the run's dropped
         non-positive pairs and plain-mean newcomers when there were any; summary.json's
         ``fedacs`` holds both totals."""
@@ -171,9 +187,9 @@ class FedACS(MessagePassingStrategy):
         self.mechanism = Mechanism(base.name, base.what + (f" ({note})" if note else ""),
                                    base.otherwise, base.hint)
         self.results.set_summary("fedacs", dict(counts))
-        super().report_run_end(*args, **kwargs)  # (its arguments: strategies/evaluation.py)
+        super().report_run_end(rows, trained, evaluated)  # (strategies/evaluation.py)
 
-    def save_attention(self, server_round):
+    def save_attention(self, server_round: int) -> np.ndarray | None:
         counted = dict(self.fedacs_counts)  # the saved matrix is no client's start
         xi = super().save_attention(server_round)
         self.fedacs_counts = counted

@@ -7,11 +7,28 @@ same way; its clients fine-tune the global model before personalized evaluation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from flwr.common import Scalar
+
 from flower_pfl.algorithms.fedavg_math import weighted_average
 from flower_pfl.catalog import baselines as catalog
+from flower_pfl.config import RunConfig
 from flower_pfl.instructions import FineTuneEval
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.strategies.base import PersonalizedStrategy
+from flower_pfl.strategies.federation import ClientUpdate
+from flower_pfl.strategies.hyper_view import read_hyper
+
+
+@dataclass(frozen=True)
+class FineTuneHyper:
+    """hyper.<fedavg-ft | fedprox-ft> (flower_pfl/catalog/baselines.py)."""
+
+    finetune_steps: int  # local steps on the global model before evaluation
 
 
 @strategy_for(catalog.FEDAVG)
@@ -27,7 +44,13 @@ class FedAvg(PersonalizedStrategy):
 class FedAvgFT(FedAvg):
     """FedAvg whose clients fine-tune the global model before personalized evaluation."""
 
-    def eval_payload(self, pid, server_round):
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
+        self.ft_hyper = read_hyper(FineTuneHyper, self.hyper)
+
+    def eval_payload(self, pid: int, server_round: int
+                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         arrays, extra = super().eval_payload(pid, server_round)
         return arrays, {**extra,
-                        **FineTuneEval(finetune_steps=self.hyper["finetune-steps"]).to_config()}
+                        **FineTuneEval(finetune_steps=self.ft_hyper.finetune_steps).to_config()}

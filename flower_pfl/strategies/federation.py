@@ -13,10 +13,23 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
-from flwr.common import Code, Scalar
+from flwr.common import (
+    Code,
+    DisconnectRes,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetParametersIns,
+    GetParametersRes,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    ReconnectIns,
+    Scalar,
+)
 from flwr.server.client_proxy import ClientProxy
 
 
@@ -87,7 +100,8 @@ class TaggedProxy(ClientProxy):
         super().__init__(proxy.cid)
         self.proxy, self.pid = proxy, pid
 
-    def _call(self, name: str, ins, timeout, group_id):
+    def _call(self, name: str, ins: FitIns | EvaluateIns, timeout: float | None,
+              group_id: int | None) -> Any:
         try:
             res = getattr(self.proxy, name)(ins, timeout, group_id)
         except BaseException as exc:  # noqa: BLE001 - Flower collects these as failures
@@ -97,19 +111,25 @@ class TaggedProxy(ClientProxy):
                                 f"{res.status.message[:400]}")
         return res
 
-    def get_properties(self, ins, timeout, group_id):
+    def get_properties(self, ins: GetPropertiesIns, timeout: float | None,
+                       group_id: int | None) -> GetPropertiesRes:
         return self.proxy.get_properties(ins, timeout, group_id)
 
-    def get_parameters(self, ins, timeout, group_id):
+    def get_parameters(self, ins: GetParametersIns, timeout: float | None,
+                       group_id: int | None) -> GetParametersRes:
         return self.proxy.get_parameters(ins, timeout, group_id)
 
-    def fit(self, ins, timeout, group_id):
-        return self._call("fit", ins, timeout, group_id)
+    def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
+        res: FitRes = self._call("fit", ins, timeout, group_id)
+        return res
 
-    def evaluate(self, ins, timeout, group_id):
-        return self._call("evaluate", ins, timeout, group_id)
+    def evaluate(self, ins: EvaluateIns, timeout: float | None,
+                 group_id: int | None) -> EvaluateRes:
+        res: EvaluateRes = self._call("evaluate", ins, timeout, group_id)
+        return res
 
-    def reconnect(self, ins, timeout, group_id):
+    def reconnect(self, ins: ReconnectIns, timeout: float | None,
+                  group_id: int | None) -> DisconnectRes:
         return self.proxy.reconnect(ins, timeout, group_id)
 
 
@@ -118,10 +138,11 @@ class ClientUpdate:
     """One client's upload of one round."""
 
     pid: int
-    arrays: list[np.ndarray]
+    #: the model part (a list, or ``model_store.LazyArrays`` decoding each array when read)
+    arrays: Sequence[np.ndarray]
     num_examples: int
     metrics: dict[str, Scalar] = field(default_factory=dict)
-    extra: dict[str, list[np.ndarray]] = field(default_factory=dict)  # the template's extras
+    extra: Mapping[str, Sequence[np.ndarray]] = field(default_factory=dict)  # the extras
 
 
 class ClientStore:

@@ -12,17 +12,39 @@ the global model for ``finetune-steps`` SGD steps (FedAvg-FT's evaluation, share
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from flwr.common import Scalar
+
 from flower_pfl.catalog import baselines as catalog
+from flower_pfl.config import RunConfig
 from flower_pfl.instructions import FedProxFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
+from flower_pfl.strategies.hyper_view import read_hyper
+
+
+@dataclass(frozen=True)
+class FedProxHyper:
+    """hyper.<fedprox | fedprox-ft> (flower_pfl/catalog/baselines.py)."""
+
+    mu: float  # the proximal term's weight
 
 
 @strategy_for(catalog.FEDPROX)
 class FedProx(FedAvg):
-    def fit_payload(self, pid, server_round):
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
+        self.prox_hyper = read_hyper(FedProxHyper, self.hyper)
+
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         arrays, extra = super().fit_payload(pid, server_round)
-        return arrays, {**extra, **FedProxFit(mu=self.hyper["mu"]).to_config()}
+        return arrays, {**extra, **FedProxFit(mu=self.prox_hyper.mu).to_config()}
 
 
 @strategy_for(catalog.FEDPROX_FT)

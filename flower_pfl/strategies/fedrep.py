@@ -13,17 +13,33 @@ shapes, dtypes) at the body's arrays instead of the whole model's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from logging import WARNING
+from pathlib import Path
+from typing import Mapping, Sequence
 
 import numpy as np
+from flwr.common import Scalar
 from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
+from flower_pfl.config import RunConfig
 from flower_pfl.instructions import FedRepFit
-from flower_pfl.learning.models import head_split, model_for
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.strategies.base import PersonalizedStrategy
+from flower_pfl.strategies.federation import ClientUpdate
+from flower_pfl.strategies.hyper_view import read_hyper
 from flower_pfl.strategies.mechanism import Mechanism
+
+
+@dataclass(frozen=True)
+class FedRepHyper:
+    """hyper.<fedrep | plgu-grep> (flower_pfl/catalog/plgu.py)."""
+
+    head_epochs: int  # epochs on the client's own head
+    body_epochs: int  # epochs on the shared body
+    reading: str = "one-model"  # PLGU-GRep's; FedRep reads one model
+
 
 HEAD = ("its own head h_i carried over from an earlier round",
         "the initial head; an untrained client evaluates (initial head, global body)")
@@ -34,15 +50,20 @@ class FedRep(PersonalizedStrategy):
     has_global_model = False
     mechanism = Mechanism("FedRep", *HEAD)
     #: the shared body and which model arrays it is (set by setup, not called on resume)
-    checkpointed = ("body", "body_index")
+    checkpointed: tuple[str, ...] = ("body", "body_index")
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
         self.body_index: list[int] = []  # the model arrays of the body (setup)
         self.body: list[np.ndarray] = []  # the shared body, averaged each round
+        self.fedrep_hyper = read_hyper(FedRepHyper, self.hyper)
 
-    def setup(self, initial_arrays):
-        self.body_index = head_split(model_for(self.cfg))[1]
+    def setup(self, initial_arrays: list[np.ndarray]) -> None:
+        from flower_pfl.learning.models import head_split, model_for  # torch: here, not at import
+
+        # model_for declares a Mapping; it reads a RunConfig by key and its .source
+        self.body_index = head_split(model_for(self.cfg))[1]  # type: ignore[arg-type]  # RunConfig
         self.body = [np.array(initial_arrays[i], copy=True) for i in self.body_index]
         if not self.body_index:
             log(WARNING, "[flower-pfl] %s: model '%s' is all head (one layer group), so the "
@@ -50,16 +71,17 @@ class FedRep(PersonalizedStrategy):
                 "training)",
                 self.cfg.strategy, self.cfg["model"])
 
-    def upload_template(self):
+    def upload_template(self) -> list[np.ndarray]:
         return self.body  # clients upload the body (checked by the base)
 
     def rho(self) -> float:
         return 0.0
 
-    def fit_payload(self, pid, server_round):
-        return self.body, FedRepFit(head_epochs=self.hyper["head-epochs"],
-                                    body_epochs=self.hyper["body-epochs"], rho=self.rho(),
-                                    reading=self.hyper.get("reading", "one-model")).to_config()
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
+        hp = self.fedrep_hyper
+        return self.body, FedRepFit(head_epochs=hp.head_epochs, body_epochs=hp.body_epochs,
+                                    rho=self.rho(), reading=hp.reading).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         if not self.body:
@@ -67,5 +89,6 @@ class FedRep(PersonalizedStrategy):
         self.body = [np.mean(np.stack([u.arrays[k] for u in updates]).astype(np.float64),
                              axis=0).astype(np.float32) for k in range(len(self.body))]
 
-    def eval_payload(self, pid, server_round):
+    def eval_payload(self, pid: int, server_round: int
+                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         return self.body, {}

@@ -13,16 +13,29 @@ array nobody shared stays as it is.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from logging import WARNING
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+from flwr.common import Scalar
 from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
+from flower_pfl.config import RunConfig
 from flower_pfl.instructions import SAMFit, SharedReply
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.strategies.base import PersonalizedStrategy
+from flower_pfl.strategies.federation import ClientUpdate
+from flower_pfl.strategies.hyper_view import read_hyper
+
+
+@dataclass(frozen=True)
+class SAMHyper:
+    """hyper.<fedsam | plgu-lf> (flower_pfl/catalog/plgu.py)."""
+
+    rho: float  # the SAM radius
 
 
 def apply_mean_delta(global_arrays: Sequence[np.ndarray], updates: Sequence[ClientUpdate]
@@ -47,7 +60,7 @@ def apply_mean_delta(global_arrays: Sequence[np.ndarray], updates: Sequence[Clie
     return out, counts
 
 
-def warn_rho_zero(hyper, name: str, becomes: str) -> None:
+def warn_rho_zero(hyper: Mapping[str, Any], name: str, becomes: str) -> None:
     if float(hyper["rho"]) == 0.0:
         log(WARNING, "[flower-pfl] %s with rho = 0 has no perturbation: it runs as %s",
             name, becomes)
@@ -55,11 +68,19 @@ def warn_rho_zero(hyper, name: str, becomes: str) -> None:
 
 @strategy_for(catalog.FEDSAM)
 class FedSAM(PersonalizedStrategy):
-    def setup(self, initial_arrays):
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
+        self.sam_hyper = read_hyper(SAMHyper, self.hyper)
+
+    def setup(self, initial_arrays: list[np.ndarray]) -> None:
         warn_rho_zero(self.hyper, "fedsam", "FedAvg with an unweighted mean of deltas")
 
-    def fit_payload(self, pid, server_round):
-        return self.global_arrays, SAMFit(rho=self.hyper["rho"]).to_config()
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
+        assert self.global_arrays is not None, "FedSAM keeps a global model (has_global_model)"
+        return self.global_arrays, SAMFit(rho=self.sam_hyper.rho).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        assert self.global_arrays is not None, "FedSAM keeps a global model (has_global_model)"
         self.global_arrays, _ = apply_mean_delta(self.global_arrays, updates)

@@ -14,10 +14,19 @@ below ``MIN_PEAK_OVER_MEAN`` a WARNING names sigma.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from flwr.common import Scalar
+
 from flower_pfl.algorithms.attention import heurfedamp_weights, peak_over_mean
 from flower_pfl.catalog import fedamp as catalog
+from flower_pfl.config import RunConfig
 from flower_pfl.instructions import FedAMPFit
 from flower_pfl.registry import strategy_for
+from flower_pfl.strategies.hyper_view import read_hyper
 from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 
@@ -25,16 +34,32 @@ from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 MIN_PEAK_OVER_MEAN = 1.1
 
 
+@dataclass(frozen=True)
+class HeurFedAMPHyper:
+    """hyper.heurfedamp (flower_pfl/catalog/fedamp.py)."""
+
+    alpha_k: float
+    lambda_: float
+    sigma: float  # the softmax's scale (eq. 8)
+    self_weight: float  # xi_ii
+
+
 @strategy_for(catalog.HEURFEDAMP)
 class HeurFedAMP(MessagePassingStrategy):
     mechanism = Mechanism("HeurFedAMP", *CLOUD)
 
-    def attention(self, rows, server_round):
-        return heurfedamp_weights(self.matrix.cosine(rows), rows, self.peers(),
-                                  float(self.hyper["sigma"]), float(self.hyper["self-weight"]))
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
+        self.heur_hyper = read_hyper(HeurFedAMPHyper, self.hyper)
 
-    def prepare_round(self, server_round, sampled):
+    def attention(self, rows: np.ndarray, server_round: int) -> np.ndarray:
+        return heurfedamp_weights(self.matrix.cosine(rows), rows, self.peers(),
+                                  float(self.heur_hyper.sigma), float(self.heur_hyper.self_weight))
+
+    def prepare_round(self, server_round: int, sampled: list[int]) -> None:
         super().prepare_round(server_round, sampled)
+        assert self.last_xi is not None, "super().prepare_round set this round's weights"
         rows, xi = self.last_xi
         ratio = peak_over_mean(xi, rows)
         if self.peers().sum() > 2 and ratio < MIN_PEAK_OVER_MEAN:
@@ -42,7 +67,7 @@ class HeurFedAMP(MessagePassingStrategy):
                 "uniform", "[flower-pfl] HeurFedAMP round %d: the attention is uniform over the "
                 "peers (peak/mean peer weight %.4f): the cosines of the models are too close "
                 "for sigma = %g to separate them; raise sigma (server.csv: peak_over_mean).",
-                server_round, ratio, float(self.hyper["sigma"]))
+                server_round, ratio, float(self.heur_hyper.sigma))
 
-    def fit_config(self, pid, server_round):
-        return FedAMPFit(prox_coef=self.hyper["lambda"] / self.hyper["alpha-k"]).to_config()
+    def fit_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
+        return FedAMPFit(prox_coef=self.heur_hyper.lambda_ / self.heur_hyper.alpha_k).to_config()

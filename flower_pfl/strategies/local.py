@@ -6,6 +6,11 @@ schedules rounds and collects evaluations; no weights travel in either direction
 
 from __future__ import annotations
 
+from typing import Mapping
+
+import numpy as np
+from flwr.common import Scalar
+
 from flower_pfl.catalog import baselines as catalog
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
@@ -16,8 +21,10 @@ class Local(PersonalizedStrategy):
     has_global_model = False
     uploads_model = False  # nothing is uploaded, so there is no model to check
 
-    def fit_payload(self, pid, server_round):
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         return [], {}
 
-    def eval_payload(self, pid, server_round):
+    def eval_payload(self, pid: int, server_round: int
+                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         return [], {}

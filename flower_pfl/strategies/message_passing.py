@@ -33,17 +33,24 @@ is kept (its u_i still starts from its own w_i); the excluded partition-ids are 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+from flwr.common import EvaluateRes, Scalar
 from flwr.common.logger import log
+from flwr.server.client_proxy import ClientProxy
 
 from flower_pfl.algorithms.attention import peak_over_mean
+from flower_pfl.config import RunConfig
 from flower_pfl.instructions import ReceivedModel
-from flower_pfl.model_store import ModelStore, RowMatrix, plan_from_config
-from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.model_store import ModelStore, plan_from_config
+from flower_pfl.store_rows import RowMatrix
+from flower_pfl.strategies.base import PersonalizedStrategy
+from flower_pfl.strategies.federation import ClientUpdate
+from flower_pfl.strategies.hyper_view import read_hyper
 
 #: the store's file and the scratch files of large cloud models, under the results folder
 STATE_DIR = "state"
@@ -53,6 +60,13 @@ STATE_DIR = "state"
 #: similarity to ITS uploaded model; before its first upload that is the initial model
 CLOUD = ("a cloud model u_i weighted by its own uploaded model's similarity to its peers",
          "the weights compare the initial model with the peers")
+
+
+@dataclass(frozen=True)
+class ScoredModel:
+    """hyper.<fedamp | heurfedamp>.evaluate (flower_pfl/catalog/fedamp.py; FedACS has none)."""
+
+    evaluate: str | None = None  # 'cloud' (u_i), 'personal' (w_i); None: FedACS's rule
 
 
 class MessagePassingStrategy(PersonalizedStrategy):
@@ -72,12 +86,14 @@ class MessagePassingStrategy(PersonalizedStrategy):
     # checkpointed: nothing of its own -- the ModelStore is in the base's ClientStore (its
     # file pinned, not pickled: save_checkpoint); the cloud models are per-round scratch
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
         # this round's cloud models u_i of the sampled clients (prepare_round .. aggregate)
         self.cloud: RowMatrix | None = None
         self.cloud_index: dict[int, int] = {}
         self.last_xi: tuple[np.ndarray, np.ndarray] | None = None  # (rows, Xi) of the round
+        self.scored = read_hyper(ScoredModel, self.hyper)
         self.reset_eval_cache()
 
     def reset_eval_cache(self) -> None:
@@ -88,7 +104,7 @@ class MessagePassingStrategy(PersonalizedStrategy):
         self._eval_block: int | None = None
         self._eval_rows: RowMatrix | None = None
 
-    def setup(self, initial_arrays):
+    def setup(self, initial_arrays: list[np.ndarray]) -> None:
         reference = self.spec.flatten(initial_arrays)
         plan = plan_from_config(self.cfg.values, self.num_clients, reference.shape[0])
         self.store.matrix = ModelStore(self.num_clients, reference, plan, self.state_dir)
@@ -103,7 +119,7 @@ class MessagePassingStrategy(PersonalizedStrategy):
         """Weights Xi (len(rows) x n) for the clients in ``rows``."""
         raise NotImplementedError
 
-    def fit_config(self, pid: int, server_round: int) -> dict[str, Any]:
+    def fit_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
         """Extra config for the client (e.g. FedAMP's prox weight lambda/alpha_k)."""
         return {}
 
@@ -121,7 +137,7 @@ class MessagePassingStrategy(PersonalizedStrategy):
         limit = self.outlier_factor * float(np.median(drift[seen]))
         return seen & (drift <= limit)
 
-    def prepare_round(self, server_round, sampled):
+    def prepare_round(self, server_round: int, sampled: list[int]) -> None:
         rows = np.asarray(sampled, dtype=np.int64)
         started = time.perf_counter()
         xi = self.attention(rows, server_round)
@@ -141,7 +157,9 @@ class MessagePassingStrategy(PersonalizedStrategy):
                         # ~1 means uniform attention over peers: the mechanism does nothing
                         peak_over_mean=peak_over_mean(xi, rows))
 
-    def fit_payload(self, pid, server_round):
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
+        assert self.cloud is not None, "prepare_round computed this round's cloud models"
         return (self.spec.unflatten(self.cloud.row(self.cloud_index[pid])),
                 self.fit_config(pid, server_round))
 
@@ -156,8 +174,9 @@ class MessagePassingStrategy(PersonalizedStrategy):
         self.matrix.refresh()  # only these Gram rows/columns: one pass over the stored rows
         self.close_cloud()
 
-    def eval_payload(self, pid, server_round):
-        cloud = self.hyper.get("evaluate") == "cloud" and bool(self.matrix.seen.any())
+    def eval_payload(self, pid: int, server_round: int
+                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
+        cloud = self.scored.evaluate == "cloud" and bool(self.matrix.seen.any())
         if not cloud and self.matrix.seen[pid]:
             return [], {}  # the client evaluates its own personalized model w_i
         if self._eval_key != (server_round, cloud):
@@ -168,6 +187,7 @@ class MessagePassingStrategy(PersonalizedStrategy):
             self._eval_xi = self.attention(need, server_round + 1 if cloud else server_round)
             self._eval_key, self._eval_need, self._eval_block = (server_round, cloud), need, None
         # ... the models in blocks of clients that fit the store's output budget
+        assert self._eval_need is not None and self._eval_xi is not None  # set just above
         k = int(np.searchsorted(self._eval_need, pid))
         per = self.matrix.rows_per_output()
         block = k // per
@@ -177,10 +197,13 @@ class MessagePassingStrategy(PersonalizedStrategy):
             self._eval_rows = self.matrix.combine_rows(self._eval_xi[block * per:(block + 1) * per],
                                                        self.state_dir / "cloud-eval.bin")
             self._eval_block = block
+        assert self._eval_rows is not None  # this block's, computed above or before
         arrays = self.spec.unflatten(self._eval_rows.row(k - block * per))
         return arrays, (ReceivedModel(evaluate_received=True).to_config() if cloud else {})
 
-    def aggregate_evaluate(self, server_round, results, failures):
+    def aggregate_evaluate(self, server_round: int,
+                           results: list[tuple[ClientProxy, EvaluateRes]],
+                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
         # evaluation-only cloud models (up to n x d floats): not state, not kept
         if self._eval_rows is not None:
             self._eval_rows.close()
@@ -191,14 +214,14 @@ class MessagePassingStrategy(PersonalizedStrategy):
         return out
 
     # ------------------------------------------------------------- checkpoint/resume
-    def save_checkpoint(self, server_round: int):
+    def save_checkpoint(self, server_round: int) -> Path:
         """The store's file is the checkpoint of its rows: pinned, not pickled."""
         self.matrix.pin()
         folder = super().save_checkpoint(server_round)
         self.matrix.release_old_pins()
         return folder
 
-    def restore_state(self, state):
+    def restore_state(self, state: dict[str, Any]) -> None:
         super().restore_state(state)
         log(INFO, "[flower-pfl] %s", self.matrix.attach(self.state_dir))
 

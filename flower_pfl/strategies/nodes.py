@@ -20,12 +20,13 @@ from __future__ import annotations
 import concurrent.futures
 from logging import INFO, WARNING
 
-from flwr.common import GetPropertiesIns
+from flwr.common import GetPropertiesIns, GetPropertiesRes
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from flower_pfl.strategies.federation import FederationError, TaggedProxy, failure_reason
+from flower_pfl.strategies.state import StrategyState
 
 #: how long the first handshake waits for the federation's nodes (and each node's answer)
 WAIT_FOR_NODES_S = 120.0
@@ -46,7 +47,7 @@ def message_threads(num_messages: int) -> int:
     return max(1, min(int(num_messages), MAX_MESSAGE_THREADS))
 
 
-class NodeTracking:
+class NodeTracking(StrategyState):
     """Partition-ids of the connected nodes, and the seeded sample of each round."""
 
     def sample(self, server_round: int) -> list[int]:
@@ -84,7 +85,7 @@ class NodeTracking:
         if unknown:
             ins = GetPropertiesIns({})  # a client answers its partition-id, nothing else
 
-            def ask(proxy):
+            def ask(proxy: ClientProxy) -> GetPropertiesRes | None:
                 try:
                     return proxy.get_properties(ins, WAIT_FOR_NODES_S, None)
                 except Exception as exc:  # noqa: BLE001 - any failure = no handshake answer

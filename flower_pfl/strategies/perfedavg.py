@@ -10,22 +10,48 @@ steps of size alpha on its training data (Per-FedAvg-P) and the global model its
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from flwr.common import Scalar
+
 from flower_pfl.catalog import baselines as catalog
+from flower_pfl.config import RunConfig
 from flower_pfl.instructions import PerFedAvgEval, PerFedAvgFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
+from flower_pfl.strategies.hyper_view import read_hyper
+
+
+@dataclass(frozen=True)
+class PerFedAvgHyper:
+    """hyper.perfedavg (flower_pfl/catalog/baselines.py)."""
+
+    variant: str  # 'fo' or 'hf'
+    alpha: float  # the inner (personal) step size
+    delta: float  # the Hessian-free variant's finite-difference step
+    personal_steps: int  # personal steps before evaluation
 
 
 @strategy_for(catalog.PERFEDAVG)
 class PerFedAvg(FedAvg):
-    def fit_payload(self, pid, server_round):
-        arrays, extra = super().fit_payload(pid, server_round)
-        return arrays, {**extra, **PerFedAvgFit(variant=self.hyper["variant"],
-                                                alpha=self.hyper["alpha"],
-                                                delta=self.hyper["delta"]).to_config()}
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
+        self.perfedavg_hyper = read_hyper(PerFedAvgHyper, self.hyper)
 
-    def eval_payload(self, pid, server_round):
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
+        arrays, extra = super().fit_payload(pid, server_round)
+        hp = self.perfedavg_hyper
+        return arrays, {**extra, **PerFedAvgFit(variant=hp.variant, alpha=hp.alpha,
+                                                delta=hp.delta).to_config()}
+
+    def eval_payload(self, pid: int, server_round: int
+                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         arrays, extra = super().eval_payload(pid, server_round)
-        return arrays, {**extra, **PerFedAvgEval(alpha=self.hyper["alpha"],
-                                                 personal_steps=self.hyper["personal-steps"]
-                                                 ).to_config()}
+        hp = self.perfedavg_hyper
+        return arrays, {**extra, **PerFedAvgEval(alpha=hp.alpha,
+                                                 personal_steps=hp.personal_steps).to_config()}

@@ -21,26 +21,31 @@ memory advance only in the rounds it is sampled.  E_I is the uniform mean (``wei
 from __future__ import annotations
 
 from logging import WARNING
+from pathlib import Path
+from typing import Mapping, Sequence
 
+import numpy as np
+from flwr.common import Scalar
 from flwr.common.logger import log
 
-from flower_pfl.algorithms import pfedbred_math as pm
 from flower_pfl.catalog import pfedbred as catalog
+from flower_pfl.config import RunConfig
 from flower_pfl.instructions import PFedBreDFit, PFedBreDReply
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.base import PersonalizedStrategy
+from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 from flower_pfl.strategies.mechanism import Mechanism
 
 
 @strategy_for(catalog.PFEDBRED)
 class PFedBreD(PersonalizedStrategy):
-    mechanism = Mechanism("pFedBreD", "theta_i (theta-init: carry) and, for meg/mh, the "
-                          "memorized w_i carried over from an earlier round",
-                          "both start at the received w")
+    mechanism: Mechanism | None = Mechanism(
+        "pFedBreD", "theta_i (theta-init: carry) and, for meg/mh, the memorized w_i carried "
+        "over from an earlier round", "both start at the received w")
     #: the meta-step of eq. 14; None: read ``hyper.prior`` (convenience names fix it)
     fixed_prior: str | None = None
 
-    def __init__(self, cfg, initial_arrays=None, results_dir=None) -> None:
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
         super().__init__(cfg, initial_arrays, results_dir)
         self.prior = self.fixed_prior or str(self.hyper["prior"])
         off = {"lg": ["eta-alpha"], "meg": ["eta"], "mh": ["eta", "eta-alpha"],
@@ -49,8 +54,10 @@ class PFedBreD(PersonalizedStrategy):
             log(WARNING, "[flower-pfl] %s: %s = 0 switches the meta-step off (mu = w): this "
                 "run is pFedMe, not pFedBreD-%s", cfg.strategy, " = ".join(off), self.prior)
 
-    def fit_payload(self, pid, server_round):
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         h = self.hyper
+        assert self.global_arrays is not None, "initialize_parameters sets the global model"
         return self.global_arrays, PFedBreDFit(
             lam=h["lambda"], alpha=h["alpha"], alpha_m=h["alpha-m"],
             local_iterations=h["local-iterations"], prox_steps=h["prox-steps"],
@@ -58,10 +65,14 @@ class PFedBreD(PersonalizedStrategy):
             eta=h.get("eta", 0.0), envelope=h.get("envelope", "mu"),
             eta_alpha=h.get("eta-alpha", 0.0)).to_config()
 
-    def aggregate_updates(self, server_round, updates):
-        weights = None
+    def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        from flower_pfl.algorithms import pfedbred_math as pm  # torch: imported at use, so
+        # that importing the strategy modules stays torch-free (strategies/index.py)
+
+        weights: list[float] | None = None
         if self.hyper["weighting"] == "samples":
             weights = [u.num_examples for u in updates]
+        assert self.global_arrays is not None, "initialize_parameters sets the global model"
         self.global_arrays = pm.server_update(self.global_arrays, [u.arrays for u in updates],
                                               float(self.hyper["beta"]), weights)
         gaps = [gap for u in updates

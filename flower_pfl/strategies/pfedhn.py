@@ -1,8 +1,8 @@
 """pFedHN (Shamsian et al., "Personalized Federated Learning using Hypernetworks", ICML
 2021) server: the hypernetwork and the client embeddings live here.
 
-theta_i = h(v_i; phi): a 3-layer MLP (flower_pfl/plgu_math.HyperNetwork) maps client i's
-learned embedding v_i (kept in the ClientStore, ``embedding``) to the flat parameters of
+theta_i = h(v_i; phi): a 3-layer MLP (flower_pfl/algorithms/plgu_math.py, HyperNetwork) maps
+client i's learned embedding v_i (kept in the ClientStore, ``embedding``) to the flat parameters of
 its model. Each round: generate theta_i for every sampled client and send it; the client
 trains it and returns theta~_i; the server computes, per client, the gradient of
 <theta_i, theta_i - theta~_i> w.r.t. phi and v_i (pFedHN's update: back-propagating the
@@ -16,15 +16,20 @@ the weights). Personalized evaluation: every client evaluates its generated h(v_
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any, Mapping
 
-from flower_pfl.algorithms import plgu_math as pm
+import numpy as np
+from flwr.common import Scalar
+
 from flower_pfl.catalog import plgu as catalog
 from flower_pfl.instructions import SAMFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 from flower_pfl.strategies.mechanism import Mechanism
+
+if TYPE_CHECKING:  # the hypernetwork is torch: imported where it is built and used, so that
+    # importing the strategy modules stays torch-free (flower_pfl/strategies/index.py)
+    from flower_pfl.algorithms.plgu_math import HyperNetwork
 
 EMBEDDING = ("its embedding v_i trained in an earlier round",
              "h(v_i) of the initial random embedding")
@@ -37,14 +42,18 @@ class PFedHN(PersonalizedStrategy):
     #: the hypernetwork (the client embeddings v_i are in the ClientStore)
     checkpointed = ("hn",)
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.hn: pm.HyperNetwork | None = None  # built by setup from the initial model
+        self.hn: HyperNetwork | None = None  # built by setup from the initial model
 
     def rho(self) -> float:
         return 0.0
 
-    def setup(self, initial_arrays):
+    def setup(self, initial_arrays: list[np.ndarray]) -> None:
+        import torch
+
+        from flower_pfl.algorithms import plgu_math as pm
+
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(self.cfg["seed"]) + 0x4E)
             self.hn = pm.HyperNetwork(int(self.hyper["embed-dim"]), int(self.hyper["hidden"]),
@@ -53,22 +62,32 @@ class PFedHN(PersonalizedStrategy):
             self.store.put("embedding", pid, pm.init_embedding(int(self.hyper["embed-dim"]),
                                                                int(self.cfg["seed"]), pid))
 
-    @torch.no_grad()
     def generate(self, pid: int) -> list[np.ndarray]:
-        v = torch.as_tensor(self.store.get("embedding", pid))
-        return self.spec.unflatten(self.hn(v).numpy().astype(np.float32))
+        import torch
 
-    def fit_payload(self, pid, server_round):
+        with torch.no_grad():
+            v = torch.as_tensor(self.store.get("embedding", pid))
+            assert self.hn is not None, "setup builds the hypernetwork before round 1"
+            return self.spec.unflatten(self.hn(v).numpy().astype(np.float32))
+
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         return self.generate(pid), SAMFit(rho=self.rho()).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
-        params = list(self.hn.parameters())
+        import torch
+
+        from flower_pfl.algorithms import plgu_math as pm
+
+        hn = self.hn
+        assert hn is not None, "setup builds the hypernetwork before round 1"
+        params = list(hn.parameters())
         total = [torch.zeros_like(p) for p in params]
         delta_norms = []
         for u in updates:
             v = torch.as_tensor(self.store.get("embedding", u.pid))
             trained = torch.as_tensor(self.spec.flatten(u.arrays).astype(np.float32))
-            grads, g_v = pm.hypernetwork_grads(self.hn, v, trained)
+            grads, g_v = pm.hypernetwork_grads(hn, v, trained)
             for t, g in zip(total, grads):
                 t.add_(g)
             self.store.put("embedding", u.pid,
@@ -79,5 +98,6 @@ class PFedHN(PersonalizedStrategy):
                 p.sub_(float(self.hyper["hn-lr"]) * t / len(updates))
         self.log_server(client_delta_norm_mean=float(np.mean(delta_norms)))
 
-    def eval_payload(self, pid, server_round):
+    def eval_payload(self, pid: int, server_round: int
+                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         return self.generate(pid), {}

@@ -20,14 +20,16 @@ PLGU-GHN: pFedHN's server; clients train with LWSAM (our reading, see clients/pl
 from __future__ import annotations
 
 from logging import WARNING
+from typing import Mapping
 
+import numpy as np
+from flwr.common import Scalar
 from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
 from flower_pfl.instructions import PLGUFit, PLGUReply
-from flower_pfl.learning.models import model_for
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.base import ClientUpdate
+from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 from flower_pfl.strategies.fedrep import HEAD, FedRep
 from flower_pfl.strategies.fedsam import FedSAM, apply_mean_delta, warn_rho_zero
 from flower_pfl.strategies.mechanism import Mechanism
@@ -39,9 +41,13 @@ class PLGULF(FedSAM):
     mechanism = Mechanism("PLGU-LF", "layer scores xi (eq. 6) from its own personal model of "
                           "an earlier round", "Lambda = I: FedSAM's step, no personal layers")
 
-    def setup(self, initial_arrays):
+    def setup(self, initial_arrays: list[np.ndarray]) -> None:
+        from flower_pfl.learning.models import model_for  # torch: imported at use, so that
+        # importing the strategy modules stays torch-free (flower_pfl/strategies/index.py)
+
         warn_rho_zero(self.hyper, "plgu-lf", "PLGU-LF without LWSAM (layer freezing + SGD)")
-        num_layers = len(model_for(self.cfg).layer_names())
+        # model_for declares a Mapping; it reads a RunConfig by key (as base.py's initial_arrays)
+        num_layers = len(model_for(self.cfg).layer_names())  # type: ignore[arg-type]  # RunConfig
         d = int(self.hyper["personal-layers"])
         if d >= num_layers:
             log(WARNING, "[flower-pfl] plgu-lf: personal-layers = %d >= the %d layer(s) of "
@@ -51,25 +57,30 @@ class PLGULF(FedSAM):
             log(WARNING, "[flower-pfl] plgu-lf: personal-layers = 0 keeps no layer personal: "
                 "this is FedSAM with the layer-scaled (LWSAM) perturbation")
 
-    def fit_payload(self, pid, server_round):
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
+        assert self.global_arrays is not None, "initialize_parameters sets the global model"
         return self.global_arrays, PLGUFit(rho=self.hyper["rho"],
                                            personal_layers=self.hyper["personal-layers"],
                                            reading=self.hyper["reading"]).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        assert self.global_arrays is not None, "initialize_parameters sets the global model"
         self.global_arrays, counts = apply_mean_delta(self.global_arrays, updates)
         per = [PLGUReply.from_config(u.metrics).personal_layers or "" for u in updates]
         self.log_server(arrays_shared_by_nobody=int((counts == 0).sum()),
                         personal_layer_choices=";".join(sorted(set(per))))
 
 
-class PerturbedVariant:
+class PerturbedVariant(PersonalizedStrategy):
     """PLGU-GRep / PLGU-GHN: the base method's server with the clients' LWSAM radius rho
-    (``rho = 0`` is the base method: warned)."""
+    (``rho = 0`` is the base method: warned).  Listed first among a variant's bases, so
+    its ``setup`` (the base method's, then the warning) and ``rho`` come before FedRep's and
+    pFedHN's in the method order."""
 
     base_name = ""
 
-    def setup(self, initial_arrays):
+    def setup(self, initial_arrays: list[np.ndarray]) -> None:
         super().setup(initial_arrays)
         warn_rho_zero(self.hyper, self.cfg.strategy, self.base_name)
 

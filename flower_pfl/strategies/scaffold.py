@@ -20,15 +20,20 @@ FedAMP's global baseline).
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any, Mapping
 
-from flower_pfl.algorithms.baselines_math import CONTROL, CONTROL_DELTA, scaffold_server
+import numpy as np
+from flwr.common import Scalar
+
 from flower_pfl.catalog import baselines as catalog
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.base import PersonalizedStrategy
+from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 from flower_pfl.strategies.mechanism import Mechanism
 
-#: the upload's extra part: dc_i = c_i+ - c_i (line 13); the download's: c
+# flower_pfl/algorithms/baselines_math.py (the names of the extra parts, CONTROL_DELTA: dc_i =
+# c_i+ - c_i, line 13, uploaded; CONTROL: c, downloaded; and the server step) imports torch
+# for the client's math: each method imports it where used, so that importing the strategy
+# modules stays torch-free (flower_pfl/strategies/index.py).
 
 
 @strategy_for(catalog.SCAFFOLD)
@@ -38,24 +43,34 @@ class Scaffold(PersonalizedStrategy):
     #: the server control variate c
     checkpointed = ("control",)
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.control: list[np.ndarray] = []  # c; zeros from setup()
 
-    def setup(self, initial_arrays):
+    def setup(self, initial_arrays: list[np.ndarray]) -> None:
         self.control = [np.zeros_like(a) for a in initial_arrays]  # c = 0
 
-    def fit_payload(self, pid, server_round):
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
+        assert self.global_arrays is not None, "initialize_parameters sets the global model"
         return list(self.global_arrays), {}
 
-    def fit_extra(self, pid, server_round):
+    def fit_extra(self, pid: int, server_round: int) -> dict[str, list[np.ndarray]]:
+        from flower_pfl.algorithms.baselines_math import CONTROL
+
         return {CONTROL: self.control}
 
-    def upload_extra(self, server_round):
+    def upload_extra(self, server_round: int) -> dict[str, list[np.ndarray]]:
+        from flower_pfl.algorithms.baselines_math import CONTROL_DELTA
+
+        assert self._initial is not None, "initialize_parameters sets the initial model"
         return {CONTROL_DELTA: self._initial}  # dc_i: shaped like the model
 
-    def aggregate_updates(self, server_round, updates):
+    def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        from flower_pfl.algorithms.baselines_math import CONTROL_DELTA, scaffold_server
+
         dcs = [u.extra[CONTROL_DELTA] for u in updates]
+        assert self.global_arrays is not None, "initialize_parameters sets the global model"
         self.global_arrays, self.control = scaffold_server(
             self.global_arrays, self.control, [u.arrays for u in updates], dcs,
             [u.num_examples for u in updates], self.num_clients, float(self.hyper["global-lr"]))

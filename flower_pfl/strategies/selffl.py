@@ -30,17 +30,25 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 from logging import INFO
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
+from flwr.common import Scalar
 from flwr.common.logger import log
 
 from flower_pfl.algorithms import selffl_math as sm
 from flower_pfl.catalog import selffl as catalog
+from flower_pfl.config import RunConfig
 from flower_pfl.instructions import SelfFLFit, SelfFLReply
-from flower_pfl.model_store import RowMatrix, plan_from_config
+from flower_pfl.model_store import plan_from_config
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
+from flower_pfl.store_rows import RowMatrix
+from flower_pfl.strategies.base import PersonalizedStrategy
+from flower_pfl.strategies.federation import ClientUpdate
+from flower_pfl.strategies.hyper_view import read_hyper
 from flower_pfl.strategies.mechanism import Mechanism
 
 OPTIMUM_OFFSET = sm.OPTIMUM_OFFSET
@@ -65,7 +73,23 @@ RULE_COLUMNS = {
 }
 
 
-def _median_known(values) -> float:
+@dataclass(frozen=True)
+class SelfFLHyper:
+    """hyper.selffl (flower_pfl/catalog/selffl.py; 'auto' where a value may be one)."""
+
+    eta: float | str
+    l_max: int
+    warmup_rounds: int | str
+    variance_estimator: str
+    bootstrap_max_steps: int
+    bootstrap_lr: float | str
+    bootstrap_tol: float
+    contraction: str
+    eq13_samples: str
+    oracle: bool
+
+
+def _median_known(values: Iterable[float]) -> float:
     """Median of the known (>= 0) values; NaN when none is known."""
     known = [float(v) for v in values if float(v) >= 0]
     return float(np.median(known)) if known else math.nan
@@ -96,35 +120,38 @@ class SelfFL(PersonalizedStrategy):
                           "run more rounds than hyper.selffl.warmup-rounds or raise fraction-fit")
     #: sigma_0^2 and its peak (the sigma_m^2 are in the ClientStore), and the choices
     #: ``setup`` made from the model (a resumed run does not call setup again)
-    checkpointed = ("sigma0_sq", "sigma0_peak", "estimator", "contraction", "eq13_samples",
-                    "warmup_rounds", "oracle_sigma_sq")
+    checkpointed: tuple[str, ...] = ("sigma0_sq", "sigma0_peak", "estimator", "contraction",
+                                     "eq13_samples", "warmup_rounds", "oracle_sigma_sq")
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        super().__init__(cfg, initial_arrays, results_dir)
+        self.selffl_hyper = hp = read_hyper(SelfFLHyper, self.hyper)
         self.sigma0_sq = math.nan  # eq. 14's estimate (NaN: none yet)
         self.sigma0_peak = math.nan  # its largest value so far (the mechanism-off measure)
         self.oracle_sigma_sq: np.ndarray | None = None  # oracle: the true sigma_m^2
-        self.estimator = "oracle" if self.hyper["oracle"] else self.hyper["variance-estimator"]
+        self.estimator = "oracle" if hp.oracle else hp.variance_estimator
         # the 'auto' choices below depend on the model's size: set in setup
-        self.contraction = str(self.hyper["contraction"])
-        self.eq13_samples = str(self.hyper["eq13-samples"])
+        self.contraction = str(hp.contraction)
+        self.eq13_samples = str(hp.eq13_samples)
         self.warmup_rounds = 0
         self.optima_missing = 0  # the round's uploads without d_m (eq. 14 leaves them out)
 
-    def setup(self, initial_arrays):
+    def setup(self, initial_arrays: list[np.ndarray]) -> None:
         # every 'auto' below: the paper's literal form on the scalar model of sections 2-3,
         # the deep-learning form (section 3.2) on a network
         network = self.spec.dim > 1
         boot_net = network and self.estimator == "bootstrap"
-        auto = {"contraction": "measured" if boot_net else "variance",  # trace vs variance
-                "eq13-samples": "offset" if boot_net else "optimum",  # the fit's start matters
-                "warmup-rounds": int(self.cfg["rounds"]) // 4 if network else 0}
-        pick = lambda key: (auto[key] if self.hyper[key] == "auto"  # noqa: E731 - closure over auto
-                            else self.hyper[key])
-        self.contraction = pick("contraction")
-        self.eq13_samples = pick("eq13-samples")
-        self.warmup_rounds = int(pick("warmup-rounds"))
-        if self.hyper["oracle"]:
+        auto_contraction = "measured" if boot_net else "variance"  # trace vs variance
+        auto_eq13 = "offset" if boot_net else "optimum"  # the fit's start matters
+        auto_warmup = int(self.cfg["rounds"]) // 4 if network else 0
+        hp = self.selffl_hyper  # each: the hyper-parameter, or its 'auto' choice above
+        self.contraction = auto_contraction if hp.contraction == "auto" else hp.contraction
+        self.eq13_samples = auto_eq13 if hp.eq13_samples == "auto" else hp.eq13_samples
+        # a string is 'auto' (validated: flower_pfl/catalog/selffl.py), likewise below
+        self.warmup_rounds = int(auto_warmup if isinstance(hp.warmup_rounds, str)
+                                 else hp.warmup_rounds)
+        if hp.oracle:
             from flower_pfl.learning.data import gaussian_truth
 
             truth = gaussian_truth(self.cfg.values)
@@ -152,22 +179,23 @@ class SelfFL(PersonalizedStrategy):
             return math.nan
         return sm.s_minus(self.sigma0_sq, others)
 
-    def fit_payload(self, pid, server_round):
-        s = self.s_minus(pid)
+    def fit_payload(self, pid: int, server_round: int
+                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
+        s, hp = self.s_minus(pid), self.selffl_hyper
+        assert self.global_arrays is not None, "Self-FL keeps a global model"
         return self.global_arrays, SelfFLFit(
             warmup=self.warmup(server_round),
             sample_variance=self.samples_variance(server_round),
             sigma0_sq=self.sigma0_sq if math.isfinite(self.sigma0_sq) else UNKNOWN,
             s_minus=s if math.isfinite(s) else UNKNOWN,
-            eta=self.cfg["train.lr"] if self.hyper["eta"] == "auto" else self.hyper["eta"],
-            l_max=self.hyper["l-max"],
+            eta=self.cfg["train.lr"] if isinstance(hp.eta, str) else hp.eta,  # str: 'auto'
+            l_max=hp.l_max,
             variance_estimator=self.estimator,
             contraction=self.contraction,
             eq13_samples=self.eq13_samples,
-            bootstrap_max_steps=self.hyper["bootstrap-max-steps"],
-            bootstrap_tol=self.hyper["bootstrap-tol"],
-            bootstrap_lr=(self.hyper["bootstrap-lr"] if self.hyper["bootstrap-lr"] != "auto"
-                          else -1.0),
+            bootstrap_max_steps=hp.bootstrap_max_steps,
+            bootstrap_tol=hp.bootstrap_tol,
+            bootstrap_lr=-1.0 if isinstance(hp.bootstrap_lr, str) else hp.bootstrap_lr,
             oracle_sigma_sq=(self.oracle_sigma_sq[pid] if self.oracle_sigma_sq is not None
                              else UNKNOWN),
             # partial participation: a client's next turn is ~1/C rounds away, so its first
@@ -175,13 +203,13 @@ class SelfFL(PersonalizedStrategy):
             first_fits=FIRST_FITS if float(self.cfg["fraction-fit"]) < 1.0 else 1,
         ).to_config()
 
-    def upload_extra(self, server_round):
+    def upload_extra(self, server_round: int) -> dict[str, list[np.ndarray]]:
         """d_m in the rounds whose clients run the bootstrap fit (template: no memory)."""
         if self.estimator != "bootstrap" or not self.samples_variance(server_round):
             return {}
         return {OPTIMUM_OFFSET: [np.broadcast_to(np.float32(0), (self.spec.dim,))]}
 
-    def bounded_extra(self):
+    def bounded_extra(self) -> frozenset[str]:
         return frozenset({OPTIMUM_OFFSET})  # d_m is an update: max-update-norm bounds it
 
     def optimum_offset(self, u: ClientUpdate) -> np.ndarray | None:
@@ -195,8 +223,9 @@ class SelfFL(PersonalizedStrategy):
     def estimate_sigma0_sq(self, models: RowMatrix, updates: list[ClientUpdate]) -> float:
         """Eq. 14 over this round's clients: local optima (bootstrap) or personal models
         (the surrogate reads the round's models as one float64 array)."""
+        # a RowMatrix where variance_across declares an ndarray (np.asarray reads it)
         if self.estimator != "bootstrap":
-            return sm.variance_across(models)
+            return sm.variance_across(models)  # type: ignore[arg-type]  # RowMatrix, above
         total, sq, n = np.zeros(self.spec.dim), 0.0, 0
         for u in updates:
             offset = self.optimum_offset(u)
@@ -230,6 +259,7 @@ class SelfFL(PersonalizedStrategy):
             estimate = self.estimate_sigma0_sq(rows, updates)  # eq. 14
             if np.isfinite(estimate):
                 self.sigma0_sq = estimate
+        assert self.global_arrays is not None, "Self-FL keeps a global model"
         previous = self.spec.flatten(self.global_arrays).astype(np.float64)
         warmup = self.warmup(server_round)
         weights_rule = "FedAvg (warm-up)"
@@ -241,9 +271,12 @@ class SelfFL(PersonalizedStrategy):
                 theta[c0:c1] = np.tensordot(share, models, axes=1)
         else:
             s0 = self.sigma0_sq if math.isfinite(self.sigma0_sq) else 0.0
-            _, weights_rule = sm.precision_weights_explained(s0, sigma_sq)
+            # sigma_sq: an array where selffl_math declares Sequence[float] (np.asarray reads it)
+            _, weights_rule = sm.precision_weights_explained(
+                s0, sigma_sq)  # type: ignore[arg-type]  # an array: see the line above
             for c0, c1, models in rows.blocks(np.float64):  # columns c0:c1 of every upload
-                theta_hat = sm.aggregate(models, s0, sigma_sq)  # eq. 11
+                # eq. 11 (sigma_sq: an array, as above)
+                theta_hat = sm.aggregate(models, s0, sigma_sq)  # type: ignore[arg-type]  # ndarray
                 theta[c0:c1] = sm.smooth(previous[c0:c1], theta_hat,
                                          float(self.cfg["fraction-fit"]))
         rows.close()
@@ -251,7 +284,8 @@ class SelfFL(PersonalizedStrategy):
         self.report(server_round, updates, sigma_sq, warmup, weights_rule)
 
     # ------------------------------------------------------------------ visibility
-    def report(self, server_round, updates, sigma_sq, warmup, weights_rule) -> None:
+    def report(self, server_round: int, updates: list[ClientUpdate], sigma_sq: np.ndarray,
+               warmup: bool, weights_rule: str) -> None:
         """Counts of every fallback, the mechanism-off measure, per-client rules."""
         replies = [SelfFLReply.from_config(u.metrics) for u in updates]
         rules = Counter(r.steps_rule or "" for r in replies)

@@ -1,0 +1,33 @@
+"""Every module of flower_pfl/clients that binds a client (``@client_for``), imported by
+name: :func:`flower_pfl.registry.client_class` imports this module (clients train, so this
+imports torch), and with it every client class is bound.  Each client module imports the
+strategy classes it serves.  tests/test_registry.py checks that every module of the package
+that binds a client is listed here (a module left out would leave its strategies without a
+client).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from flower_pfl.clients import (
+    apfl,
+    ditto,
+    fedacs,
+    fedamp,
+    fedavg,
+    fedprox,
+    fedrep,
+    fedsam,
+    local,
+    perfedavg,
+    pfedbred,
+    pfedhn,
+    plgu,
+    scaffold,
+    selffl,
+)
+
+#: the modules that bind a client to the strategies it serves (FedAMP's serves two)
+MODULES: tuple[ModuleType, ...] = (apfl, ditto, fedacs, fedamp, fedavg, fedprox, fedrep, fedsam,
+                                   local, perfedavg, pfedbred, pfedhn, plgu, scaffold, selffl)

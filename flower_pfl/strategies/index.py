@@ -1,0 +1,39 @@
+"""Every module of flower_pfl/strategies that binds a strategy (``@strategy_for``), imported
+by name: :func:`flower_pfl.registry.strategy_class` imports this module, and with it every
+strategy class is bound.
+
+The strategy modules are torch-free at import (a strategy that needs torch on the server --
+pFedHN's hypernetwork, pFedBreD's and SCAFFOLD's math modules, the model PLGU-LF counts
+layers of -- imports it inside the method that uses it), so this costs what Flower and numpy
+cost, and a numpy strategy's ServerApp never loads torch.  tests/test_registry.py checks
+both: importing this imports no torch, and every module of the package that binds a
+strategy is listed here (a module left out would leave its strategies unbound).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from flower_pfl.strategies import (
+    apfl,
+    ditto,
+    fedacs,
+    fedamp,
+    fedavg,
+    fedprox,
+    fedrep,
+    fedsam,
+    heurfedamp,
+    local,
+    perfedavg,
+    pfedbred,
+    pfedhn,
+    plgu,
+    scaffold,
+    selffl,
+)
+
+#: the modules that bind the catalog's strategies, one file per paper or algorithm
+MODULES: tuple[ModuleType, ...] = (apfl, ditto, fedacs, fedamp, fedavg, fedprox, fedrep, fedsam,
+                                   heurfedamp, local, perfedavg, pfedbred, pfedhn, plgu,
+                                   scaffold, selffl)
