@@ -423,12 +423,11 @@ def strategy_needs(values: Mapping[str, Any], hyper: Mapping[str, Any] | None
     """What the run's strategy needs of a model: (one head layer: FedRep and PLGU-GRep
     keep exactly the last layer group on the client; the hypernetwork's ``hidden`` width
     for pFedHN and PLGU-GHN, else None)."""
-    import importlib
-
     from flower_pfl import registry
 
-    fedrep = importlib.import_module("flower_pfl.strategies.fedrep").FedRep
-    pfedhn = importlib.import_module("flower_pfl.strategies.pfedhn").PFedHN
+    # the classes by their registered names: this floor asks the registry, it does not
+    # import the strategies' floor above it
+    fedrep, pfedhn = registry.strategy_class("fedrep"), registry.strategy_class("pfedhn")
     strategy = values["strategy"]
     cls = registry.strategy_class(strategy)
     hyper = dict(registry.get(strategy).validate_hyper({}, strategy)[0], **(hyper or {}))
