@@ -18,12 +18,12 @@ from flower_pfl.strategies.fedprox import FedProxHyper
 from flower_pfl.strategies.fedrep import FedRepHyper
 from flower_pfl.strategies.fedsam import SAMHyper
 from flower_pfl.strategies.heurfedamp import HeurFedAMPHyper
-from flower_pfl.strategies.hyper_view import hyper_key, read_hyper
+from flower_pfl.strategies.hyper_view import HyperView, hyper_key, read_hyper, read_views
 from flower_pfl.strategies.message_passing import ScoredModel
 from flower_pfl.strategies.perfedavg import PerFedAvgHyper
 from flower_pfl.strategies.selffl import SelfFLHyper
 
-#: each view -> the strategies whose __init__ reads it (the class and its subclasses)
+#: each view -> the strategies that name it (the class and its subclasses)
 READERS = {
     FineTuneHyper: ["fedavg-ft", "fedprox-ft"], FedProxHyper: ["fedprox", "fedprox-ft"],
     DittoHyper: ["ditto"], PerFedAvgHyper: ["perfedavg"], APFLHyper: ["apfl"],
@@ -69,3 +69,46 @@ def test_a_default_fills_only_an_absent_key():
 def test_read_hyper_refuses_a_non_dataclass():
     with pytest.raises(TypeError, match="dataclass"):
         read_hyper(dict, {})
+
+
+class _Owner:
+    """A strategy's shape: ``hyper`` set, then every view read (as PersonalizedStrategy's
+    ``__init__`` ends)."""
+
+    ft_hyper = HyperView(FineTuneHyper)
+
+    def __init__(self, hyper: dict) -> None:
+        self.hyper = hyper
+        read_views(self)
+
+
+class _Child(_Owner):
+    prox_hyper = HyperView(FedProxHyper)
+
+
+def test_a_view_is_read_when_the_strategy_is_built_and_kept():
+    owner = _Child({"finetune-steps": 7, "mu": 0.25})
+    assert owner.ft_hyper.finetune_steps == 7 and owner.prox_hyper.mu == 0.25
+    assert owner.ft_hyper is owner.ft_hyper  # read once, kept
+    owner.hyper = {"finetune-steps": 99}  # not read again
+    assert owner.ft_hyper.finetune_steps == 7
+    # a base class's view is read too, when the object is built -- not in a round
+    with pytest.raises(TypeError, match="FedProxHyper.mu: the hyper-parameters hold no 'mu'"):
+        _Child({"finetune-steps": 7})
+    with pytest.raises(TypeError, match="'finetune-steps'"):
+        _Child({"mu": 0.25})
+    assert isinstance(_Owner.ft_hyper, HyperView)  # on the class: the descriptor
+
+
+def test_a_strategy_whose_hyper_parameters_lack_a_views_key_fails_when_built(tmp_path):
+    from dataclasses import replace
+
+    from flower_pfl.registry import strategy_class
+    from tests.conftest import small_config
+
+    cfg = small_config(strategy="fedprox-ft")
+    built = strategy_class("fedprox-ft")(cfg, results_dir=tmp_path / "ok")
+    assert vars(built)["_prox_hyper_view"].mu == cfg.hyper["mu"]  # read in __init__
+    lacking = replace(cfg, hyper={k: v for k, v in cfg.hyper.items() if k != "mu"})
+    with pytest.raises(TypeError, match="FedProxHyper.mu: the hyper-parameters hold no 'mu'"):
+        strategy_class("fedprox-ft")(lacking, results_dir=tmp_path / "lacking")

@@ -11,19 +11,17 @@ by the registry.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
-from flower_pfl.config import RunConfig
 from flower_pfl.instructions import APFLInstruction
 from flower_pfl.instructions import Scalar as InstructionScalar
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 from flower_pfl.strategies.mechanism import Mechanism
 
 
@@ -42,10 +40,7 @@ class APFL(FedAvg):
                           "round", "v_i = w and alpha_i = alpha-init; an untrained client "
                           "evaluates w")
 
-    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
-                 results_dir: str | Path | None = None) -> None:
-        super().__init__(cfg, initial_arrays, results_dir)
-        self.apfl_hyper = read_hyper(APFLHyper, self.hyper)
+    apfl_hyper = HyperView(APFLHyper)
 
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:

@@ -76,6 +76,7 @@ from flower_pfl.strategies.federation import (  # noqa: F401 - re-exported (test
     TaggedProxy,
     failure_reason,
 )
+from flower_pfl.strategies.hyper_view import read_views
 from flower_pfl.strategies.mechanism import Mechanism, MechanismCount
 from flower_pfl.strategies.nodes import WAIT_FOR_NODES_S, NodeTracking  # noqa: F401
 from flower_pfl.warnings_once import warn_once
@@ -144,6 +145,7 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         self.upload_spec: ParamSpec | None = None  # the model part of an upload
         self.mechanism_count = MechanismCount()  # client-rounds that used ``mechanism``
         self.ray_cluster_said = False  # flower_pfl.raynode.cluster_line, logged once
+        read_views(self)  # each typed hyper-parameter view (hyper_view.py), now
 
     # ------------------------------------------------------------------ subclass hooks
     def setup(self, initial_arrays: list[np.ndarray]) -> None:

@@ -10,18 +10,16 @@ evaluated every evaluation round: Ditto-P (v_i, the personalized column) and Dit
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
-from flower_pfl.config import RunConfig
 from flower_pfl.instructions import DittoFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 from flower_pfl.strategies.mechanism import Mechanism
 
 
@@ -38,10 +36,7 @@ class Ditto(FedAvg):
     mechanism = Mechanism("Ditto", "personal v_i carried over from an earlier round",
                           "v_i starts at the global model; an untrained client evaluates w")
 
-    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
-                 results_dir: str | Path | None = None) -> None:
-        super().__init__(cfg, initial_arrays, results_dir)
-        self.ditto_hyper = read_hyper(DittoHyper, self.hyper)
+    ditto_hyper = HyperView(DittoHyper)
 
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:

@@ -57,7 +57,7 @@ from flower_pfl.algorithms.attention import (
 from flower_pfl.catalog import fedacs as catalog
 from flower_pfl.config import RunConfig
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 from flower_pfl.warnings_once import first_time
@@ -102,13 +102,14 @@ class FedACS(MessagePassingStrategy):
     #: plain mean of the stored models}
     checkpointed: tuple[str, ...] = ("fedacs_counts",)
 
+    fedacs_hyper = HyperView(FedACSHyper)
+
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
         super().__init__(cfg, initial_arrays, results_dir)
         self.delta = float("inf")  # delta^k of the round (set by attention)
         self.fedacs_counts = {"dropped_nonpositive": 0, "consensus_uniform": 0}
         self._round_uniform = 0  # newcomer rows of the last attention() call given the mean
-        self.fedacs_hyper = read_hyper(FedACSHyper, self.hyper)
 
     def threshold(self) -> float:
         """delta^k over the similarity matrix of the stored models."""

@@ -39,7 +39,7 @@ from flower_pfl.catalog import fedamp as catalog
 from flower_pfl.config import RunConfig
 from flower_pfl.instructions import FedAMPFit
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 
@@ -64,11 +64,12 @@ class FedAMPHyper:
 class FedAMP(MessagePassingStrategy):
     mechanism = Mechanism("FedAMP", *CLOUD)
 
+    fedamp_hyper = HyperView(FedAMPHyper)
+
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
         super().__init__(cfg, initial_arrays, results_dir)
         self._coef = math.nan  # lambda / alpha_k of the round's weights (set by attention)
-        self.fedamp_hyper = read_hyper(FedAMPHyper, self.hyper)
 
     def sigma(self, peers: np.ndarray) -> float:
         if self.fedamp_hyper.sigma != "auto":

@@ -8,20 +8,18 @@ same way; its clients fine-tune the global model before personalized evaluation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.algorithms.fedavg_math import weighted_average
 from flower_pfl.catalog import baselines as catalog
-from flower_pfl.config import RunConfig
 from flower_pfl.instructions import FineTuneEval
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 
 
 @dataclass(frozen=True)
@@ -44,10 +42,7 @@ class FedAvg(PersonalizedStrategy):
 class FedAvgFT(FedAvg):
     """FedAvg whose clients fine-tune the global model before personalized evaluation."""
 
-    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
-                 results_dir: str | Path | None = None) -> None:
-        super().__init__(cfg, initial_arrays, results_dir)
-        self.ft_hyper = read_hyper(FineTuneHyper, self.hyper)
+    ft_hyper = HyperView(FineTuneHyper)
 
     def eval_payload(self, pid: int, server_round: int
                      ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:

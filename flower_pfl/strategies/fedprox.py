@@ -13,18 +13,16 @@ the global model for ``finetune-steps`` SGD steps (FedAvg-FT's evaluation, share
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
-from flower_pfl.config import RunConfig
 from flower_pfl.instructions import FedProxFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 
 
 @dataclass(frozen=True)
@@ -36,10 +34,7 @@ class FedProxHyper:
 
 @strategy_for(catalog.FEDPROX)
 class FedProx(FedAvg):
-    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
-                 results_dir: str | Path | None = None) -> None:
-        super().__init__(cfg, initial_arrays, results_dir)
-        self.prox_hyper = read_hyper(FedProxHyper, self.hyper)
+    prox_hyper = HyperView(FedProxHyper)
 
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:

@@ -28,7 +28,7 @@ from flower_pfl.instructions import FedRepFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 from flower_pfl.strategies.mechanism import Mechanism
 
 
@@ -52,12 +52,13 @@ class FedRep(PersonalizedStrategy):
     #: the shared body and which model arrays it is (set by setup, not called on resume)
     checkpointed: tuple[str, ...] = ("body", "body_index")
 
+    fedrep_hyper = HyperView(FedRepHyper)
+
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
         super().__init__(cfg, initial_arrays, results_dir)
         self.body_index: list[int] = []  # the model arrays of the body (setup)
         self.body: list[np.ndarray] = []  # the shared body, averaged each round
-        self.fedrep_hyper = read_hyper(FedRepHyper, self.hyper)
 
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
         from flower_pfl.learning.models import head_split, model_for  # torch: here, not at import

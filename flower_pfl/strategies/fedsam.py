@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from logging import WARNING
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -23,12 +22,11 @@ from flwr.common import Scalar
 from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
-from flower_pfl.config import RunConfig
 from flower_pfl.instructions import SAMFit, SharedReply
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 
 
 @dataclass(frozen=True)
@@ -68,10 +66,7 @@ def warn_rho_zero(hyper: Mapping[str, Any], name: str, becomes: str) -> None:
 
 @strategy_for(catalog.FEDSAM)
 class FedSAM(PersonalizedStrategy):
-    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
-                 results_dir: str | Path | None = None) -> None:
-        super().__init__(cfg, initial_arrays, results_dir)
-        self.sam_hyper = read_hyper(SAMHyper, self.hyper)
+    sam_hyper = HyperView(SAMHyper)
 
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
         warn_rho_zero(self.hyper, "fedsam", "FedAvg with an unweighted mean of deltas")

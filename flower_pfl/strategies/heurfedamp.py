@@ -15,18 +15,16 @@ below ``MIN_PEAK_OVER_MEAN`` a WARNING names sigma.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.algorithms.attention import heurfedamp_weights, peak_over_mean
 from flower_pfl.catalog import fedamp as catalog
-from flower_pfl.config import RunConfig
 from flower_pfl.instructions import FedAMPFit
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
 
@@ -48,10 +46,7 @@ class HeurFedAMPHyper:
 class HeurFedAMP(MessagePassingStrategy):
     mechanism = Mechanism("HeurFedAMP", *CLOUD)
 
-    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
-                 results_dir: str | Path | None = None) -> None:
-        super().__init__(cfg, initial_arrays, results_dir)
-        self.heur_hyper = read_hyper(HeurFedAMPHyper, self.hyper)
+    heur_hyper = HyperView(HeurFedAMPHyper)
 
     def attention(self, rows: np.ndarray, server_round: int) -> np.ndarray:
         return heurfedamp_weights(self.matrix.cosine(rows), rows, self.peers(),

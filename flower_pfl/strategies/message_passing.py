@@ -50,7 +50,7 @@ from flower_pfl.model_store import ModelStore, plan_from_config
 from flower_pfl.store_rows import RowMatrix
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 
 #: the store's file and the scratch files of large cloud models, under the results folder
 STATE_DIR = "state"
@@ -86,6 +86,8 @@ class MessagePassingStrategy(PersonalizedStrategy):
     # checkpointed: nothing of its own -- the ModelStore is in the base's ClientStore (its
     # file pinned, not pickled: save_checkpoint); the cloud models are per-round scratch
 
+    scored = HyperView(ScoredModel)
+
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
         super().__init__(cfg, initial_arrays, results_dir)
@@ -93,7 +95,6 @@ class MessagePassingStrategy(PersonalizedStrategy):
         self.cloud: RowMatrix | None = None
         self.cloud_index: dict[int, int] = {}
         self.last_xi: tuple[np.ndarray, np.ndarray] | None = None  # (rows, Xi) of the round
-        self.scored = read_hyper(ScoredModel, self.hyper)
         self.reset_eval_cache()
 
     def reset_eval_cache(self) -> None:

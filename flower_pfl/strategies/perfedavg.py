@@ -11,18 +11,16 @@ steps of size alpha on its training data (Per-FedAvg-P) and the global model its
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
-from flower_pfl.config import RunConfig
 from flower_pfl.instructions import PerFedAvgEval, PerFedAvgFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 
 
 @dataclass(frozen=True)
@@ -37,10 +35,7 @@ class PerFedAvgHyper:
 
 @strategy_for(catalog.PERFEDAVG)
 class PerFedAvg(FedAvg):
-    def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
-                 results_dir: str | Path | None = None) -> None:
-        super().__init__(cfg, initial_arrays, results_dir)
-        self.perfedavg_hyper = read_hyper(PerFedAvgHyper, self.hyper)
+    perfedavg_hyper = HyperView(PerFedAvgHyper)
 
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:

@@ -48,7 +48,7 @@ from flower_pfl.registry import strategy_for
 from flower_pfl.store_rows import RowMatrix
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
-from flower_pfl.strategies.hyper_view import read_hyper
+from flower_pfl.strategies.hyper_view import HyperView
 from flower_pfl.strategies.mechanism import Mechanism
 
 OPTIMUM_OFFSET = sm.OPTIMUM_OFFSET
@@ -123,10 +123,12 @@ class SelfFL(PersonalizedStrategy):
     checkpointed: tuple[str, ...] = ("sigma0_sq", "sigma0_peak", "estimator", "contraction",
                                      "eq13_samples", "warmup_rounds", "oracle_sigma_sq")
 
+    selffl_hyper = HyperView(SelfFLHyper)
+
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
         super().__init__(cfg, initial_arrays, results_dir)
-        self.selffl_hyper = hp = read_hyper(SelfFLHyper, self.hyper)
+        hp = self.selffl_hyper
         self.sigma0_sq = math.nan  # eq. 14's estimate (NaN: none yet)
         self.sigma0_peak = math.nan  # its largest value so far (the mechanism-off measure)
         self.oracle_sigma_sq: np.ndarray | None = None  # oracle: the true sigma_m^2
