@@ -35,7 +35,8 @@ from statistics import mean
 import yaml
 
 from flower_pfl import config, phases
-from flower_pfl.running.deploy import Deployment, make_ca, make_node_key
+from flower_pfl.running.certs import make_ca, make_node_key
+from flower_pfl.running.deploy import Deployment
 from flower_pfl.running.launch import run_simulation
 
 #: the server's record kind -> the message type of its clients' records

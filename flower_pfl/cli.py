@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.config_given = any(a == "--config" or a.startswith("--config=") for a in argv)
 
     if args.command == "certs":
-        from flower_pfl.running.deploy import LOOPBACK, make_ca
+        from flower_pfl.running.certs import LOOPBACK, make_ca
 
         paths = make_ca(args.dir, args.host or ())
         print("\n".join(f"{k}: {v}" for k, v in paths.items()))
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{', '.join(dict.fromkeys([*(args.host or ()), *LOOPBACK]))}")
         return 0
     if args.command == "node-key":
-        from flower_pfl.running.deploy import make_node_key
+        from flower_pfl.running.certs import make_node_key
 
         private, public = make_node_key(args.dir, args.name)
         print(f"private: {private}\npublic:  {public}")

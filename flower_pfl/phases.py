@@ -62,6 +62,7 @@ class Recorder:
                 else:
                     self.close(kind(*args, **kwargs) if kind else {"kind": name}, elapsed)
 
+        # a marker on the function object (install() wraps once): functions take attributes
         timed.__wrapped_by_phases__ = True  # type: ignore[attr-defined]
         return timed
 

@@ -13,7 +13,8 @@ if sys.version_info >= (3, 11):
 else:  # Flower installs tomli on 3.10
     import tomli as tomllib
 
-from flower_pfl.running.deploy import Deployment, check_gpus, make_ca
+from flower_pfl.running.certs import make_ca
+from flower_pfl.running.deploy import Deployment, check_gpus
 from flower_pfl.running.procs import LaunchError
 
 

@@ -13,7 +13,8 @@ from flower_pfl.reporting import compare as cmp
 from flower_pfl.reporting.console import summary_lines
 from flower_pfl.reporting.coverage import run_coverage
 from flower_pfl.reporting.run_files import read_summary
-from flower_pfl.running.deploy import Deployment, key_registered, make_ca, make_node_key
+from flower_pfl.running.certs import make_ca, make_node_key
+from flower_pfl.running.deploy import Deployment, key_registered
 from flower_pfl.running.procs import is_alive
 
 # Real SuperLink + SuperNode processes with TLS: 1-2 minutes each.

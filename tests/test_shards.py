@@ -254,7 +254,7 @@ def _supernode_args(*extra: str):
 
 def test_supernode_takes_its_shard_with_relative_paths_and_checks_its_identity(
         tmp_path, made, monkeypatch):
-    from flower_pfl.running.deploy import make_ca, make_node_key
+    from flower_pfl.running.certs import make_ca, make_node_key
     from flower_pfl.running.procs import LaunchError
     from flower_pfl.running.sites import supernode_plan
 

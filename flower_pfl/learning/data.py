@@ -54,7 +54,7 @@ FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
 
 
 
-class _Classes(dict):  # type: ignore[type-arg]
+class _Classes(dict[str, int]):
     """The built-in datasets' class counts; another ``data.dataset`` (a source of
     :mod:`flower_pfl.learning.sources`) answers with its inferred count
     (:func:`flower_pfl.learning.own_data.info`; ``get`` does not look it up)."""

@@ -74,7 +74,7 @@ def _read(path: Path, id_column: np.ndarray | None) -> tuple[dict[int, list[int]
                 raise DataError(f"{key}: client {client}'s samples must be a list of integer "
                                 f"row indices")
         return table, overlap
-    import pandas as pd  # type: ignore[import-untyped]
+    import pandas as pd
 
     try:
         frame = pd.read_csv(path)

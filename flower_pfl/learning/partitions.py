@@ -148,6 +148,7 @@ def _pathological_partitioner(n: int, k: int, seed: int) -> Any:
     :func:`pathological_classes`."""
     from flwr_datasets import partitioner as fp
 
+    # misc: flwr_datasets ships no types, so its base class is Any to mypy
     class Covering(fp.PathologicalPartitioner):  # type: ignore[misc]
         def _determine_partition_id_to_unique_labels(self) -> None:
             super()._determine_partition_id_to_unique_labels()  # its checks and its rule

@@ -98,7 +98,7 @@ def read_table(path: Path, settings: dict[str, Any]) -> Loaded:
         x = xs[0] if len(xs) == 1 and xs[0].dtype == np.uint8 and xs[0].ndim == 4 else \
             np.concatenate([a.reshape(len(a), -1) for a in xs], axis=1).astype(np.float32)
         return labelled(x, y, what, min_classes=settings.get("min-classes", 2))
-    import pandas as pd  # type: ignore[import-untyped]
+    import pandas as pd
 
     try:
         frame = pd.read_parquet(path) if suffix == ".parquet" else pd.read_csv(path)
@@ -109,7 +109,7 @@ def read_table(path: Path, settings: dict[str, Any]) -> Loaded:
 
 def _frame(frame: Any, settings: dict[str, Any], what: str) -> Loaded:
     """Features and label of a pandas DataFrame; the other columns kept as columns."""
-    from pandas.api.types import is_numeric_dtype  # type: ignore[import-untyped]
+    from pandas.api.types import is_numeric_dtype
 
     if len(frame) == 0:  # a header only: no samples (before its columns' empty types)
         raise SourceError(f"{what}: no samples")

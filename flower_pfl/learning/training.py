@@ -228,11 +228,11 @@ def dp_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec
     added after the noise (post-processing).  Returns (the metrics of :func:`train`, q).
     Raises ValueError for a model opacus cannot train per sample (BatchNorm).  Source of
     the sampling rate: opacus' ``make_private`` (poisson_sampling)."""
-    from opacus.grad_sample.grad_sample_module_fast_gradient_clipping import (  # type: ignore[import-untyped]  # noqa: E501
+    from opacus.grad_sample.grad_sample_module_fast_gradient_clipping import (  # noqa: E501
         GradSampleModuleFastGradientClipping,
     )
-    from opacus.optimizers import DPOptimizerFastGradientClipping  # type: ignore[import-untyped]
-    from opacus.validators import ModuleValidator  # type: ignore[import-untyped]
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.validators import ModuleValidator
 
     errors = ModuleValidator.validate(model, strict=False)
     if errors:

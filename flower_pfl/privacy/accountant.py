@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Mapping
 
-import dp_accounting  # type: ignore[import-untyped]
+import dp_accounting
 import numpy as np
-from dp_accounting.rdp import RdpAccountant  # type: ignore[import-untyped]
-from dp_accounting.rdp.rdp_privacy_accountant import (  # type: ignore[import-untyped]
+from dp_accounting.rdp import RdpAccountant
+from dp_accounting.rdp.rdp_privacy_accountant import (
     compute_epsilon,
 )
 

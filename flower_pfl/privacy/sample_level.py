@@ -17,8 +17,8 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 import numpy as np
-from opacus.accountants import RDPAccountant  # type: ignore[import-untyped]
-from opacus.accountants.analysis import rdp as privacy_analysis  # type: ignore[import-untyped]
+from opacus.accountants import RDPAccountant
+from opacus.accountants.analysis import rdp as privacy_analysis
 
 #: the client state key of the DP-SGD history (clients/base.py)
 STATE_KEY = "dp-sgd"

@@ -51,7 +51,7 @@ def enabled(values: Mapping[str, Any]) -> bool:
 def available() -> bool:
     """Whether TensorBoard's writer can be imported."""
     try:
-        import tensorboard  # type: ignore[import-untyped]  # noqa: F401 - no types; only present?
+        import tensorboard  # noqa: F401 - no types; only present?
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
     except ImportError:
         return False

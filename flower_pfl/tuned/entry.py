@@ -47,4 +47,5 @@ def main(argv: Sequence[str] | None = None,
 
 
 if __name__ == "__main__":
-    sys.exit(main())  # type: ignore[arg-type]
+    # Flower's program functions return None or an exit status; sys.exit passes either on
+    sys.exit(main())  # type: ignore[arg-type]  # typeshed: sys.exit takes a str | int | None
