@@ -131,3 +131,53 @@ def test_sample_level_one_round_on_the_dnn(tmp_path):
         server = list(csv.DictReader(fh))
     assert float(server[0]["epsilon_max"]) == pytest.approx(
         max(float(r["dp_epsilon"]) for r in fits), abs=1e-6)
+
+
+def test_lean_dp_step_moves_the_clipped_sum_and_adds_the_noise_once():
+    # asymmetric clipped sum, expected batch size 2: grad = (S + N(0, (z C)^2)) / 2 with
+    # the noise opacus would draw from the same seed; S moved into summed_grad, not copied
+    from flower_pfl.learning.dp_optimizer import LeanDPOptimizer
+
+    p = nn.Parameter(torch.zeros(3))
+    opt = LeanDPOptimizer(torch.optim.SGD([p], lr=1.0), noise_multiplier=1.5,
+                          max_grad_norm=0.5, expected_batch_size=2, loss_reduction="mean")
+    s = torch.tensor([1.0, -2.0, 3.0])
+    p.grad = s
+    torch.manual_seed(0)
+    assert opt.pre_step()
+    assert p.summed_grad is s
+    torch.manual_seed(0)
+    noise = torch.normal(0.0, 0.75, (3,))
+    assert torch.equal(p.grad, (s + noise) / 2)
+    opt.original_optimizer.step()
+    torch.testing.assert_close(p.detach(), -(s + noise) / 2)
+    opt.zero_grad(set_to_none=True)  # the next step gets a fresh sum
+    assert p.summed_grad is None and p.grad is None
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_lean_dp_training_equals_opacus_optimizer_bit_for_bit(monkeypatch):
+    # six Poisson-sampled DP-SGD steps with noise, a clip that cuts some samples: the lean
+    # step and opacus' own DPOptimizerFastGradientClipping give the same model bit for bit
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+
+    from flower_pfl.learning import dp_optimizer
+
+    def trained():
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(40, 5, generator=g) * torch.linspace(0.5, 4.0, 40)[:, None]
+        y = torch.randint(0, 3, (40,), generator=g)
+        torch.manual_seed(7)  # opacus draws its noise from torch's generator
+        dp_train(model, x, y, TrainSpec(lr=0.3, batch_size=8),
+                 torch.Generator().manual_seed(0), torch.device("cpu"), 1.3, 0.7,
+                 num_steps=6)
+        return [p.detach().clone() for p in model.parameters()]
+
+    lean = trained()
+    monkeypatch.setattr(dp_optimizer, "LeanDPOptimizer", DPOptimizerFastGradientClipping)
+    stock = trained()
+    assert all(torch.equal(a, b) for a, b in zip(lean, stock))
+    torch.manual_seed(3)
+    assert not torch.equal(lean[0], nn.Linear(5, 4).weight)  # it trained

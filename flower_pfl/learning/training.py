@@ -217,7 +217,8 @@ def dp_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec
     q n, then a step of :func:`make_optimizer`'s optimizer.
 
     The clipped sum is formed by opacus' ghost clipping (Li et al., ICLR 2022; opacus
-    ``GradSampleModuleFastGradientClipping`` + ``DPOptimizerFastGradientClipping``) instead of
+    ``GradSampleModuleFastGradientClipping`` + ``DPOptimizerFastGradientClipping``, the latter's
+step without its copies: :mod:`flower_pfl.learning.dp_optimizer`) instead of
     per-sample gradients: a first backward pass gives each sample's gradient norm (for a
     Linear layer ||g_i|| ||a_i||, its output gradient times its input; layers without such a
     rule get per-sample gradients), a second one the gradient of sum_i c_i l_i (c_i the clip
@@ -231,8 +232,9 @@ def dp_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec
     from opacus.grad_sample.grad_sample_module_fast_gradient_clipping import (  # noqa: E501
         GradSampleModuleFastGradientClipping,
     )
-    from opacus.optimizers import DPOptimizerFastGradientClipping
     from opacus.validators import ModuleValidator
+
+    from flower_pfl.learning.dp_optimizer import LeanDPOptimizer
 
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
@@ -246,7 +248,7 @@ def dp_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec
                                                max_grad_norm=max_grad_norm,
                                                use_ghost_clipping=True)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = DPOptimizerFastGradientClipping(
+    opt = LeanDPOptimizer(
         make_optimizer(params, spec, lr), noise_multiplier=noise_multiplier,
         max_grad_norm=max_grad_norm, expected_batch_size=max(1, round(q * n)),
         loss_reduction="mean")
