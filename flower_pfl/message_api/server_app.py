@@ -47,6 +47,7 @@ from flower_pfl.message_api.records import HANDSHAKE, instruction, metric_record
 from flower_pfl.reliability.uploads import EXTRA_ARRAYS, describe_parts
 from flower_pfl.strategies.base import PersonalizedStrategy, fit_metrics
 from flower_pfl.strategies.federation import ClientFailure, ClientUpdate, FederationError
+from flower_pfl.strategies.nodes import WAIT_FOR_NODES_S
 
 #: configuration keys whose mechanism lives in the legacy base's Flower-typed methods and is
 #: not ported by the spike: key -> (the value that is refused, why)
@@ -114,8 +115,13 @@ class PaperStrategy(Strategy):
 
     # -------------------------------------------------------------------- federation
     def handshake(self, grid: Grid) -> None:
-        """Ask every node its partition-id (a QUERY message); there must be ``clients``."""
-        nodes = sorted(grid.get_node_ids())
+        """Ask every node its partition-id (a QUERY message); there must be ``clients``,
+        waited for up to ``WAIT_FOR_NODES_S`` as on the legacy path (Flower's runtimes may
+        start the ServerApp before the nodes have registered)."""
+        deadline = time.monotonic() + WAIT_FOR_NODES_S
+        while (len(nodes := sorted(grid.get_node_ids())) < self.paper.num_clients
+               and time.monotonic() < deadline):
+            time.sleep(0.1)
         if len(nodes) != self.paper.num_clients:
             raise FederationError(f"the configuration says clients = {self.paper.num_clients}"
                                   f" but the grid has {len(nodes)} node(s)")
