@@ -15,6 +15,7 @@ from flwr.clientapp import ClientApp
 from flwr.common import NDArrays, Scalar  # (NumPyClient's own types, flwr.common only)
 
 from flower_pfl import registry, timing
+from flower_pfl.tuned import array_packing
 
 
 class RegistryClient(NumPyClient):
@@ -47,4 +48,7 @@ def client_fn(context: Context) -> Client:
     return RegistryClient(context).to_client()
 
 
-app = ClientApp(client_fn=client_fn, mods=timing.client_mods(RegistryClient))  # [] unless timed
+#: the arrays a tuned deployment's ServerApp packed, unpacked first (and the reply packed
+#: back); then the phase timer's mod when it is on
+app = ClientApp(client_fn=client_fn,
+                mods=[array_packing.client_mod, *timing.client_mods(RegistryClient)])

@@ -62,7 +62,8 @@ def test_a_tuned_deployment_gives_the_per_client_rows_of_a_stock_one(tmp_path):
         lines = _engine_lines(results)
         if engine == "tuned":
             assert lines["ServerApp"].startswith("tuned on flwr 1.42") and \
-                "grid_poll, pull_backoff in Flower's place" in lines["ServerApp"]
+                "grid_poll, pull_backoff, array_packing in Flower's place" \
+                in lines["ServerApp"]
             assert "node_waits, superexec_start, pull_backoff" in lines["SuperNode"]
             assert "warm_clientapp, pull_backoff" in lines["SuperExec"]
         else:  # Flower's binaries: only our ServerApp speaks, and says stock

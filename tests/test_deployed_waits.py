@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 import types
 from contextlib import contextmanager
 from logging import INFO, WARNING
@@ -25,9 +27,18 @@ from flwr.supernode import start_client_internal as sci
 
 from flower_pfl.running import deploy
 from flower_pfl.running.procs import bin_path
-from flower_pfl.tuned import entry, grid_poll, node_waits, programs, switch, warm_clientapp
+from flower_pfl.tuned import (
+    array_packing,
+    entry,
+    grid_poll,
+    node_waits,
+    programs,
+    switch,
+    warm_clientapp,
+)
 
 FLOWERS_GRID = vars(HttpGrid)["send_and_receive"]  # at import: Flower's
+FLOWERS_PUSH = vars(HttpGrid)["push_messages"]
 ON_142 = {"flwr": "1.42.0", "ray": "2.55.1"}.get
 
 
@@ -58,23 +69,6 @@ class FakeGrid:
         return self.script.pop(0) if self.script else []
 
 
-SCRIPT = [[], [_reply("b")], [_reply("a")]]  # nothing, then b, then a
-
-
-def test_replies_are_picked_up_a_tenth_of_a_second_after_they_exist(monkeypatch):
-    """Ours: the same three pulls as Flower's, 0.1 s between them instead of 3 s."""
-    ours, slept = FakeGrid(SCRIPT), []
-    monkeypatch.setattr(grid_poll, "sleep", slept.append)
-    got = grid_poll.send_and_receive(ours, ["m1", "m2"])
-    flowers, flower_slept = FakeGrid(SCRIPT), []
-    monkeypatch.setattr(http_grid.time, "sleep", flower_slept.append)
-    want = FLOWERS_GRID(flowers, ["m1", "m2"])
-    assert [m.metadata.reply_to_message_id for m in got] == ["b", "a"] == \
-        [m.metadata.reply_to_message_id for m in want]
-    assert ours.pulls == flowers.pulls == [["a", "b"], ["a", "b"], ["a"]]
-    assert slept == [0.1, 0.1] and flower_slept == [3, 3]
-
-
 class Clock:
     """``time.time`` that moves only when :meth:`sleep` is called."""
 
@@ -89,6 +83,24 @@ class Clock:
         self.now += s
 
 
+SCRIPT = [[], [_reply("b")], [_reply("a")]]  # nothing, then b, then a
+
+
+def test_replies_are_picked_up_a_tenth_of_a_second_after_they_exist(monkeypatch):
+    """Ours: the same three pulls as Flower's, 0.1 s between them instead of 3 s."""
+    ours, clock = FakeGrid(SCRIPT), Clock()
+    monkeypatch.setattr(grid_poll, "time", clock)
+    monkeypatch.setattr(grid_poll, "sleep", clock.sleep)
+    got = grid_poll.send_and_receive(ours, ["m1", "m2"])
+    flowers, flower_slept = FakeGrid(SCRIPT), []
+    monkeypatch.setattr(http_grid.time, "sleep", flower_slept.append)
+    want = FLOWERS_GRID(flowers, ["m1", "m2"])
+    assert [m.metadata.reply_to_message_id for m in got] == ["b", "a"] == \
+        [m.metadata.reply_to_message_id for m in want]
+    assert ours.pulls == flowers.pulls == [["a", "b"], ["a", "b"], ["a"]]
+    assert clock.slept == pytest.approx([0.1, 0.1]) and flower_slept == [3, 3]
+
+
 def test_a_timeout_ends_the_wait_at_its_deadline_not_a_look_later(monkeypatch):
     clock, grid = Clock(), FakeGrid([])  # no reply ever
     monkeypatch.setattr(grid_poll, "time", clock)
@@ -98,16 +110,72 @@ def test_a_timeout_ends_the_wait_at_its_deadline_not_a_look_later(monkeypatch):
     assert clock.slept == pytest.approx([0.1, 0.1, 0.05])  # the last one: to the deadline
 
 
+class SharedGrid:
+    """Each thread pushes one message (m0, m1, m2 -> ids a0, a1, a2); the reply to ``ai``
+    exists from ``ready[ai]`` s after the start; every pull is recorded with its ids."""
+
+    def __init__(self, ready):
+        self.ready, self.start, self.pulls = ready, time.time(), []
+        self.lock = threading.Lock()
+
+    def push_messages(self, messages):
+        return ["a" + m[1:] for m in messages]
+
+    def pull_messages(self, message_ids):
+        now = time.time() - self.start
+        with self.lock:
+            self.pulls.append((now, sorted(message_ids)))
+            out = [i for i in message_ids if self.ready[i] <= now]
+            for i in out:
+                self.ready[i] = float("inf")  # the SuperLink hands a reply out once
+        return [_reply(i) for i in out]
+
+
+def test_the_waiting_threads_share_one_pull_every_poll_and_each_gets_its_own_reply():
+    """Three clients' threads wait at once (the legacy loop): one request pulls for all of
+    them, no more than one per POLL_S, and each thread gets the reply to its message --
+    Flower's way would be three requests per look, one per thread."""
+    grid = SharedGrid({"a0": 0.35, "a1": 0.05, "a2": 0.2})
+    got = {}
+
+    def wait(i):
+        got[i] = grid_poll.send_and_receive(grid, [f"m{i}"], timeout=5)
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {i: [r.metadata.reply_to_message_id for r in got[i]] for i in got} == \
+        {0: ["a0"], 1: ["a1"], 2: ["a2"]}
+    times = [at for at, _ in grid.pulls]
+    assert all(b - a >= grid_poll.POLL_S * 0.9 for a, b in zip(times, times[1:]))
+    assert len(grid.pulls) <= 6  # ~0.35 s / 0.1 s, not three per look
+    assert ["a0", "a1", "a2"] in [ids for _, ids in grid.pulls]  # one pull, every thread's
+    assert grid.pulls[-1][1] == ["a0"]  # what was answered is not asked for again
+    assert grid_poll._box(grid).wanted == set() and grid_poll._box(grid).got == {}
+
+
+def test_a_thread_that_times_out_leaves_nothing_owed_behind(monkeypatch):
+    grid = SharedGrid({"a0": float("inf")})
+    assert grid_poll.send_and_receive(grid, ["m0"], timeout=0.15) == []
+    box = grid_poll._box(grid)
+    assert box.wanted == set() and box.got == {} and not box.polling
+
+
 def test_a_deployments_server_app_gets_the_grid_poll_and_stock_keeps_flowers(lines):
     out, log = lines
     done = switch.install("tuned", simulation=False, version_of=ON_142, log=log)
-    assert done.replaced == ("grid_poll", "pull_backoff")
+    assert done.replaced == ("grid_poll", "pull_backoff", "array_packing")
     assert HttpGrid.send_and_receive is grid_poll.send_and_receive
+    assert HttpGrid.push_messages is array_packing.push_messages
     assert grid_poll.flowers_own() is FLOWERS_GRID
     assert out[-1] == (INFO, "[flower-pfl] deployment engine (ServerApp): tuned on flwr "
-                             "1.42.0: grid_poll, pull_backoff in Flower's place")
+                             "1.42.0: grid_poll, pull_backoff, array_packing in Flower's "
+                             "place")
     assert switch.install("stock", simulation=False, version_of=ON_142, log=log).replaced == ()
     assert vars(HttpGrid)["send_and_receive"] is FLOWERS_GRID
+    assert vars(HttpGrid)["push_messages"] is FLOWERS_PUSH
     assert out[-1] == (INFO, "[flower-pfl] deployment engine (ServerApp): stock (engine: "
                              "stock): Flower as released")
 

@@ -77,10 +77,10 @@ def test_tuned_replaces_all_three_with_one_line_and_a_second_call_adds_none(line
 
 
 def test_a_deployments_server_app_replaces_none_of_the_simulation_engine(lines):
-    """Its own replacement only (tests/test_deployed_waits.py): the reply polling."""
+    """Its own replacement only (tests/test_deployed_waits.py): the reply polling, the packing."""
     out, log = lines
     done = switch.install("tuned", simulation=False, version_of=ON_142, log=log)
-    assert done.replaced == ("grid_poll", "pull_backoff")
+    assert done.replaced == ("grid_poll", "pull_backoff", "array_packing")
     assert len(flowers_in_place()) == len(TARGETS)
     assert len(out) == 1 and "deployment engine (ServerApp)" in out[0][1]
 

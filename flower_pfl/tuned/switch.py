@@ -26,7 +26,8 @@ in this order, each ending in exactly one log line:
 The replacements (docs/engine.md lists the Flower functions each stands in for):
 :mod:`~flower_pfl.tuned.linkstate_lookup`, :mod:`~flower_pfl.tuned.engine_wakeup`,
 :mod:`~flower_pfl.tuned.actor_queue` (simulation); :mod:`~flower_pfl.tuned.grid_poll`
-(a deployment's ServerApp), :mod:`~flower_pfl.tuned.node_waits` and
+and :mod:`~flower_pfl.tuned.array_packing` (a deployment's ServerApp; the ClientApp's
+mod follows it), :mod:`~flower_pfl.tuned.node_waits` and
 :mod:`~flower_pfl.tuned.superexec_start` (a SuperNode),
 :mod:`~flower_pfl.tuned.warm_clientapp` (its SuperExec), :mod:`~flower_pfl.tuned.pull_backoff`
 (all three, and the ClientApps forked warm).
@@ -42,6 +43,7 @@ from typing import Any, Callable
 
 from flower_pfl.tuned import (
     actor_queue,
+    array_packing,
     engine_wakeup,
     gate,
     grid_poll,
@@ -59,7 +61,7 @@ ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
 #: install, installed, uninstall
 REPLACEMENTS: tuple[ModuleType, ...] = (linkstate_lookup, engine_wakeup, actor_queue)
 #: those of a deployment's ServerApp process (``flwr-serverapp``)
-DEPLOYED_SERVERAPP: tuple[ModuleType, ...] = (grid_poll, pull_backoff)
+DEPLOYED_SERVERAPP: tuple[ModuleType, ...] = (grid_poll, pull_backoff, array_packing)
 #: those of a SuperNode process (``flower-supernode``, started through entry)
 SUPERNODE: tuple[ModuleType, ...] = (node_waits, superexec_start, pull_backoff)
 #: those of a SuperNode's SuperExec (``flower-superexec``, started through entry; its
