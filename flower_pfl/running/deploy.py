@@ -19,6 +19,7 @@ The throwaway CA and node keys come from :mod:`flower_pfl.running.certs`.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -104,6 +105,23 @@ def superlink_command(host: str, port: int, certs: dict[str, Path] | None,
     else:
         cmd.append("--insecure")
     return cmd
+
+
+#: the SuperExec a SuperLink starts looks for new ServerApp tasks every 0.5 s: one ServerApp
+#: per run, so it costs a run at most 0.5 s once; at the nodes' 0.1 s (procs.flwr_env) it
+#: was 10 requests a second to the SuperLink for as long as the run lasted (traced:
+#: a fifth of them, docs/deployment.md).  One set in the environment is kept.
+SUPERLINK_TASK_POLL_S = "0.5"
+
+
+def superlink_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a ``flower-superlink`` process: its SuperExec's task poll
+    :data:`SUPERLINK_TASK_POLL_S` unless ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` is set in
+    this process' environment."""
+    out = dict(env)
+    if "FLWR_SUPEREXEC_TASK_POLL_INTERVAL" not in os.environ:
+        out["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = SUPERLINK_TASK_POLL_S
+    return out
 
 
 def wait_superlink(proc: subprocess.Popen[bytes] | subprocess.Popen[str], host: str, port: int,
@@ -280,7 +298,7 @@ class Deployment:
     def start_superlink(self) -> None:
         cmd = superlink_command("127.0.0.1", self.port, self.certs,
                                 self.workdir / "superlink.db")
-        proc = self.procs.start(cmd, self.env, self.workdir / "superlink.log")
+        proc = self.procs.start(cmd, superlink_env(self.env), self.workdir / "superlink.log")
         wait_superlink(proc, "127.0.0.1", self.port, self.certs["ca"] if self.certs else None)
 
     def register(self, public_key: Path, name: str) -> None:

@@ -136,7 +136,8 @@ def superlink_main(argv: Sequence[str]) -> int:
             say("(the line above is a refused SuperNode asking whether its key is registered "
                 "here: it is; nothing was changed)")
 
-    return foreground(cmd, env, "SuperLink", explain, workdir / "superlink.log", ready)
+    return foreground(cmd, deploy.superlink_env(env), "SuperLink", explain,
+                      workdir / "superlink.log", ready)
 
 
 # ------------------------------------------------------------------------ supernode
