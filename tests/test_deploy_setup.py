@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -331,3 +332,18 @@ def test_a_node_that_went_away_is_reported_as_gone_with_the_fix(monkeypatch):
                                   "expired at round-timeout"), expired
         assert rejoin in expired and "if it is slow, raise round-timeout" in expired
         assert "client raised" not in expired and "client-side execution" not in expired
+
+
+def test_the_superlinks_superexec_polls_every_half_second_unless_the_user_set_it(monkeypatch):
+    """The SuperLink's SuperExec starts one ServerApp per run: 0.5 s, not the nodes' 0.1 s
+    (flwr_env); a value in the environment is the user's and is kept."""
+    from flower_pfl.running import deploy
+    from flower_pfl.running.procs import flwr_env
+
+    key = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+    monkeypatch.delenv(key, raising=False)
+    env = flwr_env(Path("home"), 9092)
+    assert env[key] == "0.1" and deploy.superlink_env(env)[key] == "0.5"
+    assert env[key] == "0.1"  # the nodes' environment is not changed
+    monkeypatch.setenv(key, "0.25")
+    assert deploy.superlink_env(flwr_env(Path("home"), 9092))[key] == "0.25"
