@@ -347,3 +347,22 @@ def test_the_superlinks_superexec_polls_every_half_second_unless_the_user_set_it
     assert env[key] == "0.1"  # the nodes' environment is not changed
     monkeypatch.setenv(key, "0.25")
     assert deploy.superlink_env(flwr_env(Path("home"), 9092))[key] == "0.25"
+
+
+def test_flower_pfl_deploys_superlink_keeps_its_state_in_memory(tmp_path, monkeypatch):
+    """One run's SuperLink on this machine: Flower's in-memory state, no SQLite file (each
+    request's SQL was most of the SuperLink's time, docs/deployment.md); the SuperLink of
+    `flower-pfl superlink`, which may be restarted, keeps its file."""
+    from flower_pfl.running import deploy
+
+    started = []
+    dep = Deployment(tmp_path / "w", 2, None)
+    monkeypatch.setattr(dep.procs, "start", lambda cmd, env, log: started.append((cmd, env)))
+    monkeypatch.setattr(deploy, "wait_superlink", lambda *a, **k: None)
+    dep.start_superlink()
+    ((cmd, env),) = started
+    assert cmd[cmd.index("--database") + 1] == ":flwr-in-memory:" == deploy.DEPLOY_DATABASE
+    assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] in ("0.5", os.environ.get(
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"))
+    site = deploy.superlink_command("0.0.0.0", 9092, None, tmp_path / "s" / "superlink.db")
+    assert site[site.index("--database") + 1] == str(tmp_path / "s" / "superlink.db")

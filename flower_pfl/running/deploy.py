@@ -93,9 +93,21 @@ def write_connection(flwr_home: Path, name: str, address: str, ca: Path | None) 
     return path
 
 
+#: the state of the SuperLink ``flower-pfl deploy`` starts: Flower's in-memory link state
+#: and object store (Flower's default), not SQLite.  That SuperLink lives for one run on
+#: this machine, so a file would outlive nothing that is read again; and every request
+#: the run makes (each object of each message, each poll) costs the SuperLink several SQL
+#: queries in a file (traced: most of its ~25 ms of CPU per request).  Measured with
+#: benchmarks/deploy_overhead.py (docs/deployment.md): 4.07 / 3.94 s a round against
+#: 5.98 / 5.51 with the file.  ``flower-pfl superlink`` (a SuperLink between hosts, which
+#: may be restarted) keeps its database file.
+DEPLOY_DATABASE = ":flwr-in-memory:"
+
+
 def superlink_command(host: str, port: int, certs: dict[str, Path] | None,
-                      database: Path) -> list[str]:
-    """``flower-superlink`` with TLS and SuperNode authentication (``certs``), or insecure."""
+                      database: Path | str) -> list[str]:
+    """``flower-superlink`` with TLS and SuperNode authentication (``certs``), or insecure;
+    ``database``: a file, or :data:`DEPLOY_DATABASE` (its state in memory)."""
     cmd = [bin_path("flower-superlink"), "--host", host, "--port", str(port),
            "--disable-runtime-dependency-installation", "--isolation", "subprocess",
            "--database", str(database)]
@@ -296,8 +308,8 @@ class Deployment:
 
     # -- SuperLink
     def start_superlink(self) -> None:
-        cmd = superlink_command("127.0.0.1", self.port, self.certs,
-                                self.workdir / "superlink.db")
+        """The SuperLink, with its state in memory (:data:`DEPLOY_DATABASE`)."""
+        cmd = superlink_command("127.0.0.1", self.port, self.certs, DEPLOY_DATABASE)
         proc = self.procs.start(cmd, superlink_env(self.env), self.workdir / "superlink.log")
         wait_superlink(proc, "127.0.0.1", self.port, self.certs["ca"] if self.certs else None)
 
