@@ -230,3 +230,57 @@ def test_the_parent_preloads_every_third_party_package_the_clients_import():
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_fab_is_extracted_once_per_parent_and_again_when_its_folder_is_gone(tmp_path):
+    """fork_server.install_once: the first child of a parent installs with Flower's
+    function; a later one given the same bytes gets the folder without Flower's extraction;
+    other bytes, a removed folder, a FAB given as a path or an install_dir: Flower's."""
+    from flower_pfl.tuned import fork_server
+
+    calls = []
+
+    def flowers(fab, install_dir=None, skip_prompt=False):
+        calls.append((fab, install_dir, skip_prompt))
+        folder = tmp_path / "apps" / f"app-{len(calls)}"
+        folder.mkdir(parents=True)
+        return folder
+
+    records = tmp_path / "records"
+    records.mkdir()
+    install = fork_server.install_once(flowers, records)
+    first = install(b"fab-one", skip_prompt=True)
+    assert install(b"fab-one", skip_prompt=True) == first and len(calls) == 1
+    other = install(b"fab-two", skip_prompt=True)
+    assert other != first and len(calls) == 2
+    first.rmdir()  # somebody cleaned FLWR_HOME: installed again, not a missing folder
+    again = install(b"fab-one", skip_prompt=True)
+    assert again.is_dir() and len(calls) == 3
+    assert install(b"fab-one", skip_prompt=True) == again and len(calls) == 3
+    install(tmp_path / "x.fab")
+    install(b"fab-one", tmp_path / "elsewhere")
+    assert len(calls) == 5 and calls[0] == (b"fab-one", None, True)
+
+
+PROBE = """
+import json, sys
+from flwr.supernode.runtime import run_clientapp
+def probe():
+    with open(sys.argv[1], "a") as fh:
+        fh.write(json.dumps({"install": run_clientapp.install_from_fab.__qualname__}) + "\\n")
+"""
+
+
+def test_the_warm_parents_children_install_the_fab_once(tmp_path):
+    """What a child of the warm parent calls for Flower's FAB install is install_once's."""
+    (tmp_path / "warm_probe.py").write_text(PROBE)
+    out = tmp_path / "out.jsonl"
+    server = warm_clientapp.ForkServer(
+        [*warm_clientapp.SERVER_COMMAND, "--preload", "flwr.supernode.runtime.run_clientapp",
+         "--run", "warm_probe:probe"], env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    try:
+        assert server.submit(["flwr-clientapp", str(out)], fab_hash="fab1")
+        (got,) = _reports(out, 1)
+    finally:
+        server.stop()
+    assert got == {"install": "install_once.<locals>.install"}

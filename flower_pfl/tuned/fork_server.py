@@ -16,19 +16,25 @@ watches the SuperExec's pid, ``--parent-pid``, as Flower's do).
 starter waits for that, and uses Flower's launcher if it never comes).  ``--kwdefaults
 module:function.param=number,...``: keyword defaults set after the imports, so every child
 has them (:func:`set_kwdefaults`; the tuned engine's shorter object-pull backoff,
-:mod:`flower_pfl.tuned.pull_backoff`, whose starter checked the functions).  ``--preload
+:mod:`flower_pfl.tuned.pull_backoff`, whose starter checked the functions).  ``--fab-once
+1``: a FAB extracted and verified once per parent, not once per message
+(:func:`install_once`; its starter checked Flower's function).  ``--preload
 a,b`` and ``--run module:function`` replace :data:`PRELOAD` and Flower's entry (tests).
 Started by :class:`flower_pfl.tuned.warm_clientapp.ForkServer`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import traceback
+from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
@@ -44,6 +50,8 @@ PRELOAD = ("numpy", "torch", "torchvision", "dp_accounting", "dp_accounting.rdp"
 RUN = "flwr.supernode.cli.flwr_clientapp:flwr_clientapp"
 #: written to ``--ready-fd`` once the imports are done
 READY = b"ready\n"
+#: where Flower's ClientApp entry finds the function that installs the run's FAB
+INSTALL = "flwr.supernode.runtime.run_clientapp:install_from_fab"
 
 
 def _resolve(ref: str) -> Callable[[], Any]:
@@ -91,37 +99,82 @@ def set_kwdefaults(spec: str) -> None:
         fn.__kwdefaults__ = {**fn.__kwdefaults__, param: number}
 
 
+def install_once(flowers: Callable[..., Path], records: Path) -> Callable[..., Path]:
+    """Flower's ``install_from_fab`` (``flowers``) for a FAB given as bytes, extracted and
+    verified once per parent: the first child that installs a FAB writes where it went to
+    ``records``/<the FAB's SHA-256>; a later child given the same bytes returns that folder
+    while it exists, as Flower's own install does for a FAB already installed
+    (``validate_and_install``: an existing folder of that hash is returned untouched), without
+    extracting and hashing the archive again first (0.14-0.18 s a message, traced).  Any
+    other call is Flower's."""
+
+    def install(fab_file: Path | bytes, install_dir: Path | None = None,
+                skip_prompt: bool = False) -> Path:
+        if not isinstance(fab_file, bytes) or install_dir is not None:
+            return flowers(fab_file, install_dir, skip_prompt)
+        record = records / hashlib.sha256(fab_file).hexdigest()
+        try:
+            done = Path(record.read_text())
+        except OSError:
+            done = None
+        if done is not None and done.is_dir():
+            return done
+        path = flowers(fab_file, install_dir, skip_prompt)
+        try:
+            partial = record.with_suffix(f".{os.getpid()}")
+            partial.write_text(str(path))
+            os.replace(partial, record)  # a reader sees the whole record or none
+        except OSError:
+            pass  # the parent is gone (its folder with it): the next child installs again
+        return Path(path)
+
+    return install
+
+
 def serve(requests: IO[str], preload: Sequence[str] = PRELOAD, run: str = RUN,
-          ready_fd: int | None = None, kwdefaults: str = "") -> None:
-    """Import ``preload``, set ``kwdefaults`` (:func:`set_kwdefaults`), say ``ready`` on
-    ``ready_fd`` (then closed: no child holds it), then fork a child per request line until
+          ready_fd: int | None = None, kwdefaults: str = "",
+          fab_once: bool = False) -> None:
+    """Import ``preload``, set ``kwdefaults`` (:func:`set_kwdefaults`), with ``fab_once``
+    put :func:`install_once` in the place of :data:`INSTALL`, say ``ready`` on ``ready_fd``
+    (then closed: no child holds it), then fork a child per request line until
     ``requests`` ends."""
     for name in preload:
         importlib.import_module(name)
     set_kwdefaults(kwdefaults)
+    records = None
+    if fab_once:
+        records = Path(tempfile.mkdtemp(prefix="flower-pfl-fabs-"))
+        module, _, name = INSTALL.partition(":")
+        owner = importlib.import_module(module)
+        setattr(owner, name, install_once(getattr(owner, name), records))
     target = _resolve(run)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     if ready_fd is not None:
         os.write(ready_fd, READY)
         os.close(ready_fd)
-    for line in requests:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        if os.fork() == 0:
-            _child(request, target)
+    try:
+        for line in requests:
+            if not line.strip():
+                continue
+            request = json.loads(line)
+            if os.fork() == 0:
+                _child(request, target)
+    finally:
+        if records is not None:
+            shutil.rmtree(records, ignore_errors=True)
 
 
 def main(argv: Sequence[str]) -> None:
     args = list(argv)
     if not args or args[0] != "flwr-clientapp":
         raise SystemExit("usage: fork_server.py flwr-clientapp [--preload a,b] "
-                         "[--run module:function] [--ready-fd N] [--kwdefaults m:f.p=x,...]")
+                         "[--run module:function] [--ready-fd N] [--kwdefaults m:f.p=x,...] "
+                         "[--fab-once 1]")
     options = dict(zip(args[1::2], args[2::2]))
     preload = tuple(filter(None, options.get("--preload", ",".join(PRELOAD)).split(",")))
     ready = options.get("--ready-fd")
     serve(sys.stdin, preload, options.get("--run", RUN), int(ready) if ready else None,
-          options.get("--kwdefaults", ""))
+          options.get("--kwdefaults", ""), options.get("--fab-once") == "1")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,12 @@ dp_accounting and Flower's ClientApp entry imported, nothing of the project's co
 which forks a child that runs Flower's ``flwr_clientapp()`` with them.  What the child does
 from there is Flower's: it fetches its token's message, installs the FAB, imports the app
 from it, reads the node's data and configuration -- nothing is kept warm that a run, a
-node's data or the app's code could change.  Where :mod:`.pull_backoff` is installed in this
-process, the parent gives its children the same shorter object-pull backoff.  The parent is
+node's data or the app's code could change.  Only the FAB's extraction is skipped after
+the first child of a parent (``--fab-once``, :func:`.fork_server.install_once`): a later
+child given the same FAB bytes uses the folder the first installed it to, which is what
+Flower's own install does for a FAB whose folder exists.  Where :mod:`.pull_backoff` is
+installed in this process, the parent gives its children the same shorter object-pull
+backoff.  The parent is
 started on the first ClientApp task, and again when a task names another FAB (``fab_hash``)
 or when it has died.  Other task types, and a task the fork server cannot take (its pipe
 broken), go to Flower's ``launch``.
@@ -53,6 +57,13 @@ NEEDS = [
     Need("flwr.supercore.constant:TaskType.CLIENT_APP"),
     Need(f"{_EX}.types:LaunchResult.accepted"),
     Need("flwr.supernode.cli.flwr_clientapp:flwr_clientapp"),  # what a child runs
+    # the FAB extracted once per parent (fork_server.install_once, ``--fab-once``): the
+    # function a child calls by its module's name, and Flower's install, which returns a
+    # folder of the same hash untouched
+    Need("flwr.supernode.runtime.run_clientapp:install_from_fab", "params",
+         "fab_file,install_dir,skip_prompt"),
+    Need("flwr.supernode.runtime.run_clientapp:run_clientapp", "names", "install_from_fab"),
+    Need("flwr.cli.install:validate_and_install", "body", "628b69fb852ae858"),
 ]
 #: the longest a warm parent may take to import what it preloads (torch: 1-3 s)
 READY_TIMEOUT_S = 120.0
@@ -106,7 +117,7 @@ class ForkServer:
         read, write = os.pipe()
         try:
             self.proc = subprocess.Popen([*self.command, *pull_backoff.fork_server_args(),
-                                          "--ready-fd", str(write)],
+                                          "--fab-once", "1", "--ready-fd", str(write)],
                                          stdin=subprocess.PIPE, text=True, pass_fds=(write,),
                                          **self.popen)
         finally:
