@@ -284,3 +284,79 @@ def test_the_warm_parents_children_install_the_fab_once(tmp_path):
     finally:
         server.stop()
     assert got == {"install": "install_once.<locals>.install"}
+
+
+def test_once_a_child_installed_the_fab_the_parent_imports_the_app_from_that_folder(
+        tmp_path, monkeypatch):
+    """fork_server.warm_app: nothing before a FAB is installed; then the module of the
+    project's clientapp reference, imported from the folder the first child installed to
+    (Flower's load_app in a later child finds it in sys.modules); an app that fails to
+    import is left to the children."""
+    from flower_pfl.tuned import fork_server
+
+    records, folder = tmp_path / "records", tmp_path / "installed"
+    records.mkdir()
+    folder.mkdir()
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "warm_app_mod", raising=False)
+    assert fork_server.warm_app(records) is None  # no child has installed the FAB yet
+    (folder / "pyproject.toml").write_text(
+        '[tool.flwr.app.components]\nclientapp = "warm_app_mod:app"\n')
+    (folder / "warm_app_mod.py").write_text("import os\nLOADED_BY = os.getpid()\napp = 1\n")
+    (records / "ab12.999").write_text(str(folder))  # a record being written: not read
+    assert fork_server.warm_app(records) is None
+    (records / "ab12").write_text(str(folder))
+    assert fork_server.warm_app(records) == "warm_app_mod"
+    assert sys.path[0] == str(folder) and sys.modules["warm_app_mod"].LOADED_BY == os.getpid()
+    (folder / "broken_mod.py").write_text("raise ImportError('no')\n")
+    (folder / "pyproject.toml").write_text(
+        '[tool.flwr.app.components]\nclientapp = "broken_mod:app"\n')
+    assert fork_server.warm_app(records) is None and "broken_mod" not in sys.modules
+
+
+FAKE_INSTALL = """
+import os
+from pathlib import Path
+from flwr.supernode.runtime import run_clientapp
+
+def install(fab, install_dir=None, skip_prompt=False):  # stands for Flower's install
+    folder = Path(os.environ["WARM_TEST_DIR"]) / "installed"
+    folder.mkdir(exist_ok=True)
+    (folder / "pyproject.toml").write_text(
+        '[tool.flwr.app.components]\\nclientapp = "warm_app_mod2:app"\\n')
+    (folder / "warm_app_mod2.py").write_text("import os\\nLOADED_BY = os.getpid()\\napp = 1\\n")
+    return folder
+
+run_clientapp.install_from_fab = install
+"""
+CHILD = """
+import json, os, sys
+from flwr.supernode.runtime import run_clientapp
+def probe():  # stands for Flower's ClientApp entry: installs the FAB, then loads the app
+    run_clientapp.install_from_fab(b"the-fab", skip_prompt=True)
+    mod = sys.modules.get("warm_app_mod2")
+    with open(sys.argv[1], "a") as fh:
+        fh.write(json.dumps({"pid": os.getpid(), "ppid": os.getppid(),
+                             "app_loaded_by": mod and mod.LOADED_BY}) + "\\n")
+"""
+
+
+def test_later_children_start_with_the_app_imported_by_their_parent(tmp_path):
+    """The first child installs the FAB and imports the app itself; the parent then imports
+    it from the installed folder, so the next child finds it loaded (by the parent)."""
+    (tmp_path / "warm_fake_install.py").write_text(FAKE_INSTALL)
+    (tmp_path / "warm_child.py").write_text(CHILD)
+    out = tmp_path / "out.jsonl"
+    server = warm_clientapp.ForkServer(
+        [*warm_clientapp.SERVER_COMMAND, "--preload", "warm_fake_install",
+         "--run", "warm_child:probe"],
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "WARM_TEST_DIR": str(tmp_path)})
+    try:
+        assert server.submit(["flwr-clientapp", str(out)], fab_hash="fab1")
+        first, = _reports(out, 1)
+        assert server.submit(["flwr-clientapp", str(out)], fab_hash="fab1")
+        second = _reports(out, 2)[1]
+    finally:
+        server.stop()
+    assert first["app_loaded_by"] is None  # nothing of the app in the parent before
+    assert second["app_loaded_by"] == second["ppid"] == first["ppid"] != second["pid"]

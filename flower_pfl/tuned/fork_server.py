@@ -1,8 +1,12 @@
 """A warm parent for ClientApp processes: ``python .../fork_server.py flwr-clientapp``.
 
-Run by path, never as ``flower_pfl.…``: it imports nothing of this project, so every
-ClientApp it forks imports the app's code (``flower_pfl`` included) from the run's FAB, as
-Flower's own ``flwr-clientapp`` does -- nothing of a run's code or data is kept warm here.
+Run by path, never as ``flower_pfl.…``: it starts with nothing of this project imported;
+the app's code (``flower_pfl`` included) only ever comes from the run's FAB, as for
+Flower's own ``flwr-clientapp``.  With ``--fab-once 1`` (one parent per FAB: its starter
+starts another for another FAB), once its first child has installed the FAB, the parent
+imports the app's module from that folder before it forks the next (:func:`warm_app`), so
+later children skip the FAB's extraction and the app's import; nothing of a node's data
+or configuration is ever read here.
 It imports :data:`PRELOAD` (numpy, torch, torchvision, dp_accounting, Flower's ClientApp
 entry: most of a ``flwr-clientapp`` start; importing torch does not initialise CUDA), then
 reads requests, one JSON line each on stdin: ``{"argv": ["flwr-clientapp", ...], "quiet":
@@ -131,13 +135,50 @@ def install_once(flowers: Callable[..., Path], records: Path) -> Callable[..., P
     return install
 
 
+def warm_app(records: Path) -> str | None:
+    """Import the ClientApp's module from the folder the first child installed the FAB to
+    (the record :func:`install_once` wrote; one FAB per parent), as Flower's ``load_app``
+    would in a child: the folder first on ``sys.path``, the module of the project's
+    ``[tool.flwr.app.components] clientapp`` reference.  Flower's ``load_app`` takes a
+    module already in ``sys.modules``, so every later child starts with the app's code
+    imported.  Nothing is read of a node's data or configuration (the app reads them per
+    message).  Returns the module's name, or None when no FAB is installed yet, the
+    import failed (the children then import it as Flower's do) or it initialised CUDA
+    (this parent then exits: a fork after CUDA is initialised is unsafe; its starter starts
+    another)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Flower's own dependency on 3.10
+        import tomli as tomllib
+
+    done = [r for r in records.iterdir() if "." not in r.name]
+    if not done:
+        return None
+    try:
+        folder = Path(done[0].read_text())
+        config = tomllib.loads((folder / "pyproject.toml").read_text())
+        module = config["tool"]["flwr"]["app"]["components"]["clientapp"].partition(":")[0]
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - the children import it as Flower's do
+        traceback.print_exc()
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        print(f"fork_server: importing {module} initialised CUDA; exiting", file=sys.stderr)
+        os._exit(3)
+    return module
+
+
 def serve(requests: IO[str], preload: Sequence[str] = PRELOAD, run: str = RUN,
           ready_fd: int | None = None, kwdefaults: str = "",
           fab_once: bool = False) -> None:
     """Import ``preload``, set ``kwdefaults`` (:func:`set_kwdefaults`), with ``fab_once``
     put :func:`install_once` in the place of :data:`INSTALL`, say ``ready`` on ``ready_fd``
     (then closed: no child holds it), then fork a child per request line until
-    ``requests`` ends."""
+    ``requests`` ends; with ``fab_once``, once a child has installed the FAB, the app's
+    module is imported here before the next fork (:func:`warm_app`)."""
     for name in preload:
         importlib.import_module(name)
     set_kwdefaults(kwdefaults)
@@ -152,11 +193,14 @@ def serve(requests: IO[str], preload: Sequence[str] = PRELOAD, run: str = RUN,
     if ready_fd is not None:
         os.write(ready_fd, READY)
         os.close(ready_fd)
+    app: str | None = None
     try:
         for line in requests:
             if not line.strip():
                 continue
             request = json.loads(line)
+            if records is not None and app is None:
+                app = warm_app(records)
             if os.fork() == 0:
                 _child(request, target)
     finally:

@@ -11,17 +11,18 @@ imports flwr (0.3-0.8 s) and torch (1.2-2.3 s) before the app's code runs.
 :mod:`flower_pfl.tuned.entry` by a tuned SuperNode, :mod:`.superexec_start`): a ClientApp
 task's arguments -- the list Flower's ``launch`` builds, :func:`flower_args` -- go to a
 :class:`ForkServer` (:mod:`.fork_server`: a parent with numpy, torch, torchvision,
-dp_accounting and Flower's ClientApp entry imported, nothing of the project's code or data),
+dp_accounting and Flower's ClientApp entry imported, nothing of the project's at start),
 which forks a child that runs Flower's ``flwr_clientapp()`` with them.  What the child does
-from there is Flower's: it fetches its token's message, installs the FAB, imports the app
-from it, reads the node's data and configuration -- nothing is kept warm that a run, a
-node's data or the app's code could change.  Only the FAB's extraction is skipped after
-the first child of a parent (``--fab-once``, :func:`.fork_server.install_once`): a later
-child given the same FAB bytes uses the folder the first installed it to, which is what
-Flower's own install does for a FAB whose folder exists.  Where :mod:`.pull_backoff` is
-installed in this process, the parent gives its children the same shorter object-pull
-backoff.  The parent is
-started on the first ClientApp task, and again when a task names another FAB (``fab_hash``)
+from there is Flower's: it fetches its token's message, installs the FAB, loads the app,
+reads the node's data and configuration -- nothing is kept warm that a node's data or
+configuration could change.  Two steps are shared within one parent, which serves one FAB
+(``--fab-once``): a later child given the same FAB bytes uses the folder the first child
+installed it to, which is what Flower's own install does for a FAB whose folder exists
+(:func:`.fork_server.install_once`), and finds the app's module imported from that folder by
+the parent (:func:`.fork_server.warm_app`); another FAB, other code: another parent.
+Where :mod:`.pull_backoff` is installed in this process, the parent gives its children the
+same shorter object-pull backoff.  The parent is started on the first ClientApp task, and
+again when a task names another FAB (``fab_hash``)
 or when it has died.  Other task types, and a task the fork server cannot take (its pipe
 broken), go to Flower's ``launch``.
 
