@@ -11,6 +11,7 @@ from flower_pfl import client_app, phases, timing
 from flower_pfl.clients import base
 from flower_pfl.reporting.run_files import read_rows
 from flower_pfl.running import inprocess
+from flower_pfl.tuned import array_packing
 from tests.conftest import small_config
 
 
@@ -24,7 +25,9 @@ def test_off_by_default_wraps_nothing(monkeypatch):
     assert timing.install_server() is None
     assert not _timed(base.PFLClient.__dict__["fit"])
     assert not _timed(base.load_client_data)
-    assert client_app.app._mods == []  # the product's ClientApp runs without a mod
+    # the product's ClientApp runs with the array-packing mod alone (a tuned deployment's
+    # packed arrays unpacked; it passes anything else through): the timer adds none
+    assert client_app.app._mods == [array_packing.client_mod]
 
 
 def _rows(run_dir):
