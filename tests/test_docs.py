@@ -22,7 +22,10 @@ headings that exist (GitHub's anchors): :func:`broken_links`.
 from __future__ import annotations
 
 import ast
+import importlib.util
+import inspect
 import re
+import shlex
 import subprocess
 from functools import lru_cache
 from pathlib import Path
@@ -227,3 +230,101 @@ def test_the_checks_find_a_missing_test_a_missing_parameter_and_a_missing_key():
     assert len(hyper_problems("| name | hyper-parameters |\n|---|---|\n| `ditto` | `mu` |")) == 1
     page = "`pfedme`\n### Hyper-parameters\n| key | default |\n|---|---|\n| `eta` | 0 |\n"
     assert len(hyper_problems(page)) == 1  # pfedme has no eta
+
+
+# ------------------------------------------------------------------ the README: one page
+
+README = ROOT / "README.md"
+README_MAX_LINES = 150
+#: the README's two commands: set up and run the default simulation / the fast test tier
+RUN_COMMAND = "bash scripts/setup.sh && .venv/bin/flower-pfl run"
+TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2"
+#: .ci/run's first stage, whose command must be the README's test command
+CI_FAST_STAGE = re.compile(r"""^stage "setup\+fast" bash -euo pipefail -c '([^']*)'$""", re.M)
+CODE_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def code_lines(text: str, language: str) -> list[str]:
+    """The lines of ``text``'s fenced code blocks in ``language``, comments after ``  #``
+    and surrounding blanks dropped."""
+    return [line.split("  #")[0].strip()
+            for lang, body in CODE_BLOCK.findall(text) if lang == language
+            for line in body.splitlines() if line.strip()]
+
+
+def test_readme_fits_on_one_page():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, \
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}: the rest goes in docs/)"
+
+
+def test_readme_gives_the_two_commands_and_ci_runs_its_test_command():
+    commands = code_lines(README.read_text(), "bash")
+    assert RUN_COMMAND in commands and TEST_COMMAND in commands
+    assert [c for c in commands if c.startswith("bash scripts/setup.sh")] == \
+        [RUN_COMMAND, TEST_COMMAND]
+    stage = CI_FAST_STAGE.findall((ROOT / ".ci" / "run").read_text())
+    assert stage == [TEST_COMMAND], f".ci/run's setup+fast stage runs {stage}"
+    # each part exists: the setup script, the console script `run`, pytest-xdist's -n
+    assert (ROOT / "scripts" / "setup.sh").is_file()
+    assert 'flower-pfl = "flower_pfl.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    from flower_pfl import cli
+
+    assert cli.build_parser().parse_args(["run"]).command == "run"
+    assert importlib.util.find_spec("xdist") is not None
+
+
+def test_the_readme_flower_pfl_commands_parse_and_their_configurations_validate(
+        tmp_path, monkeypatch):
+    """Each ``.venv/bin/flower-pfl`` line of the README's examples parses with the command's
+    own parser, and its ``--config``/``--set`` make a valid configuration (relative paths
+    from the repository's root; the own-data example's ``patients.csv`` made here)."""
+    from flower_pfl import cli
+
+    commands = [c.split("&& ")[-1] for c in code_lines(README.read_text(), "bash")]
+    calls = [shlex.split(c)[1:] for c in commands if c.startswith(".venv/bin/flower-pfl ")]
+    assert {argv[0] for argv in calls} >= {"run", "validate", "deploy", "certs"}
+    (tmp_path / "patients.csv").write_text("age,bmi,outcome\n51,31.2,yes\n40,22.5,no\n")
+    for name in ("configs", "simulation.yaml"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    for argv in calls:
+        args = cli.build_parser().parse_args(argv)  # an unknown flag exits 2
+        if args.command in ("run", "validate", "deploy"):
+            cli.load_config(Path(args.config), args.set or [])  # ConfigError: a bad key
+
+
+def test_the_readme_python_example_calls_run_as_it_is():
+    """The README's ``flower_pfl.run(...)`` call binds to the function's signature, its
+    configuration and overrides validate, and the columns it reads are rounds.csv's."""
+    import flower_pfl
+    from flower_pfl import api
+    from flower_pfl.learning.metrics import STAT_KEYS
+
+    block = "\n".join(code_lines(README.read_text(), "python"))
+    calls = [n for n in ast.walk(ast.parse(block)) if isinstance(n, ast.Call)
+             and ast.unparse(n.func) == "flower_pfl.run"]
+    assert len(calls) == 1
+    args = [ast.literal_eval(a) for a in calls[0].args]
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in calls[0].keywords if k.arg}
+    bound = inspect.signature(flower_pfl.run).bind(*args, **kwargs)
+    own = {"backend", "quiet", "timeout", "ray_address"}  # run's own, not configuration keys
+    assert bound.arguments.get("backend", "simulation") in api.BACKENDS
+    api.load_config(*args, **{k: v for k, v in kwargs.items() if k not in own})
+    columns = {"round"} | {f"{side}_{k}" for side in ("personal", "global") for k in STAT_KEYS}
+    read = [c for n in ast.walk(ast.parse(block)) if isinstance(n, ast.Subscript)
+            and isinstance(n.slice, ast.List) for c in ast.literal_eval(n.slice)]
+    assert read and set(read) <= columns, set(read) - columns
+
+
+def test_the_readme_indexes_every_docs_page():
+    """The README's docs index links every Markdown page of docs/ (the result folders'
+    notes aside: docs/RESULTS.md links them)."""
+    linked = {(ROOT / t.partition("#")[0]).resolve()
+              for t in LINK.findall(FENCE.sub("", README.read_text()))}
+    pages = [f for f in markdown_files() if f.is_file()
+             and f.relative_to(ROOT).parts[0] == "docs"
+             and f.relative_to(ROOT).parts[1] != "results"]
+    assert ROOT / "docs" / "testing.md" in pages
+    missing = sorted(str(p.relative_to(ROOT)) for p in pages if p.resolve() not in linked)
+    assert missing == [], f"README.md's docs index does not link {missing}"
