@@ -1,4 +1,4 @@
-"""Benchmark and measurement scripts (docs/BENCHMARKS.md), and the mutation suite.
+"""Benchmark and measurement scripts (docs/BENCHMARKS.md).
 
 A regular package, not a namespace one: opacus installs a top-level ``benchmarks`` package
 of its own, which would otherwise shadow this folder.

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# tests/mutations/: the mutation suite (its runner, table and data), not tests; pytest never
+# collects it, even when named on the command line
+collect_ignore = ["mutations"]
+
 # Under pytest-xdist (`-n 2`, the fast tier in README and CI: one worker per core) each
 # worker's torch computes on one thread, so two workers do not fight over two cores
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -58,12 +58,15 @@ def _mypy_sources():
 
 
 def test_mypy_with_no_arguments_checks_every_module_of_the_package():
+    """... and the mutation suite's modules (tests/mutations/), under their import names."""
     _, sources = _mypy_sources()
+    files = [*(ROOT / "flower_pfl").rglob("*.py"), *(ROOT / "tests" / "mutations").glob("*.py")]
     on_disk = {p.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".").removesuffix(
-        ".__init__") for p in (ROOT / "flower_pfl").rglob("*.py") if "__pycache__" not in p.parts}
+        ".__init__") for p in files if "__pycache__" not in p.parts}
     assert {s.module for s in sources} == on_disk
     assert {"flower_pfl.strategies.fedamp", "flower_pfl.clients.fedamp",
-            "flower_pfl.server_app", "flower_pfl.running.sites"} <= on_disk
+            "flower_pfl.server_app", "flower_pfl.running.sites", "tests.mutations.mutations",
+            "tests.mutations.mutation_table", "tests.mutations.mutation_fork"} <= on_disk
 
 
 def test_no_mypy_option_switches_a_listed_files_errors_off():
@@ -122,8 +125,8 @@ def test_ruff_lints_every_python_file_but_the_recorded_scripts():
     linted = {Path(p).resolve().relative_to(ROOT).as_posix() for p in listed}
     wanted = {f for f in _python_files() if not f.startswith(RUFF_EXCLUDED)}
     assert wanted - linted == set()
-    assert {"benchmarks/mutations.py", "tests/test_gates.py", "flower_pfl/strategies/fedamp.py",
-            "flower_pfl/tuned/patch.py"} <= linted
+    assert {"tests/mutations/mutations.py", "tests/test_gates.py",
+            "flower_pfl/strategies/fedamp.py", "flower_pfl/tuned/patch.py"} <= linted
 
 
 def test_ruff_reports_a_planted_file_in_every_linted_folder():
@@ -171,7 +174,7 @@ def defined_tests(tests: Path = ROOT / "tests") -> set[str]:
     """``tests/test_x.py::name`` (``::Class::name``) of every test pytest would collect by
     its name, read from the files."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.mutation_table import fast_tests
+    from tests.mutations.mutation_table import fast_tests
 
     out = set()
     for path in sorted(tests.rglob("test_*.py")):
@@ -389,7 +392,7 @@ def test_the_slow_tier_fails_when_either_half_fails_or_runs_no_test(tmp_path, rc
 
 def _suite():
     sys.path.insert(0, str(ROOT))
-    from benchmarks import mutation_table, mutations
+    from tests.mutations import mutation_table, mutations
 
     return mutation_table, mutations
 
@@ -405,7 +408,7 @@ def test_the_mutation_checks_fail_on_a_planted_gap():
     assert any("fedamp" in m.strategies for m in no_own)
     assert table.check_coverage(no_own) == [
         "strategy 'fedamp' is covered only by shared entries, none of its own paper's (add one "
-        "to benchmarks/data/mutations/fedamp.yaml)"]
+        "to tests/mutations/data/fedamp.yaml)"]
     assert any("'local' is registered but no mutation" in p for p in table.check_coverage(
         [m for m in mutations if "local" not in m.strategies]))
     first = mutations[0]

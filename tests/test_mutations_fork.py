@@ -1,4 +1,4 @@
-"""The mutation suite's warm runner (benchmarks/mutation_fork.py): a fork of a parent that
+"""The mutation suite's warm runner (tests/mutations/mutation_fork.py): a fork of a parent that
 imported the heavy libraries gives the verdict and output a new interpreter gives, each run
 sees only its own copy of the tree, and the parent never imports this project's code."""
 
@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks import mutation_fork, mutations  # noqa: E402
+from tests.mutations import mutation_fork, mutations  # noqa: E402
 
 #: in each planted tree: a module of the tree's own, and tests that read it
 PLANTED = {

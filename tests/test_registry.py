@@ -154,7 +154,7 @@ def test_every_mutation_entry_applies_covers_and_sits_in_its_papers_file():
     in an entry of its own paper's file, names unique, each ``old`` text once in its file,
     each target a fast test that exists, each entry in ``<catalog module>.yaml`` or
     ``core.yaml`` as the folder's README says (tests/test_gates.py plants a gap for each)."""
-    from benchmarks.mutation_table import (
+    from tests.mutations.mutation_table import (
         TABLE,
         check_coverage,
         check_patches,
@@ -174,7 +174,7 @@ def test_every_mutation_entry_applies_covers_and_sits_in_its_papers_file():
     # the placement check does fail: a paper's entry moved to another paper's file
     moved = [m if m.table != "fedamp.yaml" else type(m)(**{**m.__dict__, "table": "plgu.yaml"})
              for m in mutations]
-    assert any("belongs in benchmarks/data/mutations/fedamp.yaml" in p
+    assert any("belongs in tests/mutations/data/fedamp.yaml" in p
                for p in check_placement(moved))
 
 
@@ -189,9 +189,9 @@ def _recipe() -> str:
 def test_the_readme_recipe_names_what_the_checks_require():
     """The recipe a new algorithm follows and what the registry and the mutation suite check
     name the same files, decorators and commands."""
-    from benchmarks import mutations as suite
-    from benchmarks.mutation_table import TABLE
     from flower_pfl.running import inprocess
+    from tests.mutations import mutations as suite
+    from tests.mutations.mutation_table import TABLE
 
     recipe = _recipe()
     folder = TABLE.relative_to(ROOT).as_posix()
@@ -206,10 +206,10 @@ def test_the_readme_recipe_names_what_the_checks_require():
                    registry.CLIENT_INDEX.replace(".", "/") + ".py",
                    f"{folder}/<paper>.yaml",
                    "simulation.yaml", "tests/test_registry.py", "tests/test_message_path.py",
-                   "benchmarks/mutations.py --only", "aggregate_updates"):
+                   "tests/mutations/mutations.py --only", "aggregate_updates"):
         assert needed in recipe, f"the recipe does not name {needed!r}"
     assert (TABLE / "README.md").is_file()
-    assert "benchmarks/data/mutations/<its" in suite.NOTE
+    assert "tests/mutations/data/<its" in suite.NOTE
     # its five lines of Python run as written (here the import; try_strategy's own test runs it)
     block = recipe.split("```python\n")[1].split("```")[0]
     assert len(block.strip().splitlines()) <= 5

@@ -1,20 +1,20 @@
 """The mutation suite's table: what each mutation patches and which tests must notice.
 
-The entries live as data in benchmarks/data/mutations/: one ``<module>.yaml`` per catalog
+The entries live as data in tests/mutations/data/: one ``<module>.yaml`` per catalog
 module (``flower_pfl/catalog/<module>.py``) and ``core.yaml`` for shared code (the folder's
 README.md says what each field means); :func:`load_mutations` reads them into
 :class:`Mutation` records and refuses an entry with a missing or an unknown field.
 ``kind`` (optional) says what the patch does: ``switch-off`` (the default: a mechanism
 turned off while the code runs) or ``subtle`` (the mechanism still runs, one detail is
 wrong: a sign, a factor of 2, a norm for a squared norm, two similar variables swapped, an
-axis); ``--kind`` of benchmarks/mutations.py selects one.
+axis); ``--kind`` of tests/mutations/mutations.py selects one.
 :func:`check_patches` checks that every patch still applies (its ``old`` text occurs
 exactly once in its file, the names are unique), :func:`check_coverage` that every
 registered strategy is covered by at least one mutation of its own paper's file and that no
 mutation names an unknown strategy, :func:`check_targets` that every target names a fast test
 that exists (read from the test files, not imported), :func:`check_placement` that each
 entry is in its paper's file;
-benchmarks/mutations.py runs them before anything else, tests/test_registry.py in the fast
+tests/mutations/mutations.py runs them before anything else, tests/test_registry.py in the fast
 tier.
 """
 
@@ -23,14 +23,15 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
 #: one file per catalog module, plus core.yaml (README.md there: the fields)
-TABLE = Path(__file__).resolve().parent / "data" / "mutations"
+TABLE = Path(__file__).resolve().parent / "data"
 CORE = "core"
 
 
@@ -77,7 +78,7 @@ def load_mutations(path: Path = TABLE) -> tuple[Mutation, ...]:
     return tuple(out)
 
 
-def check_patches(mutations, root: Path = ROOT) -> list[str]:
+def check_patches(mutations: Sequence[Mutation], root: Path = ROOT) -> list[str]:
     """Every ``old`` text must occur exactly once in its file (else the patch has rotted)."""
     problems = []
     for m in mutations:
@@ -101,7 +102,7 @@ def check_patches(mutations, root: Path = ROOT) -> list[str]:
     return problems
 
 
-def check_coverage(mutations) -> list[str]:
+def check_coverage(mutations: Sequence[Mutation]) -> list[str]:
     """Every registered strategy must be covered by at least one mutation of its own paper's
     file (``<catalog module>.yaml``): a shared ``core.yaml`` entry that lists it (e.g. one
     that switches off a mechanism of every strategy) does not test its own idea."""
@@ -112,17 +113,17 @@ def check_coverage(mutations) -> list[str]:
     own = {s for m in mutations for s in m.strategies
            if m.table == f"{registry.CATALOG_MODULE.get(s)}.yaml"}
     problems = [f"strategy {s!r} is registered but no mutation covers it (add one to "
-                f"benchmarks/data/mutations/<its catalog module>.yaml)"
+                f"tests/mutations/data/<its catalog module>.yaml)"
                 for s in sorted(set(registry.REGISTRY) - covered)]
     problems += [f"strategy {s!r} is covered only by shared entries, none of its own paper's "
-                 f"(add one to benchmarks/data/mutations/{registry.CATALOG_MODULE.get(s)}.yaml)"
+                 f"(add one to tests/mutations/data/{registry.CATALOG_MODULE.get(s)}.yaml)"
                  for s in sorted((set(registry.REGISTRY) & covered) - own)]
     problems += [f"mutation covers {s!r}, which is not a registered strategy"
                  for s in sorted(covered - set(registry.REGISTRY))]
     return problems
 
 
-def _marked_slow(decorators) -> bool:
+def _marked_slow(decorators: Iterable[ast.expr]) -> bool:
     return any("mark.slow" in ast.unparse(d) for d in decorators)
 
 
@@ -151,7 +152,7 @@ def fast_tests(path: Path) -> tuple[set[str], set[str]]:
     return fast, slow
 
 
-def check_targets(mutations, root: Path = ROOT) -> list[str]:
+def check_targets(mutations: Sequence[Mutation], root: Path = ROOT) -> list[str]:
     """Every target must select a fast test: its file exists, a node id names a test
     function defined there (parameter ids in brackets aside), and that test -- or, for a
     file target, at least one of its tests -- is not marked slow (the suite runs
@@ -176,7 +177,7 @@ def check_targets(mutations, root: Path = ROOT) -> list[str]:
     return problems
 
 
-def check_placement(mutations) -> list[str]:
+def check_placement(mutations: Sequence[Mutation]) -> list[str]:
     """``<module>.yaml`` holds only entries of ``flower_pfl/catalog/<module>.py``'s strategies
     that patch that paper's files; ``core.yaml`` the rest (shared code: ``flower_pfl/``
     outside ``algorithms/``, strategy and client modules that bind no entry; mechanisms of
@@ -196,7 +197,7 @@ def check_placement(mutations) -> list[str]:
         modules = {paper.get(s) for s in m.strategies}
         want = CORE if shared or len(modules) != 1 else modules.pop()
         if m.table != f"{want}.yaml":
-            problems.append(f"{m.name}: belongs in benchmarks/data/mutations/{want}.yaml, not "
+            problems.append(f"{m.name}: belongs in tests/mutations/data/{want}.yaml, not "
                             f"{m.table} (strategies {list(m.strategies)}, file {m.file})")
     return problems
 

@@ -2,8 +2,8 @@
 
 Every registered strategy's mechanisms (attention weights, thresholds, prox terms, meta
 steps, control variates, personal heads and layers, perturbations, hypernetwork updates,
-fine-tuning, aggregation rules, ...) appear in benchmarks/data/mutations/ as a
-mutation (:class:`benchmarks.mutation_table.Mutation`): one small patch (``old`` text ->
+fine-tuning, aggregation rules, ...) appear in tests/mutations/data/ as a
+mutation (:class:`tests.mutations.mutation_table.Mutation`): one small patch (``old`` text ->
 ``new`` text in one file) that turns the mechanism off while the code still runs, and the test
 targets (files or ``file::test`` node ids) that should notice.
 The runner takes one snapshot of the repository's source (flower_pfl/, strategies/,
@@ -22,21 +22,21 @@ the mutation (never weaken the mutation). Before the mutations, the unmutated co
 every target once (the baseline); it must pass, or the suite stops.
 
 By default each such pytest is not a new interpreter but a fork of a warm parent
-(benchmarks/mutation_fork.py, one per job) that imported torch, Flower, dp-accounting, ... once and
-never this project's code: the child chdirs into the scratch copy, takes the same environment
-and ``sys.path`` and runs the same pytest command line, so its exit status and output are those
-of the subprocess (most of a subprocess's ~3 s was those imports). ``--no-fork`` runs every
-pytest as a subprocess, as before.
+(tests/mutations/mutation_fork.py, one per job) that imported torch, Flower, dp-accounting,
+... once and never this project's code: the child chdirs into the scratch copy, takes the same
+environment and ``sys.path`` and runs the same pytest command line, so its exit status and
+output are those of the subprocess (most of a subprocess's ~3 s was those imports).
+``--no-fork`` runs every pytest as a subprocess, as before.
 
 Output: a markdown table (mutation, strategies, killed by, seconds) on stdout and in
 ``--out``; exit status 1 if a mutation survived (or errored). Every registered strategy
 must be covered by at least one mutation (checked at start): a new strategy adds its
-mutations to benchmarks/data/mutations/<its catalog module>.yaml (README.md there).
+mutations to tests/mutations/data/<its catalog module>.yaml (README.md there).
 
-    python benchmarks/mutations.py --jobs 1 [--only NAME ...] [--kind subtle]
+    python tests/mutations/mutations.py --jobs 1 [--only NAME ...] [--kind subtle]
                                    [--out docs/mutations.md] [--no-fork]
-    python benchmarks/mutations.py --list       # the mutations, their files and targets
-    python benchmarks/mutations.py --sanity     # show that the scratch copy is imported
+    python tests/mutations/mutations.py --list       # the mutations, their files and targets
+    python tests/mutations/mutations.py --sanity     # show that the scratch copy is imported
 """
 
 from __future__ import annotations
@@ -52,11 +52,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.mutation_fork import WarmRunner  # noqa: E402
-from benchmarks.mutation_table import (  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from tests.mutations.mutation_fork import WarmRunner  # noqa: E402
+from tests.mutations.mutation_table import (  # noqa: E402
     KINDS,
     ROOT,
     Mutation,
@@ -136,7 +138,7 @@ def check_shadowing(python: str, scratch: Path, runner: WarmRunner | None = None
     return where
 
 
-def run_pytest(python: str, scratch: Path, targets, stop_first: bool = True,
+def run_pytest(python: str, scratch: Path, targets: Sequence[str], stop_first: bool = True,
                runner: WarmRunner | None = None) -> tuple[int, str, float]:
     """``python -m pytest`` of ``targets`` in ``scratch`` (in a fork of ``runner``'s warm
     parent when given): (exit status, -1 on the timeout; stdout + stderr; seconds)."""
@@ -158,7 +160,7 @@ def run_pytest(python: str, scratch: Path, targets, stop_first: bool = True,
     return rc, out, time.perf_counter() - started
 
 
-def uncollected(python: str, scratch: Path, targets) -> list[str]:
+def uncollected(python: str, scratch: Path, targets: Sequence[str]) -> list[str]:
     """Targets that select no test under ``-m "not slow"`` (renamed, or marked slow): a
     mutation aimed at them would die of pytest's "no tests ran", not of a failing test."""
     args = [python, "-m", "pytest", "--collect-only", "-q", *PYTEST[2:], *targets]
@@ -184,7 +186,7 @@ def last_line(output: str) -> str:
 
 
 def run_one(mutation: Mutation, python: str, parent: Path, source: Path,
-            runners: queue.Queue | None = None) -> dict:
+            runners: queue.Queue[WarmRunner] | None = None) -> dict[str, Any]:
     """Apply ``mutation`` to a fresh copy of ``source`` and run its targets there (in a fork
     of a warm parent taken from ``runners``, or in a new interpreter)."""
     scratch = make_scratch(parent, source)
@@ -193,7 +195,7 @@ def run_one(mutation: Mutation, python: str, parent: Path, source: Path,
         apply(mutation, scratch)
         rc, out, seconds = run_pytest(python, scratch, mutation.tests, runner=runner)
     finally:
-        if runners is not None:
+        if runners is not None and runner is not None:
             runners.put(runner)
         shutil.rmtree(scratch, ignore_errors=True)
     status, by = classify(rc, out)
@@ -215,14 +217,15 @@ def classify(rc: int, out: str) -> tuple[str, str]:
     return "error", f"**pytest exit {rc}**: {last_line(out)}"
 
 
-def baseline_targets(mutations) -> list[str]:
+def baseline_targets(mutations: Sequence[Mutation]) -> list[str]:
     """The union of the targets; a node id is dropped where its whole file is a target."""
     targets = list(dict.fromkeys(t for m in mutations for t in m.tests))
     files = {t for t in targets if "::" not in t}
     return [t for t in targets if "::" not in t or t.split("::")[0] not in files]
 
 
-def table(results, command: str, total_s: float, baseline_s: float) -> str:
+def table(results: Sequence[dict[str, Any]], command: str, total_s: float,
+          baseline_s: float) -> str:
     killed = sum(r["status"] == "killed" for r in results)
     lines = [f"Command: `{command}`", "",
              f"{killed} of {len(results)} mutations killed; baseline {baseline_s:.0f} s, "
@@ -238,10 +241,10 @@ def table(results, command: str, total_s: float, baseline_s: float) -> str:
 
 NOTE = """# Mutation suite
 
-Contributor note: a new strategy adds its mutations to `benchmarks/data/mutations/<its
+Contributor note: a new strategy adds its mutations to `tests/mutations/data/<its
 catalog module>.yaml` -- one small patch per mechanism of the algorithm (the idea switched
 off while the code still runs) and the cheapest test that must fail under it; `python
-benchmarks/mutations.py --only NAME` checks it, and the suite refuses to start while a
+tests/mutations/mutations.py --only NAME` checks it, and the suite refuses to start while a
 registered strategy has no mutation. A mutation that survives means a missing test: add a
 test that fails under it, never weaken the mutation.
 
@@ -254,7 +257,7 @@ participation), where such an error cannot cancel. `--kind subtle` runs only tho
 """
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=1, help="mutations run at the same time")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutations")
@@ -271,7 +274,8 @@ def main(argv=None) -> int:
                              "passed unmutated: .ci/run after the fast and slow tiers)")
     parser.add_argument("--no-fork", action="store_true",
                         help="run each pytest as a new interpreter, not as a fork of a warm "
-                             "parent (benchmarks/mutation_fork.py); the same verdicts, slower")
+                             "parent (tests/mutations/mutation_fork.py); the same verdicts, "
+                             "slower")
     args = parser.parse_args(argv)
 
     problems = (check_patches(MUTATIONS) + check_coverage(MUTATIONS) + check_targets(MUTATIONS)
@@ -341,12 +345,12 @@ def main(argv=None) -> int:
             print(f"baseline passed in {baseline_s:.0f} s: {last_line(out)}", flush=True)
         shutil.rmtree(scratch, ignore_errors=True)
 
-        results: dict[str, dict] = {}
+        results: dict[str, dict[str, Any]] = {}
         jobs = max(1, args.jobs)
         if jobs > 1:  # each job's torch on one thread: jobs do not fight over the cores
             os.environ.setdefault("OMP_NUM_THREADS", "1")
         with contextlib.ExitStack() as stack:
-            runners: queue.Queue | None = None
+            runners: queue.Queue[WarmRunner] | None = None
             if not args.no_fork:  # one warm parent per job, started with the jobs' env
                 runners = queue.Queue()
                 scratch = make_scratch(parent, source)
@@ -368,7 +372,7 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     ordered = [results[m.name] for m in selected]
-    command = "python benchmarks/mutations.py " + " ".join(
+    command = "python tests/mutations/mutations.py " + " ".join(
         argv if argv is not None else sys.argv[1:])
     text = table(ordered, command.strip(), time.perf_counter() - started, baseline_s)
     print("\n" + text)

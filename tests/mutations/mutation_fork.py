@@ -1,12 +1,12 @@
 """A warm parent for the mutation suite's pytest runs: imports the heavy libraries once, forks one
 child per run.
 
-Most of a mutation's ``python -m pytest <targets>`` (benchmarks/mutations.py) is start-up: the
+Most of a mutation's ``python -m pytest <targets>`` (tests/mutations/mutations.py) is start-up: the
 interpreter, then torch, torchvision, Flower, pandas, ... imported again for every mutation
 (measured 2026-11-29: ~3 s of a 3.7 s run of one FedAvg test). This module has two halves:
 
-* the server, ``python benchmarks/mutation_fork.py`` (run by path, never imported as
-  ``benchmarks.…``): it imports :data:`PRELOAD` (third-party libraries only, NOTHING of this
+* the server, ``python tests/mutations/mutation_fork.py`` (run by path, never imported as
+  ``tests.…``): it imports :data:`PRELOAD` (third-party libraries only, NOTHING of this
   project, so every child imports the mutated copy's code afresh; importing torch does not
   start its thread pools or CUDA, and the server refuses to serve if any import left a second
   thread running, as a fork would copy a half-held lock), writes ``ready`` and then reads one
@@ -20,7 +20,7 @@ interpreter, then torch, torchvision, Flower, pandas, ... imported again for eve
   JSON line: ``{"rc": exit status (-N: killed by signal N), "timed_out": bool}``. One child at
   a time per server; ``{"modules": true}`` answers the server's own ``sys.modules`` (tests).
   End of stdin ends it.
-* the client, :class:`WarmRunner` (imported by benchmarks/mutations.py): starts one server,
+* the client, :class:`WarmRunner` (imported by tests/mutations/mutations.py): starts one server,
   hands it runs (:meth:`WarmRunner.run`, same result as ``subprocess.run`` of the same
   command) and stops it.
 
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import IO, Any, Sequence
 
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)  # run by path: benchmarks/ is not a place to import from
+    sys.path.pop(0)  # run by path: tests/mutations/ is not a place to import from
 
 #: imported once by the server (the slowest imports of the mutation targets, measured with
 #: ``-X importtime``); all third-party -- never a module of this project. The first
@@ -121,7 +121,7 @@ def _wait(pid: int, timeout: float) -> tuple[int, bool]:
 
 
 def serve(requests: IO[str], answers: IO[str], preload: Sequence[str] = PRELOAD,
-          blas: int = BLAS) -> dict | None:
+          blas: int = BLAS) -> dict[str, Any] | None:
     """Import ``preload``, then fork a child per request until ``requests`` ends (None).
     Returns the request in a child (which then becomes that run), never in the server.
     Refuses (SystemExit) when an import after the first ``blas`` started a thread, or any
@@ -186,7 +186,7 @@ def main(argv: Sequence[str]) -> None:
 
 # ------------------------------------------------------------------------------ client side
 class WarmRunner:
-    """One warm server (``python benchmarks/mutation_fork.py``), started with ``env``; runs
+    """One warm server (``python tests/mutations/mutation_fork.py``), started with ``env``; runs
     one pytest at a time in a fresh fork. Use as a context manager (the server stops at the
     end); not thread-safe: give each worker thread its own."""
 
@@ -195,7 +195,7 @@ class WarmRunner:
         cmd = [python, str(HERE)] + (["--preload", ",".join(preload)] if preload is not None
                                      else [])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=env, text=True, cwd=HERE.parent.parent)
+                                     env=env, text=True, cwd=HERE.parents[2])
         try:
             line = self._answer()
         except RuntimeError:
@@ -213,13 +213,13 @@ class WarmRunner:
                                "its stderr says why)")
         return line.strip()
 
-    def _ask(self, request: dict) -> dict:
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         return json.loads(self._answer())
 
-    def modules(self) -> dict:
+    def modules(self) -> dict[str, Any]:
         """The server's sys.modules (sorted) and thread count."""
         return self._ask({"modules": True})
 
