@@ -1,6 +1,7 @@
 """pFedHN's server step on asymmetric input, by hand: two clients with unequal deltas,
 hn-lr != embed-lr != 1, so a summed instead of averaged phi-gradient, a flipped sign or the
-two step sizes swapped changes the numbers (the other pFedHN tests: tests/test_plgu.py)."""
+two step sizes swapped changes the numbers (the other pFedHN tests:
+tests/test_plgu_grep_ghn.py)."""
 
 from __future__ import annotations
 
