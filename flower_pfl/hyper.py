@@ -1,9 +1,8 @@
-"""What a registered algorithm is: its name, summary and hyper-parameters.
+"""One configuration value's declaration (:class:`Hyper`), its validator and the YAML reader.
 
-Pure data (no torch, no Flower): the catalog modules (``flower_pfl/catalog/*.py``) build
-:class:`Entry` objects from these classes, ``flower_pfl/registry.py`` collects them, and
-the strategy and client classes bind themselves to an entry (``registry.strategy_for``,
-``registry.client_for``).
+Pure data (no torch, no Flower): the papers' contracts (``flower_pfl/catalog/*.py``) declare
+their parameters with :func:`flower_pfl.contract.param`, from which each :class:`Hyper` is
+derived; the run configuration's own fields (config.py) use :func:`check_value` too.
 Defaults are the papers' values where the paper states them and our choices otherwise.
 A ``doc`` says what the parameter does and why its default, in words, and points to the
 docs section that holds the measurements (docs/RESULTS.md, docs/algorithms/*.md): run
@@ -15,9 +14,9 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -36,42 +35,6 @@ class Hyper:
     check: Callable[[Any], bool] | None = None
     allowed: str = ""
     doc: str = ""
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A registered algorithm: its name, a one-line summary and its hyper-parameters.  The
-    Strategy and client classes are bound to it by their own modules (flower_pfl.registry)."""
-
-    name: str
-    summary: str
-    hyper: Mapping[str, Hyper] = field(default_factory=dict)
-    #: checks that need the rest of the configuration: (values, hyper) -> problems
-    cross_check: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] | None = None
-    #: ``train.*`` keys this method does not use (or whose role the method's own
-    #: hyper-parameters take; the reason names them), each with the paper's reason: a value
-    #: other than the key's default is refused at validation (config.py); every other train
-    #: key changes what the client uploads (tests/test_training_recipe.py, docs/training.md)
-    refuses: Mapping[str, str] = field(default_factory=dict)
-
-    def validate_hyper(self, params: Mapping[str, Any], prefix: str
-                       ) -> tuple[dict[str, Any], list[str]]:
-        """Fill defaults, check types and ranges; return (values, problems)."""
-        problems: list[str] = []
-        values: dict[str, Any] = {}
-        for key in params:
-            if key not in self.hyper:
-                allowed = sorted(self.hyper) or "none"
-                problems.append(f"'{prefix}.{key}' is not a hyper-parameter of '{self.name}'"
-                                f"{did_you_mean(str(key), self.hyper)} (allowed: {allowed})")
-        for key, spec in self.hyper.items():
-            value, problem = check_value(f"{prefix}.{key}", params.get(key, spec.default),
-                                         spec.types, spec.check, spec.allowed)
-            if problem:
-                problems.append(problem)
-            else:
-                values[key] = value
-        return values, problems
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
@@ -110,7 +73,8 @@ def check_value(name: str, value: Any, types: tuple[type, ...],
     return value, None
 
 
-POS = lambda v: v > 0  # noqa: E731 - a one-line check for the catalog's Hyper tables
+# TRANSITIONAL (removed when every contract declares Params): the old Hyper tables' helpers
+POS = lambda v: v > 0  # noqa: E731
 NUM = (float, int)
 
 

@@ -188,14 +188,6 @@ class ReceivedModel(Wire):
 
 # ============================================================================ the papers
 @dataclass(frozen=True)
-class FedAMPFit(Wire):
-    """FedAMP / HeurFedAMP (Huang et al. 2021, eq. 6): the prox weight lambda / alpha_k of
-    the client's ``lambda/(2 alpha_k) ||w - u_i||^2`` (u_i: the arrays sent)."""
-
-    prox_coef: float
-
-
-@dataclass(frozen=True)
 class SelfFLFit(Wire):
     """Self-FL (eqs. 8, 10, 13-14): the server's variances (-1: not known yet), the step
     rule's inputs and the bootstrap fit's settings (strategies/selffl.py)."""
@@ -352,6 +344,6 @@ class APFLInstruction(Wire):
 
 #: every declaration, for the round-trip test (tests/test_instructions.py)
 DECLARATIONS: tuple[type[Wire], ...] = (
-    RoundInstruction, EvaluateInstruction, ReceivedModel, FedAMPFit, SelfFLFit, SelfFLReply,
+    RoundInstruction, EvaluateInstruction, ReceivedModel, SelfFLFit, SelfFLReply,
     PFedBreDFit, PFedBreDReply, SAMFit, PLGUFit, SharedReply, PLGUReply, FedRepFit, FedProxFit,
     FineTuneEval, DittoFit, PerFedAvgFit, PerFedAvgEval, APFLInstruction)

@@ -1,25 +1,27 @@
 """Strategy name -> its catalog :class:`~flower_pfl.hyper.Entry`, Strategy class and client class.
 
-The entries (name, summary, hyper-parameters) are torch-free data in
-``flower_pfl/catalog/<paper>.py``; this module collects every catalog module it finds, so
-reading the registry (validating a YAML file, ``flower-pfl strategies``) imports neither
-torch nor Flower.  The classes bind themselves, in code:
+The entries (each paper's contract: name, summary, parameters, messages, privacy decision,
+mechanism, newcomer rule) are torch-free data in ``flower_pfl/catalog/<paper>.py``; this
+module collects every catalog module it finds, so reading the registry (validating a YAML
+file, ``flower-pfl strategies``) imports neither torch nor Flower.  The classes bind
+themselves to the contract, in code:
 
     @strategy_for(catalog.fedamp.FEDAMP)      # strategies/fedamp.py: strategy -> its entry
     class FedAMP(MessagePassingStrategy): ...
 
-    @client_for(FedAMP, HeurFedAMP)           # clients/fedamp.py: client -> the strategies
-    class FedAMPClient(PersonalStateClient): ...  # it serves (a client may serve several)
+    @client_for(catalog.fedamp.FEDAMP, catalog.fedamp.HEURFEDAMP)  # clients/fedamp.py
+    class FedAMPClient(PersonalStateClient): ...  # (a client may serve several entries)
 
 so a misspelt entry or class fails when its module is imported, and the import graph shows
-strategy -> catalog and client -> strategy.  Every entry is bound to exactly one strategy
-class and one client class (tests/test_registry.py).
+strategy -> catalog and client -> catalog: no client imports a strategy, and the ClientApp
+loads no server code.  Every entry is bound to exactly one strategy class and one client
+class (tests/test_registry.py).
 
 The modules that bind are listed, by plain imports, in two index modules:
 ``flower_pfl/strategies/index.py`` and ``flower_pfl/clients/index.py``.
 :func:`strategy_class` imports the strategy index (every strategy module: torch-free at
 import, so a numpy strategy's ServerApp loads no torch), :func:`client_class` the client
-index (clients train: torch).  The registry names the index by a string: the strategy
+index alone (clients train: torch).  The registry names the index by a string: the strategy
 modules import this module (``strategy_for``), so an import statement here would close a
 circle; mypy and the structure drawing follow the index modules themselves.
 """
@@ -31,14 +33,14 @@ import pkgutil
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from flower_pfl import catalog
-from flower_pfl.hyper import Entry
+from flower_pfl.contract import Entry
 
 STRATEGIES = "flower_pfl.strategies"
 CLIENTS = "flower_pfl.clients"
 #: the modules that import every module binding a strategy / a client (``MODULES``)
 STRATEGY_INDEX = f"{STRATEGIES}.index"
 CLIENT_INDEX = f"{CLIENTS}.index"
-RECIPE = "README.md, 'Adding an algorithm, in order'"
+RECIPE = "docs/adding-a-method.md"
 
 T = TypeVar("T", bound=type)
 
@@ -62,7 +64,7 @@ CATALOG_MODULE: dict[str, str]
 REGISTRY, CATALOG_MODULE = _collect()
 
 _STRATEGY: dict[str, type] = {}  # entry name -> strategy class (filled by @strategy_for)
-_CLIENT: dict[type, type] = {}  # strategy class -> client class (filled by @client_for)
+_CLIENT: dict[str, type] = {}  # entry name -> client class (filled by @client_for)
 
 
 def get(name: str) -> Entry:
@@ -71,12 +73,17 @@ def get(name: str) -> Entry:
     return REGISTRY[name]
 
 
+def _check_entry(entry: object, decorator: str) -> Entry:
+    if not isinstance(entry, Entry) or REGISTRY.get(entry.name) is not entry:
+        raise TypeError(f"@{decorator} takes an Entry of a catalog module's ENTRIES "
+                        f"(flower_pfl/catalog/<paper>.py), got {entry!r:.80}")
+    return entry
+
+
 def strategy_for(entry: Entry) -> Callable[[T], T]:
     """Class decorator: bind a Strategy class to its catalog entry (one class per entry,
     one entry per class)."""
-    if not isinstance(entry, Entry) or REGISTRY.get(entry.name) is not entry:
-        raise TypeError(f"@strategy_for takes an Entry of a catalog module's ENTRIES "
-                        f"(flower_pfl/catalog/<paper>.py), got {entry!r:.80}")
+    _check_entry(entry, "strategy_for")
 
     def bind(cls: T) -> T:
         named = [n for n, c in _STRATEGY.items() if c is cls and n != entry.name]
@@ -92,19 +99,19 @@ def strategy_for(entry: Entry) -> Callable[[T], T]:
     return bind
 
 
-def client_for(*strategies: type) -> Callable[[T], T]:
-    """Class decorator: bind a client class to the Strategy classes it serves (each strategy
-    has one client; a client may serve several strategies)."""
+def client_for(*entries: Entry) -> Callable[[T], T]:
+    """Class decorator: bind a client class to the catalog entries it serves (each entry has
+    one client; a client may serve several entries)."""
+    for entry in entries:
+        _check_entry(entry, "client_for")
+
     def bind(cls: T) -> T:
-        for strategy in strategies:
-            if strategy not in _STRATEGY.values():
-                raise TypeError(f"@client_for({strategy!r:.80}) on {_path(cls)}: not a Strategy "
-                                f"class bound with @strategy_for")
-            other = _CLIENT.get(strategy)
+        for entry in entries:
+            other = _CLIENT.get(entry.name)
             if other is not None and other is not cls:
-                raise RuntimeError(f"{_path(strategy)} has two clients: {_path(other)} and "
-                                   f"{_path(cls)}")
-            _CLIENT[strategy] = cls
+                raise RuntimeError(f"strategy '{entry.name}' has two clients: {_path(other)} "
+                                   f"and {_path(cls)}")
+            _CLIENT[entry.name] = cls
         return cls
     return bind
 
@@ -126,16 +133,16 @@ def strategy_class(name: str) -> type:
 
 
 def client_class(name: str) -> type:
-    """The client class bound to ``name``'s Strategy class.  Imports the client index
-    (every client module; torch).  KeyError: an unknown name; LookupError: no client
-    serves it."""
-    strategy = strategy_class(name)
+    """The client class bound to ``name``.  Imports the client index (every client module;
+    torch), no strategy module.  KeyError: an unknown name; LookupError: no client serves
+    it."""
+    entry = get(name)
     importlib.import_module(CLIENT_INDEX)
-    if strategy not in _CLIENT:
-        raise LookupError(f"no client class serves '{name}' ({_path(strategy)}): list it in a "
-                          f"client's @client_for(...) in clients/<file>.py and import that "
-                          f"module in {_file(CLIENT_INDEX)} ({RECIPE})")
-    return _CLIENT[strategy]
+    if entry.name not in _CLIENT:
+        raise LookupError(f"no client class serves '{name}': list its entry in a client's "
+                          f"@client_for(...) in clients/<file>.py and import that module in "
+                          f"{_file(CLIENT_INDEX)} ({RECIPE})")
+    return _CLIENT[entry.name]
 
 
 def bindings() -> dict[str, tuple[type | None, type | None]]:
@@ -143,11 +150,18 @@ def bindings() -> dict[str, tuple[type | None, type | None]]:
     bound."""
     importlib.import_module(STRATEGY_INDEX)
     importlib.import_module(CLIENT_INDEX)
-    out: dict[str, tuple[type | None, type | None]] = {}
-    for name in REGISTRY:
-        strategy = _STRATEGY.get(name)
-        out[name] = (strategy, _CLIENT.get(strategy) if strategy is not None else None)
-    return out
+    return {name: (_STRATEGY.get(name), _CLIENT.get(name)) for name in REGISTRY}
+
+
+def wire_classes() -> tuple[type, ...]:
+    """Every message declaration: the round-level ones (flower_pfl.instructions) and each
+    contract's (``Entry.wire``), each once."""
+    from flower_pfl.instructions import DECLARATIONS
+
+    out = dict.fromkeys(DECLARATIONS)
+    for entry in REGISTRY.values():
+        out.update(dict.fromkeys(entry.wire))
+    return tuple(out)
 
 
 def binding_modules() -> tuple[set[str], set[str]]:

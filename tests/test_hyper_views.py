@@ -12,14 +12,11 @@ from flower_pfl.registry import REGISTRY
 from flower_pfl.strategies.apfl import APFLHyper
 from flower_pfl.strategies.ditto import DittoHyper
 from flower_pfl.strategies.fedacs import FedACSHyper
-from flower_pfl.strategies.fedamp import FedAMPHyper
 from flower_pfl.strategies.fedavg import FineTuneHyper
 from flower_pfl.strategies.fedprox import FedProxHyper
 from flower_pfl.strategies.fedrep import FedRepHyper
 from flower_pfl.strategies.fedsam import SAMHyper
-from flower_pfl.strategies.heurfedamp import HeurFedAMPHyper
 from flower_pfl.strategies.hyper_view import HyperView, hyper_key, read_hyper, read_views
-from flower_pfl.strategies.message_passing import ScoredModel
 from flower_pfl.strategies.perfedavg import PerFedAvgHyper
 from flower_pfl.strategies.selffl import SelfFLHyper
 
@@ -28,8 +25,7 @@ READERS = {
     FineTuneHyper: ["fedavg-ft", "fedprox-ft"], FedProxHyper: ["fedprox", "fedprox-ft"],
     DittoHyper: ["ditto"], PerFedAvgHyper: ["perfedavg"], APFLHyper: ["apfl"],
     SAMHyper: ["fedsam", "plgu-lf"], FedRepHyper: ["fedrep", "plgu-grep"],
-    ScoredModel: ["fedamp", "heurfedamp", "fedacs"], FedAMPHyper: ["fedamp"],
-    HeurFedAMPHyper: ["heurfedamp"], FedACSHyper: ["fedacs"], SelfFLHyper: ["selffl"],
+    FedACSHyper: ["fedacs"], SelfFLHyper: ["selffl"],
 }
 
 

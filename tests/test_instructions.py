@@ -10,6 +10,8 @@ import dataclasses
 import pytest
 
 from flower_pfl import instructions as ins
+from flower_pfl import registry
+from flower_pfl.catalog.fedamp import FedAMPFit
 from flower_pfl.instructions import WireError
 from tests.conftest import small_config
 from tests.test_baselines import TINY
@@ -25,7 +27,7 @@ def sample(decl: type[ins.Wire]) -> ins.Wire:
     return decl(**{s.attr: SAMPLE[s.type](i) for i, s in enumerate(decl.specs())})
 
 
-@pytest.mark.parametrize("decl", ins.DECLARATIONS, ids=lambda d: d.__name__)
+@pytest.mark.parametrize("decl", registry.wire_classes(), ids=lambda d: d.__name__)
 def test_every_declaration_round_trips_through_the_config_dict(decl):
     value = sample(decl)
     config = value.to_config()
@@ -34,7 +36,7 @@ def test_every_declaration_round_trips_through_the_config_dict(decl):
     assert decl.from_config(value.to_record()) == value  # Flower's ConfigRecord, too
 
 
-@pytest.mark.parametrize("decl", ins.DECLARATIONS, ids=lambda d: d.__name__)
+@pytest.mark.parametrize("decl", registry.wire_classes(), ids=lambda d: d.__name__)
 def test_a_missing_required_key_and_a_mistyped_key_are_refused_with_their_name(decl):
     config = sample(decl).to_config()
     for spec in decl.specs():
@@ -146,4 +148,4 @@ def test_fedamp_family_sends_the_prox_weight_its_client_reads(tmp_path):
     cfg = small_config(strategy="heurfedamp", **TINY,
                        **{"hyper.heurfedamp.alpha-k": 2.0, "hyper.heurfedamp.lambda": 0.3})
     sent = HeurFedAMP(cfg, results_dir=tmp_path).fit_config(0, 1)
-    assert ins.FedAMPFit.from_config(sent).prox_coef == pytest.approx(0.3 / 2.0)
+    assert FedAMPFit.from_config(sent).prox_coef == pytest.approx(0.3 / 2.0)

@@ -18,7 +18,7 @@ import pytest
 
 from flower_pfl import registry
 from flower_pfl.running import inprocess
-from flower_pfl.strategies.mechanism import MORE_ROUNDS
+from flower_pfl.contract import MORE_ROUNDS
 from tests.conftest import small_config
 
 HISTORY = sorted(name for name in registry.REGISTRY

@@ -14,7 +14,8 @@ from flwr.app import MetricRecord, RecordDict
 
 from flower_pfl import config
 from flower_pfl.algorithms.attention import fedamp_weights
-from flower_pfl.instructions import FedAMPFit, RoundInstruction
+from flower_pfl.catalog.fedamp import FedAMPFit
+from flower_pfl.instructions import RoundInstruction
 from flower_pfl.message_api import inprocess as mapi
 from flower_pfl.message_api.records import (
     INFO,

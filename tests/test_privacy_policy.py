@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flower_pfl import config
-from flower_pfl.privacy.policy import DECISIONS, MODES, markdown_table
+from flower_pfl.privacy.policy import MODES, decision, markdown_table
 from flower_pfl.registry import REGISTRY
 
 CLIENT = {"mode": "client-level", "clip-norm": 1.0, "noise-multiplier": 1.0}
@@ -21,8 +21,11 @@ def problems(tree) -> str:
     return str(err.value)
 
 
-def test_every_registered_strategy_has_a_decision_and_no_stale_one():
-    assert set(DECISIONS) == set(REGISTRY)
+DECISIONS = {name: decision(name) for name in sorted(REGISTRY)}
+
+
+def test_every_registered_strategy_has_a_decision():
+    assert all(d.clipped for d in DECISIONS.values())
 
 
 @pytest.mark.parametrize("strategy,mode", [(s, m) for s in sorted(DECISIONS) for m in MODES[1:]

@@ -72,19 +72,21 @@ def test_every_module_that_binds_is_listed_in_its_index():
 
 
 def test_a_wrong_binding_is_refused_when_its_module_is_imported():
-    from flower_pfl.hyper import Entry
+    from flower_pfl.contract import Entry
 
     fedavg = registry.strategy_class("fedavg")
     with pytest.raises(TypeError, match="ENTRIES"):  # an entry not in the catalog
         registry.strategy_for(Entry("fedavg", "a copy"))
+    with pytest.raises(TypeError, match="@client_for.*ENTRIES"):  # likewise for a client
+        registry.client_for(Entry("fedavg", "a copy"))
     with pytest.raises(RuntimeError, match="bound twice"):  # a second class for one entry
         registry.strategy_for(baselines.FEDAVG)(type("Other", (fedavg,), {}))
     with pytest.raises(RuntimeError, match="one class per strategy"):  # one class, two entries
         registry.strategy_for(baselines.LOCAL)(fedavg)
-    with pytest.raises(TypeError, match="@strategy_for"):  # a client of an unbound class
-        registry.client_for(type("NotAStrategy", (), {}))(type("C", (), {}))
+    with pytest.raises(TypeError, match="@client_for"):  # a client bound to a class
+        registry.client_for(fedavg)(type("C", (), {}))
     with pytest.raises(RuntimeError, match="two clients"):
-        registry.client_for(fedavg)(type("SecondClient", (), {}))
+        registry.client_for(baselines.FEDAVG)(type("SecondClient", (), {}))
     assert registry.strategy_class("fedavg") is fedavg and registry.strategy_class("local") \
         is not fedavg
     with pytest.raises(KeyError, match="unknown strategy 'fedavgg'"):
@@ -99,8 +101,7 @@ def test_an_unbound_name_says_where_to_bind_and_list_it(monkeypatch):
     with pytest.raises(LookupError, match=r"@strategy_for.*flower_pfl/strategies/index\.py"):
         registry.strategy_class("fedamp")
     monkeypatch.undo()
-    fedavg = registry.strategy_class("fedavg")
-    monkeypatch.delitem(registry._CLIENT, fedavg)
+    monkeypatch.delitem(registry._CLIENT, "fedavg")
     with pytest.raises(LookupError, match=r"@client_for.*flower_pfl/clients/index\.py"):
         registry.client_class("fedavg")
 

@@ -10,7 +10,8 @@ rejected by the range checks.
 from __future__ import annotations
 
 from flower_pfl.catalog import refusals
-from flower_pfl.hyper import NUM, POS, Entry, Hyper
+from flower_pfl.contract import Entry
+from flower_pfl.hyper import NUM, POS, Hyper
 
 FINETUNE = Hyper(10, (int,), POS, "an integer >= 1",
                  "local SGD steps (mini-batches) of fine-tuning before evaluation")

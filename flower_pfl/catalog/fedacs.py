@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from flower_pfl.hyper import NUM, Entry, Hyper
+from flower_pfl.contract import Entry
+from flower_pfl.hyper import NUM, Hyper
 
 FEDACS = Entry(
     "fedacs",

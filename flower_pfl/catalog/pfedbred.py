@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from flower_pfl.catalog import refusals
-from flower_pfl.hyper import NUM, POS, Entry, Hyper
+from flower_pfl.contract import Entry
+from flower_pfl.hyper import NUM, POS, Hyper
 
 _PAPER = "pFedBreD section 6.1 'Hyperparameter Settings'"
 

@@ -4,7 +4,8 @@ K = 5 local epochs), our documented choices otherwise (docs/algorithms/plgu.md).
 
 from __future__ import annotations
 
-from flower_pfl.hyper import NUM, POS, Entry, Hyper
+from flower_pfl.contract import Entry
+from flower_pfl.hyper import NUM, POS, Hyper
 
 RHO = Hyper(0.05, NUM, lambda v: v >= 0, "a number >= 0",
             "radius rho of the (LW)SAM perturbation; 0.05 = PLGU section 6.1 default and the best "

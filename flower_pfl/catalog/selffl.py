@@ -7,7 +7,8 @@ words here and measured in docs/algorithms/selffl.md (the section each ``doc`` n
 from __future__ import annotations
 
 from flower_pfl.catalog import refusals
-from flower_pfl.hyper import NUM, POS, Entry, Hyper, auto_or_positive
+from flower_pfl.contract import Entry
+from flower_pfl.hyper import NUM, POS, Hyper, auto_or_positive
 
 ESTIMATORS = ("bootstrap", "surrogate")
 CONTRACTIONS = ("auto", "measured", "variance")

@@ -25,11 +25,11 @@ from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.instructions import APFLInstruction
 from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.learning.training import batches
+from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.apfl import APFL
 
 
-@client_for(APFL)
+@client_for(baselines.APFL)
 class APFLClient(PFLClient):
     def load_alpha(self, config: MessageConfig) -> float:
         values = self.state.get_values("apfl")

@@ -20,11 +20,11 @@ from flower_pfl.clients.fedavg import FedAvgClient
 from flower_pfl.instructions import DittoFit
 from flower_pfl.learning.models import NamedLayers
 from flower_pfl.learning.training import params_of
+from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.ditto import Ditto
 
 
-@client_for(Ditto)
+@client_for(baselines.DITTO)
 class DittoClient(FedAvgClient):
     def fit_round(self, parameters: NDArrays, config: MessageConfig
                   ) -> tuple[NDArrays, Metrics]:

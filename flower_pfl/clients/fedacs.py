@@ -9,10 +9,10 @@ personalized model and uploaded.
 from __future__ import annotations
 
 from flower_pfl.clients.base import PersonalStateClient
+from flower_pfl.catalog import fedacs
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.fedacs import FedACS
 
 
-@client_for(FedACS)
+@client_for(fedacs.FEDACS)
 class FedACSClient(PersonalStateClient):
     """Local SGD started from u_i; everything else is the shared personal-state client."""

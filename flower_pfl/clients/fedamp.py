@@ -13,15 +13,14 @@ from __future__ import annotations
 
 from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.base import MessageConfig, PersonalStateClient
-from flower_pfl.instructions import FedAMPFit
 from flower_pfl.learning.models import NamedLayers
 from flower_pfl.learning.training import params_of
+from flower_pfl.catalog import fedamp
+from flower_pfl.catalog.fedamp import FedAMPFit
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.fedamp import FedAMP
-from flower_pfl.strategies.heurfedamp import HeurFedAMP
 
 
-@client_for(FedAMP, HeurFedAMP)
+@client_for(fedamp.FEDAMP, fedamp.HEURFEDAMP)
 class FedAMPClient(PersonalStateClient):
     def regularizer(self, model: NamedLayers, config: MessageConfig) -> Prox:
         center = params_of(model)  # u_i (training starts there), detached: it does not move

@@ -14,11 +14,11 @@ from flwr.common import NDArrays
 from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient, Regularizer
 from flower_pfl.instructions import FineTuneEval
 from flower_pfl.learning.models import NamedLayers, get_arrays
+from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
 
 
-@client_for(FedAvg)
+@client_for(baselines.FEDAVG)
 class FedAvgClient(PFLClient):
     def regularizer(self, model: NamedLayers, config: MessageConfig) -> Regularizer:
         """Extra term of the local objective: a ``prox.Prox`` (FedProx) or a callable
@@ -36,7 +36,7 @@ class FedAvgClient(PFLClient):
         return self.new_model(parameters)
 
 
-@client_for(FedAvgFT)
+@client_for(baselines.FEDAVG_FT)
 class FedAvgFTClient(FedAvgClient):
     def personal_model(self, parameters: NDArrays, config: MessageConfig
                        ) -> NamedLayers:

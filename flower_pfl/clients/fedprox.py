@@ -21,11 +21,11 @@ from flower_pfl.clients.fedavg import FedAvgClient, FedAvgFTClient
 from flower_pfl.instructions import FedProxFit
 from flower_pfl.learning.models import NamedLayers
 from flower_pfl.learning.training import params_of
+from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.fedprox import FedProx, FedProxFT
 
 
-@client_for(FedProx)
+@client_for(baselines.FEDPROX)
 class FedProxClient(FedAvgClient):
     def regularizer(self, model: NamedLayers, config: MessageConfig) -> Prox:
         center = params_of(model)  # w^t: training starts there; detached, it does not move
@@ -33,6 +33,6 @@ class FedProxClient(FedAvgClient):
         return Prox(center, mu)
 
 
-@client_for(FedProxFT)
+@client_for(baselines.FEDPROX_FT)
 class FedProxFTClient(FedProxClient, FedAvgFTClient):
     """FedProx training (FedProxClient.fit_round) + FedAvg-FT's fine-tuned evaluation."""

@@ -30,11 +30,11 @@ from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
 from flower_pfl.instructions import FedRepFit
 from flower_pfl.learning.models import NamedLayers, get_arrays, head_count, head_split
+from flower_pfl.catalog import plgu
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.fedrep import FedRep
 
 
-@client_for(FedRep)
+@client_for(plgu.FEDREP)
 class FedRepClient(LWSAMClientMixin, PFLClient):
     def split(self, model: NamedLayers) -> tuple[list[int], list[int]]:
         """(indices of head arrays, indices of body arrays) in get_arrays order

@@ -21,8 +21,8 @@ from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.instructions import SAMFit
 from flower_pfl.learning.models import NamedLayers, get_arrays, layer_groups
 from flower_pfl.learning.training import batches, make_optimizer, train_lwsam
+from flower_pfl.catalog import plgu
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.fedsam import FedSAM
 
 
 def layer_tensors(model: NamedLayers) -> list[list[torch.Tensor]]:
@@ -90,7 +90,7 @@ def deltas(trained: Sequence[np.ndarray], start: Sequence[np.ndarray]) -> list[n
             for a, b in zip(trained, start)]
 
 
-@client_for(FedSAM)
+@client_for(plgu.FEDSAM)
 class FedSAMClient(LWSAMClientMixin, PFLClient):
     def fit_round(self, parameters: NDArrays, config: MessageConfig
                   ) -> tuple[NDArrays, Metrics]:

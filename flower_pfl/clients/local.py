@@ -8,11 +8,11 @@ from __future__ import annotations
 from flwr.common import NDArrays
 
 from flower_pfl.clients.base import MessageConfig, Metrics, PersonalStateClient
+from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.local import Local
 
 
-@client_for(Local)
+@client_for(baselines.LOCAL)
 class LocalClient(PersonalStateClient):
     def fit_round(self, parameters: NDArrays, config: MessageConfig
                   ) -> tuple[NDArrays, Metrics]:

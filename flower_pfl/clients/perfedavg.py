@@ -26,11 +26,11 @@ from flower_pfl.clients.fedavg import FedAvgClient
 from flower_pfl.instructions import PerFedAvgEval, PerFedAvgFit
 from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.learning.training import batches
+from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.perfedavg import PerFedAvg
 
 
-@client_for(PerFedAvg)
+@client_for(baselines.PERFEDAVG)
 class PerFedAvgClient(FedAvgClient):
     def meta_steps(self, per_step: int) -> int:
         if self.spec.steps is not None:

@@ -25,20 +25,14 @@ from flower_pfl.clients.base import MessageConfig, Metrics, PersonalStateClient
 from flower_pfl.instructions import PFedBreDFit, PFedBreDReply
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.training import batches
+from flower_pfl.catalog import pfedbred
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.pfedbred import (
-    PFedBreD,
-    PFedBreDLG,
-    PFedBreDMEG,
-    PFedBreDMH,
-    PFedBreDMHLookahead,
-    PFedMe,
-)
 
 MEMORY_KEY = "pfedbred-w"
 
 
-@client_for(PFedBreD, PFedBreDLG, PFedBreDMEG, PFedBreDMH, PFedBreDMHLookahead, PFedMe)
+@client_for(pfedbred.PFEDBRED, pfedbred.PFEDBRED_LG, pfedbred.PFEDBRED_MEG, pfedbred.PFEDBRED_MH,
+            pfedbred.PFEDBRED_MH_LOOKAHEAD, pfedbred.PFEDME)
 class PFedBreDClient(PersonalStateClient):
     def fit_round(self, parameters: NDArrays, config: MessageConfig
                   ) -> tuple[NDArrays, Metrics]:

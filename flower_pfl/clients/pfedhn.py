@@ -16,11 +16,11 @@ from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
 from flower_pfl.instructions import SAMFit
 from flower_pfl.learning.models import NamedLayers, get_arrays
+from flower_pfl.catalog import plgu
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.pfedhn import PFedHN
 
 
-@client_for(PFedHN)
+@client_for(plgu.PFEDHN)
 class PFedHNClient(LWSAMClientMixin, PFLClient):
     def scales(self, generated: NDArrays, model: NamedLayers) -> list[float]:
         """Lambda per layer: pFedHN runs plain SGD (rho = 0), so any value works."""

@@ -56,11 +56,11 @@ from flower_pfl.clients.fedsam import (
 from flower_pfl.clients.pfedhn import PFedHNClient
 from flower_pfl.instructions import FedRepFit, PLGUFit, PLGUReply
 from flower_pfl.learning.models import NamedLayers, get_arrays, head_count
+from flower_pfl.catalog import plgu
 from flower_pfl.registry import client_for
-from flower_pfl.strategies.plgu import PLGUGHN, PLGULF, PLGUGRep
 
 
-@client_for(PLGULF)
+@client_for(plgu.PLGU_LF)
 class PLGULFClient(LWSAMClientMixin, PFLClient):
     def fit_round(self, parameters: NDArrays, config: MessageConfig
                   ) -> tuple[NDArrays, Metrics]:
@@ -112,7 +112,7 @@ class PLGULFClient(LWSAMClientMixin, PFLClient):
         return model if model is not None else self.new_model(parameters)
 
 
-@client_for(PLGUGRep)
+@client_for(plgu.PLGU_GREP)
 class PLGUGRepClient(FedRepClient):
     def train_body(self, model: NamedLayers, body_layers: Sequence[Sequence[torch.Tensor]],
                    scales: Sequence[float], rho: float, num_steps: int, config: MessageConfig
@@ -158,7 +158,7 @@ class PLGUGRepClient(FedRepClient):
                                                                     split(received_body)))]
 
 
-@client_for(PLGUGHN)
+@client_for(plgu.PLGU_GHN)
 class PLGUGHNClient(PFedHNClient):
     def scales(self, generated: NDArrays, model: NamedLayers) -> list[float]:
         """Eq. 6 between the last trained model and the generated one; Lambda = L * xi."""

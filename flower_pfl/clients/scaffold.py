@@ -34,12 +34,12 @@ from flower_pfl.algorithms.baselines_math import (
 )
 from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.learning.models import NamedLayers, get_arrays
+from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
 from flower_pfl.reliability.uploads import UploadTemplate
-from flower_pfl.strategies.scaffold import Scaffold
 
 
-@client_for(Scaffold)
+@client_for(baselines.SCAFFOLD)
 class ScaffoldClient(PFLClient):
     def fit_round(self, parameters: NDArrays, config: MessageConfig
                   ) -> tuple[NDArrays, Metrics]:

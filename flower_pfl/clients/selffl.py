@@ -46,9 +46,9 @@ from flower_pfl.instructions import SelfFLFit, SelfFLReply
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.learning.training import train
+from flower_pfl.catalog import selffl
 from flower_pfl.registry import client_for
 from flower_pfl.reliability.uploads import UploadTemplate
-from flower_pfl.strategies.selffl import SelfFL
 
 
 def first_participation_fits(first_fits: int, samples: int) -> int:
@@ -74,7 +74,7 @@ def _known(value: float) -> float:
     return value if value >= 0 else math.nan
 
 
-@client_for(SelfFL)
+@client_for(selffl.SELFFL)
 class SelfFLClient(PersonalStateClient):
     def load_moments(self) -> sm.Welford:
         meta = self.state.get_values("selffl") or {"count": 0}

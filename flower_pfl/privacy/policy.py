@@ -84,10 +84,6 @@ DECISIONS: dict[str, Decision] = {
     "pfedbred-mh-lookahead": Decision(_MODEL, _OK_MEAN, _OWN_LOOP.format(
         what="the Moreau-envelope inner loop")),
     "pfedme": Decision(_MODEL, _OK_MEAN, _OWN_LOOP.format(what="the Moreau-envelope inner loop")),
-    "fedamp": Decision(_MODEL, _PER_UPLOAD.format(
-        what="each w_j enters u_i with its own attention weight"), None),
-    "heurfedamp": Decision(_MODEL, _PER_UPLOAD.format(
-        what="each w_j enters u_i with its own cosine-softmax weight"), None),
     "fedacs": Decision(_MODEL, _PER_UPLOAD.format(
         what="each stored w_j is compared and selected per client"), None),
     "pfedhn": Decision(_MODEL, _PER_UPLOAD.format(
@@ -107,6 +103,11 @@ DECISIONS: dict[str, Decision] = {
 def decision(strategy: str) -> Decision:
     """The decision for a registered ``strategy``.  Raises KeyError naming the table when
     a registered strategy has none (tests/test_privacy_policy.py keeps them in step)."""
+    from flower_pfl import registry  # TRANSITIONAL: every contract will hold its decision
+
+    held = registry.get(strategy).privacy
+    if held is not None:
+        return held
     if strategy not in DECISIONS:
         raise KeyError(f"strategy {strategy!r} has no entry in flower_pfl/privacy/policy.py "
                        f"DECISIONS: decide which DP modes protect it")
@@ -118,8 +119,10 @@ def markdown_table() -> str:
     ok = "yes"
     lines = ["| strategy | what leaves the client (clipped) | client-level | sample-level |",
              "|---|---|---|---|"]
-    for name in sorted(DECISIONS):
-        d = DECISIONS[name]
+    from flower_pfl import registry
+
+    for name in sorted(registry.REGISTRY):
+        d = decision(name)
         lines.append(f"| {name} | {d.clipped} | {d.client_level or ok} | "
                      f"{d.sample_level or ok} |")
     return "\n".join(lines)

@@ -52,8 +52,9 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from flower_pfl import raynode
+from flower_pfl import raynode, registry
 from flower_pfl.config import RunConfig
+from flower_pfl.contract import Params
 from flower_pfl.instructions import RoundInstruction
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.privacy.clipping import clip_update
@@ -99,6 +100,8 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
     #: what the strategy's own mechanism is, where it can fall back (strategies/mechanism.py):
     #: each accepted upload is one client-round that used it or not; None = nothing to count
     mechanism: Mechanism | None = None
+    #: the paper's parameters (its contract's Params class; each strategy names its own)
+    params: Params
     #: uploads reach aggregate_updates still serialised, each array decoded when read (n x d
     #: stores: a round's uploads are held once, as the transport's bytes; model_store.py)
     lazy_uploads: bool = False
@@ -146,6 +149,11 @@ class PersonalizedStrategy(NodeTracking, EvaluationReporting, Checkpointing, Str
         self.mechanism_count = MechanismCount()  # client-rounds that used ``mechanism``
         self.ray_cluster_said = False  # flower_pfl.raynode.cluster_line, logged once
         read_views(self)  # each typed hyper-parameter view (hyper_view.py), now
+        #: the paper's contract (flower_pfl/catalog/<paper>.py) and its parameters, read once
+        self.entry = registry.get(cfg.strategy)
+        self.params = self.entry.params.read(self.hyper)
+        if self.entry.mechanism is not None:
+            self.mechanism = self.entry.mechanism
 
     # ------------------------------------------------------------------ subclass hooks
     def setup(self, initial_arrays: list[np.ndarray]) -> None:

@@ -27,7 +27,6 @@ Choices the paper leaves open (measured runs in docs/algorithms/fedamp.md):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -36,35 +35,18 @@ from flwr.common import Scalar
 
 from flower_pfl.algorithms.attention import fedamp_auto_weights, fedamp_weights, offdiag_mass
 from flower_pfl.catalog import fedamp as catalog
+from flower_pfl.catalog.fedamp import FedAMPFit
 from flower_pfl.config import RunConfig
-from flower_pfl.instructions import FedAMPFit
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.hyper_view import HyperView
-from flower_pfl.strategies.mechanism import Mechanism
-from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
+from flower_pfl.strategies.message_passing import MessagePassingStrategy
 
 #: below this mean weight on peers FedAMP is Local training in all but name
 MIN_PEER_MASS = 1e-3
 
 
-@dataclass(frozen=True)
-class FedAMPHyper:
-    """hyper.fedamp (flower_pfl/catalog/fedamp.py; 'auto' where a number may be one)."""
-
-    alpha_k: float | str
-    min_self_weight: float
-    alpha_schedule: str
-    lambda_: float | str
-    prox_weight: float
-    sigma: float | str
-    sigma_scale: float
-
-
 @strategy_for(catalog.FEDAMP)
 class FedAMP(MessagePassingStrategy):
-    mechanism = Mechanism("FedAMP", *CLOUD)
-
-    fedamp_hyper = HyperView(FedAMPHyper)
+    params: catalog.FedAMPParams
 
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
@@ -72,24 +54,24 @@ class FedAMP(MessagePassingStrategy):
         self._coef = math.nan  # lambda / alpha_k of the round's weights (set by attention)
 
     def sigma(self, peers: np.ndarray) -> float:
-        if self.fedamp_hyper.sigma != "auto":
-            return float(self.fedamp_hyper.sigma)
+        if self.params.sigma != "auto":
+            return float(self.params.sigma)
         held = np.flatnonzero(peers)
         if len(held) < 2:
             return 1.0  # no pair yet: any sigma gives the same (self-only) weights
         d = self.matrix.sq_distances(held, held)
         med = float(np.median(d[~np.eye(len(held), dtype=bool)]))
-        return self.fedamp_hyper.sigma_scale * med if med > 0 else 1.0
+        return self.params.sigma_scale * med if med > 0 else 1.0
 
     def decay(self, server_round: int) -> float:
         return {"constant": 1.0, "inverse-sqrt": 1.0 / math.sqrt(server_round),
-                "inverse": 1.0 / server_round}[self.fedamp_hyper.alpha_schedule]
+                "inverse": 1.0 / server_round}[self.params.alpha_schedule]
 
     def prox_coef(self, alpha: float) -> float:
         """lambda / alpha_k, the weight of the client's prox term (eq. 6)."""
-        if self.fedamp_hyper.lambda_ == "auto":
-            return float(self.fedamp_hyper.prox_weight)
-        coef = float(self.fedamp_hyper.lambda_) / alpha
+        if self.params.lambda_ == "auto":
+            return float(self.params.prox_weight)
+        coef = float(self.params.lambda_) / alpha
         lr = float(self.cfg["train.lr"])
         if lr * coef >= 1.0:
             # Explicit SGD on c/2 ||w-u||^2 multiplies w-u by (1 - lr c) each step: at
@@ -103,13 +85,13 @@ class FedAMP(MessagePassingStrategy):
         peers = self.peers()
         sigma = self.sigma(peers)
         dist = self.matrix.sq_distances(rows)
-        if self.fedamp_hyper.alpha_k == "auto":
+        if self.params.alpha_k == "auto":
             xi, log_alpha = fedamp_auto_weights(dist, rows, peers, sigma,
-                                                float(self.fedamp_hyper.min_self_weight),
+                                                float(self.params.min_self_weight),
                                                 self.decay(server_round))
             alpha = math.exp(min(log_alpha, 700.0))
         else:
-            alpha = float(self.fedamp_hyper.alpha_k) * self.decay(server_round)
+            alpha = float(self.params.alpha_k) * self.decay(server_round)
             xi = fedamp_weights(dist, rows, peers, alpha, sigma)
         self._coef = self.prox_coef(alpha)
         self.log_server(sigma=sigma, alpha_k=alpha, prox_coef=self._coef)
@@ -128,7 +110,7 @@ class FedAMP(MessagePassingStrategy):
                 "their cloud model's weight on peers (xi_ii ~ 1): this is Local training. "
                 "sigma = %s is too small next to the squared model distances or alpha-k = %s "
                 "too small; use sigma: auto and alpha-k: auto (server.csv: peer_mass).",
-                server_round, mass, self.fedamp_hyper.sigma, self.fedamp_hyper.alpha_k)
+                server_round, mass, self.params.sigma, self.params.alpha_k)
 
     def fit_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
         return FedAMPFit(prox_coef=self._coef).to_config()

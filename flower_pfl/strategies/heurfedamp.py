@@ -14,7 +14,6 @@ below ``MIN_PEAK_OVER_MEAN`` a WARNING names sigma.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -22,35 +21,21 @@ from flwr.common import Scalar
 
 from flower_pfl.algorithms.attention import heurfedamp_weights, peak_over_mean
 from flower_pfl.catalog import fedamp as catalog
-from flower_pfl.instructions import FedAMPFit
+from flower_pfl.catalog.fedamp import FedAMPFit
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.hyper_view import HyperView
-from flower_pfl.strategies.mechanism import Mechanism
-from flower_pfl.strategies.message_passing import CLOUD, MessagePassingStrategy
+from flower_pfl.strategies.message_passing import MessagePassingStrategy
 
 #: peak / mean peer weight below this: attention is uniform over the peers
 MIN_PEAK_OVER_MEAN = 1.1
 
 
-@dataclass(frozen=True)
-class HeurFedAMPHyper:
-    """hyper.heurfedamp (flower_pfl/catalog/fedamp.py)."""
-
-    alpha_k: float
-    lambda_: float
-    sigma: float  # the softmax's scale (eq. 8)
-    self_weight: float  # xi_ii
-
-
 @strategy_for(catalog.HEURFEDAMP)
 class HeurFedAMP(MessagePassingStrategy):
-    mechanism = Mechanism("HeurFedAMP", *CLOUD)
-
-    heur_hyper = HyperView(HeurFedAMPHyper)
+    params: catalog.HeurFedAMPParams
 
     def attention(self, rows: np.ndarray, server_round: int) -> np.ndarray:
         return heurfedamp_weights(self.matrix.cosine(rows), rows, self.peers(),
-                                  float(self.heur_hyper.sigma), float(self.heur_hyper.self_weight))
+                                  float(self.params.sigma), float(self.params.self_weight))
 
     def prepare_round(self, server_round: int, sampled: list[int]) -> None:
         super().prepare_round(server_round, sampled)
@@ -62,7 +47,7 @@ class HeurFedAMP(MessagePassingStrategy):
                 "uniform", "[flower-pfl] HeurFedAMP round %d: the attention is uniform over the "
                 "peers (peak/mean peer weight %.4f): the cosines of the models are too close "
                 "for sigma = %g to separate them; raise sigma (server.csv: peak_over_mean).",
-                server_round, ratio, float(self.heur_hyper.sigma))
+                server_round, ratio, float(self.params.sigma))
 
     def fit_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
-        return FedAMPFit(prox_coef=self.heur_hyper.lambda_ / self.heur_hyper.alpha_k).to_config()
+        return FedAMPFit(prox_coef=self.params.lambda_ / self.params.alpha_k).to_config()

@@ -7,7 +7,8 @@ carry a client's own state after its first accepted upload.  Before that the cli
 back (global or initial model, zero control variate, ...).  With few rounds and partial
 participation a run can end without the mechanism ever running -- silently the baseline.
 
-A strategy declares only WHAT its mechanism is (``mechanism = Mechanism(...)``) and, if
+A paper's contract declares only WHAT its mechanism is (``Entry(..., mechanism=Mechanism(...))``,
+flower_pfl/contract.py), and the strategy, if
 "ran" is not simply "the client had an accepted upload in an earlier round" (HISTORY),
 ``mechanism_used(update, carried)``.  The base (strategies/base.py) counts every accepted
 upload as one client-round, the evaluation mixin logs one line at the end of the run
@@ -20,19 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-#: the default hint: history comes from taking part more than once
-MORE_ROUNDS = "run more rounds or raise fraction-fit (each client must take part twice)"
-
-
-@dataclass(frozen=True)
-class Mechanism:
-    """What a strategy's mechanism is: ``name`` (the method), ``what`` (the mechanism,
-    e.g. "eq. 8/10"), ``otherwise`` (the fallback) and ``hint`` (how to make it run)."""
-
-    name: str
-    what: str
-    otherwise: str
-    hint: str = MORE_ROUNDS
+from flower_pfl.contract import Mechanism
 
 
 @dataclass

@@ -33,7 +33,6 @@ is kept (its u_i still starts from its own w_i); the excluded partition-ids are 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -50,23 +49,9 @@ from flower_pfl.model_store import ModelStore, plan_from_config
 from flower_pfl.store_rows import RowMatrix
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
-from flower_pfl.strategies.hyper_view import HyperView
 
 #: the store's file and the scratch files of large cloud models, under the results folder
 STATE_DIR = "state"
-
-
-#: (what, otherwise) of the family's mechanism: a client's u_i mixes peers by their
-#: similarity to ITS uploaded model; before its first upload that is the initial model
-CLOUD = ("a cloud model u_i weighted by its own uploaded model's similarity to its peers",
-         "the weights compare the initial model with the peers")
-
-
-@dataclass(frozen=True)
-class ScoredModel:
-    """hyper.<fedamp | heurfedamp>.evaluate (flower_pfl/catalog/fedamp.py; FedACS has none)."""
-
-    evaluate: str | None = None  # 'cloud' (u_i), 'personal' (w_i); None: FedACS's rule
 
 
 class MessagePassingStrategy(PersonalizedStrategy):
@@ -85,8 +70,6 @@ class MessagePassingStrategy(PersonalizedStrategy):
     lazy_uploads = True
     # checkpointed: nothing of its own -- the ModelStore is in the base's ClientStore (its
     # file pinned, not pickled: save_checkpoint); the cloud models are per-round scratch
-
-    scored = HyperView(ScoredModel)
 
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
@@ -177,7 +160,8 @@ class MessagePassingStrategy(PersonalizedStrategy):
 
     def eval_payload(self, pid: int, server_round: int
                      ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        cloud = self.scored.evaluate == "cloud" and bool(self.matrix.seen.any())
+        # FedAMP's and HeurFedAMP's ``evaluate`` (FedACS has none: its own rule)
+        cloud = getattr(self.params, "evaluate", None) == "cloud" and bool(self.matrix.seen.any())
         if not cloud and self.matrix.seen[pid]:
             return [], {}  # the client evaluates its own personalized model w_i
         if self._eval_key != (server_round, cloud):
