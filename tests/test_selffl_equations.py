@@ -1,7 +1,8 @@
 """Self-FL's equations on asymmetric inputs, by hand: S_{-m} over the OTHER clients only
 (unequal sigma_k^2), and eq. 10's coefficient with sigma_0^2 != sigma_m^2 and S_{-m} from
 three unequal peers -- inputs where a client counted in its own S_{-m}, a swapped pair or a
-factor of 2 changes the number (tests/test_selffl.py holds the rest of Self-FL's tests)."""
+factor of 2 changes the number (tests/test_selffl.py and test_selffl_bootstrap.py hold the
+rest of Self-FL's tests)."""
 
 from __future__ import annotations
 
