@@ -180,14 +180,21 @@ def test_every_mutation_entry_applies_covers_and_sits_in_its_papers_file():
 
 
 def _recipe() -> str:
-    text = (ROOT / "README.md").read_text()
-    heading = registry.RECIPE.split("'")[1]
-    assert heading in text, f"README.md has no '{heading}' (registry.RECIPE names it)"
-    start = text.index(heading)
-    return text[start:text.index("\nPer-client identity", start)]
+    """The page registry.RECIPE names (a path from the repository's root; followed by
+    ``, '<heading>'`` where the recipe is one section of a longer page: from that heading on)."""
+    page, _, rest = registry.RECIPE.partition(",")
+    path = ROOT / page.strip()
+    assert path.suffix == ".md" and path.is_file(), \
+        f"registry.RECIPE names {page.strip()!r}: no such Markdown file"
+    text = path.read_text()
+    if "'" in rest:
+        heading = rest.split("'")[1]
+        assert heading in text, f"{page.strip()} has no '{heading}' (registry.RECIPE names it)"
+        text = text[text.index(heading):]
+    return text
 
 
-def test_the_readme_recipe_names_what_the_checks_require():
+def test_the_recipe_names_what_the_checks_require():
     """The recipe a new algorithm follows and what the registry and the mutation suite check
     name the same files, decorators and commands."""
     from flower_pfl.running import inprocess
@@ -218,7 +225,7 @@ def test_the_readme_recipe_names_what_the_checks_require():
     exec(block.splitlines()[0], namespace)
     assert namespace["try_strategy"] is inprocess.try_strategy
     order = [recipe.index(s) for s in ("flower_pfl/catalog/<paper>.py", "strategies/<name>.py",
-                                       "clients/<name>.py", "mutations/<paper>.yaml",
+                                       "clients/<name>.py", f"{folder}/<paper>.yaml",
                                        "tests/test_<name>.py")]
     assert order == sorted(order), "the recipe's steps are out of order (catalog first)"
 
