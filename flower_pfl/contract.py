@@ -12,8 +12,9 @@ whose fields carry their default, range check and doc through :func:`param`::
 A field ``x_y`` is the configuration key ``hyper.<name>.x-y`` (a trailing underscore is
 dropped: ``lambda_`` is ``lambda``).  The accepted types follow the annotation: ``float``
 takes an int too, ``str | float`` a word (``'auto'``) or a number, ``Literal[...]`` its
-values' type (its check names them), ``bool`` is never a number.  :meth:`Params.hyper` derives the table :class:`Entry` validates with,
-:meth:`Params.read` builds the instance the strategy reads (``self.params``).
+values' type (its check names them), ``bool`` is never a number.  :meth:`Params.hyper`
+derives the table :class:`Entry` validates with, :meth:`Params.read` builds the instance
+the strategy reads (``self.params``).
 
 Pure data: no torch, no Flower.
 """
@@ -23,8 +24,18 @@ from __future__ import annotations
 import dataclasses
 import types
 from dataclasses import MISSING, dataclass, field
-from typing import (Any, Callable, ClassVar, Literal, Mapping, TypeVar, Union, get_args,
-                    get_origin, get_type_hints)
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Literal,
+    Mapping,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 from flower_pfl.fields import POS as POS  # the contracts' range check "> 0"
 from flower_pfl.fields import in_ as in_  # the contracts' range check "one of"

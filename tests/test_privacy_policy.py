@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from flower_pfl import config
-from flower_pfl.privacy.policy import MODES, decision, markdown_table
+from flower_pfl.contract import MODES
+from flower_pfl.privacy.policy import decision, markdown_table
 from flower_pfl.registry import REGISTRY
 
 CLIENT = {"mode": "client-level", "clip-norm": 1.0, "noise-multiplier": 1.0}

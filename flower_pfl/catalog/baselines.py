@@ -9,9 +9,12 @@ rejected by the range checks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from flower_pfl.catalog import refusals
-from flower_pfl.contract import Entry
+from flower_pfl.contract import OWN_LOOP, WHOLE_MODEL, Decision, Entry
 from flower_pfl.hyper import NUM, POS, Hyper
+from flower_pfl.instructions import Wire, key
 
 FINETUNE = Hyper(10, (int,), POS, "an integer >= 1",
                  "local SGD steps (mini-batches) of fine-tuning before evaluation")
@@ -49,15 +52,73 @@ PERFEDAVG_REFUSES = {
 }
 
 
+# ------------------------------------------- messages (server -> client, client -> server)
+@dataclass(frozen=True)
+class FedProxFit(Wire):
+    """FedProx: the prox weight mu of ``mu/2 ||w - w^t||^2``."""
+
+    mu: float
+
+
+@dataclass(frozen=True)
+class FineTuneEval(Wire):
+    """FedAvg-FT / FedProx-FT: local SGD steps on the global model before evaluation."""
+
+    finetune_steps: int
+
+
+@dataclass(frozen=True)
+class DittoFit(Wire):
+    """Ditto: lambda of the personal model's prox term, its local steps (0: the run's)."""
+
+    lam: float = key("lambda")
+    personal_steps: int = key("personal-steps")
+
+
+@dataclass(frozen=True)
+class PerFedAvgFit(Wire):
+    """Per-FedAvg: the MAML variant ('fo' | 'hf'), inner step alpha, Hessian step delta."""
+
+    variant: str
+    alpha: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class PerFedAvgEval(Wire):
+    """Per-FedAvg's personalization at evaluation: steps at rate alpha."""
+
+    alpha: float
+    personal_steps: int
+
+
+@dataclass(frozen=True)
+class APFLInstruction(Wire):
+    """APFL (fit and evaluation): the mixing weight alpha's start, its rate, adapt or not."""
+
+    alpha_init: float
+    alpha_lr: float
+    adapt_alpha: bool
+
+
+
+
+#: Local's decision: nothing leaves a client
+NOTHING = ("nothing leaves a Local client (no upload: ε = 0 without DP); there is nothing "
+           "to protect")
+
+
 FEDAVG = Entry(
     "fedavg",
     "FedAvg (McMahan et al. 2017): one global model, sample-weighted mean of client models.",
+    privacy=Decision(WHOLE_MODEL, None, None),
 )
 
 
 LOCAL = Entry(
     "local",
     "Separate/Local training: every client trains only its own model; no weights exchanged.",
+    privacy=Decision("nothing", NOTHING, NOTHING),
 )
 
 
@@ -66,6 +127,7 @@ FEDAVG_FT = Entry(
     "FedAvg + local fine-tuning: the global model fine-tuned for `finetune-steps` SGD steps "
     "on the client's data before personalized evaluation.",
     {"finetune-steps": FINETUNE},
+    privacy=Decision(WHOLE_MODEL, None, None),
 )
 
 
@@ -76,6 +138,7 @@ FEDPROX = Entry(
     {"mu": Hyper(1.0, NUM, POS, "a number > 0 (mu = 0 is FedAvg)",
                  "proximal weight; 1 is the value Li et al. 2020 report best for MNIST "
                  "(their grid {0.001, 0.01, 0.1, 1})")},
+    privacy=Decision(WHOLE_MODEL, None, None),
 )
 
 
@@ -86,6 +149,7 @@ FEDPROX_FT = Entry(
     {"mu": Hyper(1.0, NUM, POS, "a number > 0 (mu = 0 is FedAvg-FT)",
                  "proximal weight, as fedprox"),
      "finetune-steps": FINETUNE},
+    privacy=Decision(WHOLE_MODEL, None, None),
 )
 
 
@@ -97,6 +161,7 @@ SCAFFOLD = Entry(
                         "global step size eta_g (1 in the paper's experiments: the server "
                         "takes the mean client model)")},
     refuses=refusals(SCAFFOLD_REFUSES),
+    privacy=Decision("w_i and the control delta dc_i, clipped together", None, None),
 )
 
 
@@ -114,6 +179,7 @@ APFL = Entry(
                        "step size of the alpha update; the paper uses the model step size "
                        "eta (our train.lr default 0.05)")},
     refuses=refusals(APFL_REFUSES),
+    privacy=Decision("the global-model copy w_i (v_i, alpha_i never leave)", None, OWN_LOOP.format(what="APFL's joint w/v/alpha step")),
 )
 
 
@@ -129,6 +195,7 @@ DITTO = Entry(
                              "an integer >= 1 or 'auto'",
                              "SGD steps on v_i per round; 'auto' = the configured local "
                              "steps/epochs (as the paper, s = local epochs of w)")},
+    privacy=Decision("the global-model copy w_i (v_i never leaves)", None, None),
 )
 
 
@@ -151,6 +218,7 @@ PERFEDAVG = Entry(
                              "SGD steps from the global model before personalized "
                              "evaluation (the paper: one step)")},
     refuses=refusals(PERFEDAVG_REFUSES),
+    privacy=Decision(WHOLE_MODEL, None, OWN_LOOP.format(what="Per-FedAvg's meta-gradient step")),
 )
 
 ENTRIES = [FEDAVG, LOCAL, FEDAVG_FT, FEDPROX, FEDPROX_FT, SCAFFOLD, APFL, DITTO, PERFEDAVG]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flower_pfl.contract import Entry
+from flower_pfl.contract import PER_UPLOAD, WHOLE_MODEL, Decision, Entry
 from flower_pfl.hyper import NUM, Hyper
 
 FEDACS = Entry(
@@ -17,6 +17,7 @@ FEDACS = Entry(
                          "keeps the most similar fifth of the pairs, which on the "
                          "practical partition are the client's own group "
                          "(docs/algorithms/fedacs.md, 'FedACS')")},
+    privacy=Decision(WHOLE_MODEL, PER_UPLOAD.format( what="each stored w_j is compared and selected per client"), None),
 )
 
 ENTRIES = [FEDACS]

@@ -9,11 +9,14 @@ The choices the paper leaves open, and the runs: docs/algorithms/pfedbred.md.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from flower_pfl.catalog import refusals
-from flower_pfl.contract import Entry
+from flower_pfl.contract import OWN_LOOP, WHOLE_MODEL, Decision, Entry
 from flower_pfl.hyper import NUM, POS, Hyper
+from flower_pfl.instructions import Reply, Wire
+from flower_pfl.instructions import key as wire_key
 
 _PAPER = "pFedBreD section 6.1 'Hyperparameter Settings'"
 
@@ -125,6 +128,36 @@ _PRIORS = {
 }
 
 
+# ------------------------------------------- messages (server -> client, client -> server)
+@dataclass(frozen=True)
+class PFedBreDFit(Wire):
+    """pFedBreD / pFedMe (Shi et al., Alg. 1): the client's inner problem and meta-step."""
+
+    lam: float = wire_key("lambda")
+    alpha: float = wire_key("alpha")
+    alpha_m: float = wire_key("alpha-m")
+    local_iterations: int = wire_key("local-iterations")
+    prox_steps: int = wire_key("prox-steps")
+    batch_size: int = wire_key("batch-size")
+    theta_init: str = wire_key("theta-init")  # 'carry' | 'restart'
+    prior: str = wire_key("prior")  # 'none' (pFedMe) | 'lg' | 'meg' | 'mh' | 'mh-lookahead'
+    eta: float = wire_key("eta")
+    envelope: str = wire_key("envelope")
+    eta_alpha: float = wire_key("eta-alpha")
+
+
+@dataclass(frozen=True)
+class PFedBreDReply(Reply):
+    """pFedBreD's fit metric the server averages (server.csv: mean_w_theta_gap)."""
+
+    w_theta_gap: float | None = None  # ||w_i - theta_i|| (always sent; report only)
+
+
+
+
+#: every variant's DP decision: the whole model leaves; the client's own inner loop
+ENVELOPE = Decision(WHOLE_MODEL, None, OWN_LOOP.format(what="the Moreau-envelope inner loop"))
+
 PFEDBRED = Entry(
     "pfedbred",
     "prior chosen by hyper 'prior' (lg | meg | mh | mh-lookahead; default mh). " + _SUMMARY,
@@ -135,13 +168,16 @@ PFEDBRED = Entry(
                     "mh-lookahead: the authors' code's mh (a look-ahead gradient on a "
                     "second batch applied to w, then the meg term)"),
      **META, **COMMON},
-    cross_check=_stability, refuses=refuses("pfedbred"))
+    cross_check=_stability, refuses=refuses("pfedbred"),
+    privacy=ENVELOPE,
+)
 
 
 def _fixed_prior(prior: str) -> Entry:
     """``pfedbred-<prior>``: pFedBreD with its prior fixed (no 'prior' hyper-parameter)."""
     return Entry(f"pfedbred-{prior}", f"{_PRIORS[prior]}. " + _SUMMARY, {**META, **COMMON},
-                 cross_check=_stability, refuses=refuses(f"pfedbred-{prior}"))
+                 cross_check=_stability, refuses=refuses(f"pfedbred-{prior}"),
+                 privacy=ENVELOPE)
 
 
 PFEDBRED_LG = _fixed_prior("lg")
@@ -153,6 +189,8 @@ PFEDME = Entry(
     "pFedMe (Dinh et al., NeurIPS 2020): no prior, mu = w (Moreau envelope, no "
     "meta-step; pFedBreD's 'Non-PP' row), theta restarts at w each round.",
     {**COMMON, "theta-init": _theta_init("restart")},
-    cross_check=_stability, refuses=refuses("pfedme"))
+    cross_check=_stability, refuses=refuses("pfedme"),
+    privacy=ENVELOPE,
+)
 
 ENTRIES = [PFEDBRED, PFEDBRED_LG, PFEDBRED_MEG, PFEDBRED_MH, PFEDBRED_MH_LOOKAHEAD, PFEDME]

@@ -4,8 +4,11 @@ K = 5 local epochs), our documented choices otherwise (docs/algorithms/plgu.md).
 
 from __future__ import annotations
 
-from flower_pfl.contract import Entry
+from dataclasses import dataclass
+
+from flower_pfl.contract import OWN_LOOP, PER_UPLOAD, WHOLE_MODEL, Decision, Entry
 from flower_pfl.hyper import NUM, POS, Hyper
+from flower_pfl.instructions import Reply, Wire
 
 RHO = Hyper(0.05, NUM, lambda v: v >= 0, "a number >= 0",
             "radius rho of the (LW)SAM perturbation; 0.05 = PLGU section 6.1 default and the best "
@@ -37,10 +40,56 @@ HN = {
                       "SGD step on a client's embedding with its own gradient (our choice)"),
 }
 
+
+# ------------------------------------------- messages (server -> client, client -> server)
+@dataclass(frozen=True)
+class SAMFit(Wire):
+    """FedSAM / pFedHN / PLGU-GHN: the SAM radius rho (0: plain SGD)."""
+
+    rho: float
+
+
+@dataclass(frozen=True)
+class PLGUFit(Wire):
+    """PLGU-LF (Algorithm 1): LWSAM radius, personal layers, the reading of line 9."""
+
+    rho: float
+    personal_layers: int
+    reading: str  # 'one-model' | 'two-model'
+
+
+@dataclass(frozen=True)
+class SharedReply(Reply):
+    """FedSAM-family uploads: which arrays the delta covers ('1' shared / '0' personal)."""
+
+    shared: str | None = None  # absent: every array shared
+
+
+@dataclass(frozen=True)
+class PLGUReply(SharedReply):
+    """PLGU-LF's fit metrics the server reads (server.csv) besides ``shared``."""
+
+    personal_layers: str | None = None  # the layers kept personal, comma-separated
+    xi_max: float | None = None
+    xi_min: float | None = None
+
+
+@dataclass(frozen=True)
+class FedRepFit(Wire):
+    """FedRep / PLGU-GRep: head and body epochs, the body's LWSAM radius, the reading."""
+
+    head_epochs: int
+    body_epochs: int
+    rho: float
+    reading: str
+
+
+
 FEDSAM = Entry(
     "fedsam",
     "FedSAM (Qu et al., ICML 2022): SAM as the local optimizer, w += mean Delta.",
     {"rho": RHO},
+    privacy=Decision("Delta_i = w_i - w (already a delta)", None, OWN_LOOP.format(what="SAM's two-pass step"), reference="zero"),
 )
 
 
@@ -54,6 +103,7 @@ PLGU_LF = Entry(
                               "D = |L^Per| of Alg. 2: layers kept personal. 1 of the CNN's 4 "
                               "(PLGU's Fig. 2 example keeps 1 of 3; its ResNet-18 uses 5 of "
                               "~23). 0 = FedSAM-like, >= L = Local (both warned)")},
+    privacy=Decision("Delta_i of the shared layers (personal layers upload zeros and are " "never noised)", None, OWN_LOOP.format(what="LWSAM's two-pass step"), reference="zero"),
 )
 
 
@@ -72,6 +122,7 @@ FEDREP = Entry(
     "shared body; server averages the bodies.",
     {"head-epochs": HEAD, "body-epochs": BODY},
     refuses=_epochs_refused("fedrep"),
+    privacy=Decision("the body phi_i (the head never leaves)", None, OWN_LOOP.format(what="FedRep's head-then-body loop")),
 )
 
 
@@ -81,6 +132,7 @@ PLGU_GREP = Entry(
     "eq. 10 layer scores.",
     {"head-epochs": HEAD, "body-epochs": BODY, "rho": RHO, "reading": READING},
     refuses=_epochs_refused("plgu-grep"),
+    privacy=Decision("the body phi_i (the head never leaves)", None, OWN_LOOP.format(what="LWSAM's two-pass step")),
 )
 
 
@@ -89,6 +141,7 @@ PFEDHN = Entry(
     "pFedHN (Shamsian et al., ICML 2021): a server hypernetwork maps learned client "
     "embeddings to client models; client deltas are back-propagated into it.",
     dict(HN),
+    privacy=Decision(WHOLE_MODEL, PER_UPLOAD.format( what="each upload moves its own client's embedding v_i"), OWN_LOOP.format(what="the SAM/LWSAM step")),
 )
 
 
@@ -97,6 +150,7 @@ PLGU_GHN = Entry(
     "PLGU-GHN (Qu et al., CVPR 2023; our reading): pFedHN whose clients train the generated "
     "model with LWSAM, layer scores between their last trained and the generated model.",
     {**HN, "rho": RHO},
+    privacy=Decision(WHOLE_MODEL, PER_UPLOAD.format( what="each upload moves its own client's embedding v_i"), OWN_LOOP.format(what="LWSAM's two-pass step")),
 )
 
 ENTRIES = [FEDSAM, PLGU_LF, FEDREP, PLGU_GREP, PFEDHN, PLGU_GHN]

@@ -6,13 +6,59 @@ words here and measured in docs/algorithms/selffl.md (the section each ``doc`` n
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from flower_pfl.catalog import refusals
-from flower_pfl.contract import Entry
+from flower_pfl.contract import PER_UPLOAD, Decision, Entry
 from flower_pfl.hyper import NUM, POS, Hyper, auto_or_positive
+from flower_pfl.instructions import Reply, Wire
 
 ESTIMATORS = ("bootstrap", "surrogate")
 CONTRACTIONS = ("auto", "measured", "variance")
 EQ13_SAMPLES = ("auto", "optimum", "offset")
+
+
+# ------------------------------------------- messages (server -> client, client -> server)
+@dataclass(frozen=True)
+class SelfFLFit(Wire):
+    """Self-FL (eqs. 8, 10, 13-14): the server's variances (-1: not known yet), the step
+    rule's inputs and the bootstrap fit's settings (strategies/selffl.py)."""
+
+    warmup: bool  # FedAvg steps from the global model (no eq. 8/10 yet)
+    sample_variance: bool  # this round's fit adds a sample to eq. 13
+    sigma0_sq: float  # eq. 14's sigma_0^2 (-1: unknown)
+    s_minus: float  # sum over the other clients (-1: unknown)
+    eta: float  # the local learning rate of eq. 8
+    l_max: int  # eq. 8's step cap
+    variance_estimator: str  # 'bootstrap' | 'surrogate' | 'oracle'
+    contraction: str  # 'measured' | 'variance'
+    eq13_samples: str  # 'offset' | 'optimum'
+    bootstrap_max_steps: int
+    bootstrap_tol: float
+    bootstrap_lr: float  # -1: eta
+    oracle_sigma_sq: float  # the true sigma_m^2 (oracle runs; -1 otherwise)
+    first_fits: int = 1  # bootstrap fits on a first participation
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelfFLReply(Reply):
+    """Self-FL's fit metrics the server reads (eq. 14's inputs, the step rule's outcome),
+    in the order the client sends them (the bootstrap fit's first)."""
+
+    bootstrap_steps: float | None = None
+    bootstrap_converged: bool | None = None
+    bootstrap_s: float | None = None
+    curvature: float | None = None  # measured contraction's curvature (-1: unknown)
+    bootstrap_fits: int | None = None  # > 1 on a first participation
+    optimum_sq_norm: float | None = None  # ||d_m||^2 (bootstrap rounds)
+    sigma_sq: float  # the client's sigma_m^2 (-1: unknown): eq. 11 needs it
+    # always sent; read for the report only (a reply without them still aggregates)
+    local_steps: float | None = None
+    init_coef: float | None = None  # eq. 10's c_m
+    eta_m: float | None = None
+    steps_rule: str | None = None  # which rule set the steps (selffl_math.RULE_*)
+
+
 
 SELFFL = Entry(
     "selffl",
@@ -104,6 +150,7 @@ SELFFL = Entry(
         "train.lr-schedule": "Self-FL's eq. 8 (Chen et al., section 3.3) sets each round's step "
                              "size eta_m from the variances and hyper eta; train.lr (and so its "
                              "schedule) acts only in the FedAvg warm-up rounds"}),
+    privacy=Decision("theta_m, the offset d_m and sigma_m^2", PER_UPLOAD.format( what="each theta_m is weighted by its own sigma_m^2"), "its clients upload sigma_m^2 and d_m computed from bootstrap fits outside the DP-SGD " "loop, and the server weights by them: no mode protects Self-FL here"),
 )
 
 ENTRIES = [SELFFL]

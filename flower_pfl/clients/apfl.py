@@ -21,11 +21,11 @@ from flwr.common import NDArrays
 from torch.nn import functional as F
 
 from flower_pfl.algorithms.baselines_math import apfl_step, mixture
+from flower_pfl.catalog import baselines
+from flower_pfl.catalog.baselines import APFLInstruction
 from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
-from flower_pfl.instructions import APFLInstruction
 from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.learning.training import batches
-from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 from flwr.common import NDArrays
 
 from flower_pfl.algorithms.prox import Prox
+from flower_pfl.catalog import baselines
+from flower_pfl.catalog.baselines import DittoFit
 from flower_pfl.clients.base import MessageConfig, Metrics
 from flower_pfl.clients.fedavg import FedAvgClient
-from flower_pfl.instructions import DittoFit
 from flower_pfl.learning.models import NamedLayers
 from flower_pfl.learning.training import params_of
-from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
 
 

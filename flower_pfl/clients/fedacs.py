@@ -8,8 +8,8 @@ personalized model and uploaded.
 
 from __future__ import annotations
 
-from flower_pfl.clients.base import PersonalStateClient
 from flower_pfl.catalog import fedacs
+from flower_pfl.clients.base import PersonalStateClient
 from flower_pfl.registry import client_for
 
 

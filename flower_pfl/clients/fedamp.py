@@ -12,11 +12,11 @@ in context.state as the client's personalized model and uploaded.
 from __future__ import annotations
 
 from flower_pfl.algorithms.prox import Prox
+from flower_pfl.catalog import fedamp
+from flower_pfl.catalog.fedamp import FedAMPFit
 from flower_pfl.clients.base import MessageConfig, PersonalStateClient
 from flower_pfl.learning.models import NamedLayers
 from flower_pfl.learning.training import params_of
-from flower_pfl.catalog import fedamp
-from flower_pfl.catalog.fedamp import FedAMPFit
 from flower_pfl.registry import client_for
 
 

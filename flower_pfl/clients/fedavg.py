@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from flwr.common import NDArrays
 
-from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient, Regularizer
-from flower_pfl.instructions import FineTuneEval
-from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.catalog import baselines
+from flower_pfl.catalog.baselines import FineTuneEval
+from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient, Regularizer
+from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.registry import client_for
 
 

@@ -16,12 +16,12 @@ on the client's training data -- exactly FedAvg-FT's evaluation path (inherited)
 from __future__ import annotations
 
 from flower_pfl.algorithms.prox import Prox
+from flower_pfl.catalog import baselines
+from flower_pfl.catalog.baselines import FedProxFit
 from flower_pfl.clients.base import MessageConfig
 from flower_pfl.clients.fedavg import FedAvgClient, FedAvgFTClient
-from flower_pfl.instructions import FedProxFit
 from flower_pfl.learning.models import NamedLayers
 from flower_pfl.learning.training import params_of
-from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
 
 

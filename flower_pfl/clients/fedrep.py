@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from flwr.common import NDArrays
 
+from flower_pfl.catalog import plgu
+from flower_pfl.catalog.plgu import FedRepFit
 from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
-from flower_pfl.instructions import FedRepFit
 from flower_pfl.learning.models import NamedLayers, get_arrays, head_count, head_split
-from flower_pfl.catalog import plgu
 from flower_pfl.registry import client_for
 
 

@@ -17,11 +17,11 @@ import torch
 from flwr.common import NDArrays
 
 from flower_pfl.algorithms.plgu_math import two_model_train
+from flower_pfl.catalog import plgu
+from flower_pfl.catalog.plgu import SAMFit
 from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
-from flower_pfl.instructions import SAMFit
 from flower_pfl.learning.models import NamedLayers, get_arrays, layer_groups
 from flower_pfl.learning.training import batches, make_optimizer, train_lwsam
-from flower_pfl.catalog import plgu
 from flower_pfl.registry import client_for
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from flwr.common import NDArrays
 
-from flower_pfl.clients.base import MessageConfig, Metrics, PersonalStateClient
 from flower_pfl.catalog import baselines
+from flower_pfl.clients.base import MessageConfig, Metrics, PersonalStateClient
 from flower_pfl.registry import client_for
 
 

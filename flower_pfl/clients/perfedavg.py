@@ -21,12 +21,12 @@ from flwr.common import NDArrays
 from torch.nn import functional as F
 
 from flower_pfl.algorithms.baselines_math import batches_per_step, perfedavg_step
+from flower_pfl.catalog import baselines
+from flower_pfl.catalog.baselines import PerFedAvgEval, PerFedAvgFit
 from flower_pfl.clients.base import MessageConfig, Metrics
 from flower_pfl.clients.fedavg import FedAvgClient
-from flower_pfl.instructions import PerFedAvgEval, PerFedAvgFit
 from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.learning.training import batches
-from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
 
 

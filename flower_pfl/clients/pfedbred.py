@@ -21,11 +21,11 @@ import torch
 from flwr.common import NDArrays
 
 from flower_pfl.algorithms import pfedbred_math as pm
+from flower_pfl.catalog import pfedbred
+from flower_pfl.catalog.pfedbred import PFedBreDFit, PFedBreDReply
 from flower_pfl.clients.base import MessageConfig, Metrics, PersonalStateClient
-from flower_pfl.instructions import PFedBreDFit, PFedBreDReply
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.training import batches
-from flower_pfl.catalog import pfedbred
 from flower_pfl.registry import client_for
 
 MEMORY_KEY = "pfedbred-w"

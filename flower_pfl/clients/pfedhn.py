@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from flwr.common import NDArrays
 
+from flower_pfl.catalog import plgu
+from flower_pfl.catalog.plgu import SAMFit
 from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
-from flower_pfl.instructions import SAMFit
 from flower_pfl.learning.models import NamedLayers, get_arrays
-from flower_pfl.catalog import plgu
 from flower_pfl.registry import client_for
 
 

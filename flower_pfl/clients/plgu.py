@@ -44,6 +44,8 @@ import torch
 from flwr.common import NDArrays
 
 from flower_pfl.algorithms import plgu_math as pm
+from flower_pfl.catalog import plgu
+from flower_pfl.catalog.plgu import FedRepFit, PLGUFit, PLGUReply
 from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.clients.fedrep import FedRepClient
 from flower_pfl.clients.fedsam import (
@@ -54,9 +56,7 @@ from flower_pfl.clients.fedsam import (
     per_layer,
 )
 from flower_pfl.clients.pfedhn import PFedHNClient
-from flower_pfl.instructions import FedRepFit, PLGUFit, PLGUReply
 from flower_pfl.learning.models import NamedLayers, get_arrays, head_count
-from flower_pfl.catalog import plgu
 from flower_pfl.registry import client_for
 
 

@@ -32,9 +32,9 @@ from flower_pfl.algorithms.baselines_math import (
     scaffold_client_control,
     scaffold_control_delta,
 )
+from flower_pfl.catalog import baselines
 from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
 from flower_pfl.learning.models import NamedLayers, get_arrays
-from flower_pfl.catalog import baselines
 from flower_pfl.registry import client_for
 from flower_pfl.reliability.uploads import UploadTemplate
 

@@ -41,12 +41,12 @@ from flwr.common import NDArrays
 from torch import nn
 
 from flower_pfl.algorithms import selffl_math as sm
+from flower_pfl.catalog import selffl
+from flower_pfl.catalog.selffl import SelfFLFit, SelfFLReply
 from flower_pfl.clients.base import MessageConfig, Metrics, PersonalStateClient
-from flower_pfl.instructions import SelfFLFit, SelfFLReply
 from flower_pfl.learning.models import get_arrays
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.learning.training import train
-from flower_pfl.catalog import selffl
 from flower_pfl.registry import client_for
 from flower_pfl.reliability.uploads import UploadTemplate
 

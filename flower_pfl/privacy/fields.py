@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from flower_pfl.contract import MODES
 from flower_pfl.fields import POS, Field, in_
-from flower_pfl.privacy.policy import MODES, decision
+from flower_pfl.privacy.policy import decision
 
 NOISE_PLACES = ("server", "clients")
 #: whether learning/training.py runs DP-SGD (opacus) for privacy.mode sample-level

@@ -17,12 +17,12 @@ import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
-from flower_pfl.instructions import APFLInstruction
+from flower_pfl.catalog.baselines import APFLInstruction
+from flower_pfl.contract import Mechanism
 from flower_pfl.instructions import Scalar as InstructionScalar
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
 from flower_pfl.strategies.hyper_view import HyperView
-from flower_pfl.strategies.mechanism import Mechanism
 
 
 @dataclass(frozen=True)

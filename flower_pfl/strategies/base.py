@@ -54,7 +54,7 @@ from flwr.server.strategy import Strategy
 
 from flower_pfl import raynode, registry
 from flower_pfl.config import RunConfig
-from flower_pfl.contract import Params
+from flower_pfl.contract import Mechanism, Params
 from flower_pfl.instructions import RoundInstruction
 from flower_pfl.learning.params import ParamSpec
 from flower_pfl.privacy.clipping import clip_update
@@ -78,7 +78,7 @@ from flower_pfl.strategies.federation import (  # noqa: F401 - re-exported (test
     failure_reason,
 )
 from flower_pfl.strategies.hyper_view import read_views
-from flower_pfl.strategies.mechanism import Mechanism, MechanismCount
+from flower_pfl.strategies.mechanism import MechanismCount
 from flower_pfl.strategies.nodes import WAIT_FOR_NODES_S, NodeTracking  # noqa: F401
 from flower_pfl.warnings_once import warn_once
 

@@ -54,12 +54,12 @@ from flower_pfl.algorithms.attention import (
     fedacs_weights,
     quantile_threshold,
 )
-from flower_pfl.catalog import fedacs as catalog
 from flower_pfl.catalog import CLOUD
+from flower_pfl.catalog import fedacs as catalog
 from flower_pfl.config import RunConfig
+from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.hyper_view import HyperView
-from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.message_passing import MessagePassingStrategy
 from flower_pfl.warnings_once import first_time
 

@@ -15,7 +15,7 @@ from flwr.common import Scalar
 
 from flower_pfl.algorithms.fedavg_math import weighted_average
 from flower_pfl.catalog import baselines as catalog
-from flower_pfl.instructions import FineTuneEval
+from flower_pfl.catalog.baselines import FineTuneEval
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate

@@ -23,13 +23,13 @@ from flwr.common import Scalar
 from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
+from flower_pfl.catalog.plgu import FedRepFit
 from flower_pfl.config import RunConfig
-from flower_pfl.instructions import FedRepFit
+from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
 from flower_pfl.strategies.hyper_view import HyperView
-from flower_pfl.strategies.mechanism import Mechanism
 
 
 @dataclass(frozen=True)

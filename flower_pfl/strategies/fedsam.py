@@ -22,7 +22,7 @@ from flwr.common import Scalar
 from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
-from flower_pfl.instructions import SAMFit, SharedReply
+from flower_pfl.catalog.plgu import SAMFit, SharedReply
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate

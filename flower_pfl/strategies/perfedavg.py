@@ -17,7 +17,7 @@ import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
-from flower_pfl.instructions import PerFedAvgEval, PerFedAvgFit
+from flower_pfl.catalog.baselines import PerFedAvgEval, PerFedAvgFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
 from flower_pfl.strategies.hyper_view import HyperView

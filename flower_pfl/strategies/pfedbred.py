@@ -29,11 +29,11 @@ from flwr.common import Scalar
 from flwr.common.logger import log
 
 from flower_pfl.catalog import pfedbred as catalog
+from flower_pfl.catalog.pfedbred import PFedBreDFit, PFedBreDReply
 from flower_pfl.config import RunConfig
-from flower_pfl.instructions import PFedBreDFit, PFedBreDReply
+from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
-from flower_pfl.strategies.mechanism import Mechanism
 
 
 @strategy_for(catalog.PFEDBRED)

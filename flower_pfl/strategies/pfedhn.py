@@ -22,10 +22,10 @@ import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import plgu as catalog
-from flower_pfl.instructions import SAMFit
+from flower_pfl.catalog.plgu import SAMFit
+from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
-from flower_pfl.strategies.mechanism import Mechanism
 
 if TYPE_CHECKING:  # the hypernetwork is torch: imported where it is built and used, so that
     # importing the strategy modules stays torch-free (flower_pfl/strategies/index.py)

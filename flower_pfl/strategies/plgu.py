@@ -27,12 +27,12 @@ from flwr.common import Scalar
 from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
-from flower_pfl.instructions import PLGUFit, PLGUReply
+from flower_pfl.catalog.plgu import PLGUFit, PLGUReply
+from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 from flower_pfl.strategies.fedrep import HEAD, FedRep
 from flower_pfl.strategies.fedsam import FedSAM, apply_mean_delta, warn_rho_zero
-from flower_pfl.strategies.mechanism import Mechanism
 from flower_pfl.strategies.pfedhn import EMBEDDING, PFedHN
 
 

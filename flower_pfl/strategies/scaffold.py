@@ -26,9 +26,9 @@ import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
+from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
-from flower_pfl.strategies.mechanism import Mechanism
 
 # flower_pfl/algorithms/baselines_math.py (the names of the extra parts, CONTROL_DELTA: dc_i =
 # c_i+ - c_i, line 13, uploaded; CONTROL: c, downloaded; and the server step) imports torch

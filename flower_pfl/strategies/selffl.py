@@ -41,15 +41,15 @@ from flwr.common.logger import log
 
 from flower_pfl.algorithms import selffl_math as sm
 from flower_pfl.catalog import selffl as catalog
+from flower_pfl.catalog.selffl import SelfFLFit, SelfFLReply
 from flower_pfl.config import RunConfig
-from flower_pfl.instructions import SelfFLFit, SelfFLReply
+from flower_pfl.contract import Mechanism
 from flower_pfl.model_store import plan_from_config
 from flower_pfl.registry import strategy_for
 from flower_pfl.store_rows import RowMatrix
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
 from flower_pfl.strategies.hyper_view import HyperView
-from flower_pfl.strategies.mechanism import Mechanism
 
 OPTIMUM_OFFSET = sm.OPTIMUM_OFFSET
 PRIME_ROUNDS = 2  # warm-up rounds at the end of the warm-up that already sample eqs. 13-14

@@ -24,11 +24,12 @@ if TYPE_CHECKING:  # types only: importing this module stays as cheap as before
     from flwr.server.client_proxy import ClientProxy
 
     from flower_pfl.config import RunConfig
+    from flower_pfl.contract import Mechanism
     from flower_pfl.learning.params import ParamSpec
     from flower_pfl.privacy.server_side import ClientLevelDP
     from flower_pfl.reporting.results import ResultsWriter
     from flower_pfl.strategies.federation import ClientStore
-    from flower_pfl.strategies.mechanism import Mechanism, MechanismCount
+from flower_pfl.strategies.mechanism import MechanismCount
 
 
 class StrategyState:
