@@ -252,19 +252,57 @@ def code_lines(text: str, language: str) -> list[str]:
             for line in body.splitlines() if line.strip()]
 
 
-def test_readme_fits_on_one_page():
-    lines = README.read_text().splitlines()
-    assert len(lines) <= README_MAX_LINES, \
-        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}: the rest goes in docs/)"
+def readme_problems(readme: str, ci: str) -> list[str]:
+    """What keeps the README ``readme`` from being one page with the two commands, its test
+    command the one CI's first stage (in the .ci/run text ``ci``) runs."""
+    problems = []
+    if len(readme.splitlines()) > README_MAX_LINES:
+        problems.append(f"README.md has {len(readme.splitlines())} lines (at most "
+                        f"{README_MAX_LINES}: the rest goes in docs/)")
+    setups = [c for c in code_lines(readme, "bash") if c.startswith("bash scripts/setup.sh")]
+    if setups != [RUN_COMMAND, TEST_COMMAND]:
+        problems.append(f"README.md's set-up commands are {setups}, not "
+                        f"{[RUN_COMMAND, TEST_COMMAND]}")
+    stage = CI_FAST_STAGE.findall(ci)
+    if stage != [TEST_COMMAND]:
+        problems.append(f".ci/run's setup+fast stage runs {stage}, not {TEST_COMMAND!r}")
+    return problems
 
 
-def test_readme_gives_the_two_commands_and_ci_runs_its_test_command():
-    commands = code_lines(README.read_text(), "bash")
-    assert RUN_COMMAND in commands and TEST_COMMAND in commands
-    assert [c for c in commands if c.startswith("bash scripts/setup.sh")] == \
-        [RUN_COMMAND, TEST_COMMAND]
-    stage = CI_FAST_STAGE.findall((ROOT / ".ci" / "run").read_text())
-    assert stage == [TEST_COMMAND], f".ci/run's setup+fast stage runs {stage}"
+def command_problems(readme: str) -> list[str]:
+    """The ``.venv/bin/flower-pfl`` lines of ``readme``'s bash blocks that the command's own
+    parser refuses, or whose ``--config``/``--set`` make no valid configuration (paths
+    relative to the working directory)."""
+    from flower_pfl import cli
+    from flower_pfl.config import ConfigError
+
+    problems = []
+    for line in code_lines(readme, "bash"):
+        command = line.split("&& ")[-1]
+        if not command.startswith(".venv/bin/flower-pfl "):
+            continue
+        try:
+            args = cli.build_parser().parse_args(shlex.split(command)[1:])
+            if args.command in ("run", "validate", "deploy"):
+                cli.load_config(Path(args.config), args.set or [])
+        except SystemExit:  # argparse: an unknown command or flag (its message on stderr)
+            problems.append(f"{command}: refused by flower-pfl's parser")
+        except ConfigError as exc:
+            problems.append(f"{command}: {str(exc).splitlines()[-1].strip()}")
+    return problems
+
+
+def index_problems(readme: str, pages: list[Path]) -> list[str]:
+    """The Markdown ``pages`` of docs/ (the result folders' notes aside: docs/RESULTS.md
+    links them) that ``readme``'s docs index does not link."""
+    linked = {(ROOT / t.partition("#")[0]).resolve() for t in LINK.findall(FENCE.sub("", readme))}
+    return [f"README.md's docs index does not link {p.relative_to(ROOT)}" for p in pages
+            if p.relative_to(ROOT).parts[:1] == ("docs",)
+            and p.relative_to(ROOT).parts[1] != "results" and p.resolve() not in linked]
+
+
+def test_readme_is_one_page_with_the_two_commands_and_ci_runs_its_test_command():
+    assert readme_problems(README.read_text(), (ROOT / ".ci" / "run").read_text()) == []
     # each part exists: the setup script, the console script `run`, pytest-xdist's -n
     assert (ROOT / "scripts" / "setup.sh").is_file()
     assert 'flower-pfl = "flower_pfl.cli:main"' in (ROOT / "pyproject.toml").read_text()
@@ -276,22 +314,17 @@ def test_readme_gives_the_two_commands_and_ci_runs_its_test_command():
 
 def test_the_readme_flower_pfl_commands_parse_and_their_configurations_validate(
         tmp_path, monkeypatch):
-    """Each ``.venv/bin/flower-pfl`` line of the README's examples parses with the command's
-    own parser, and its ``--config``/``--set`` make a valid configuration (relative paths
-    from the repository's root; the own-data example's ``patients.csv`` made here)."""
-    from flower_pfl import cli
-
-    commands = [c.split("&& ")[-1] for c in code_lines(README.read_text(), "bash")]
-    calls = [shlex.split(c)[1:] for c in commands if c.startswith(".venv/bin/flower-pfl ")]
-    assert {argv[0] for argv in calls} >= {"run", "validate", "deploy", "certs"}
+    """Relative paths from the repository's root; the own-data example's ``patients.csv``
+    made here."""
+    readme = README.read_text()
+    used = {shlex.split(c.split("&& ")[-1])[1] for c in code_lines(readme, "bash")
+            if c.split("&& ")[-1].startswith(".venv/bin/flower-pfl ")}
+    assert used >= {"run", "validate", "deploy", "certs"}
     (tmp_path / "patients.csv").write_text("age,bmi,outcome\n51,31.2,yes\n40,22.5,no\n")
     for name in ("configs", "simulation.yaml"):
         (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)
-    for argv in calls:
-        args = cli.build_parser().parse_args(argv)  # an unknown flag exits 2
-        if args.command in ("run", "validate", "deploy"):
-            cli.load_config(Path(args.config), args.set or [])  # ConfigError: a bad key
+    assert command_problems(readme) == []
 
 
 def test_the_readme_python_example_calls_run_as_it_is():
@@ -318,13 +351,27 @@ def test_the_readme_python_example_calls_run_as_it_is():
 
 
 def test_the_readme_indexes_every_docs_page():
-    """The README's docs index links every Markdown page of docs/ (the result folders'
-    notes aside: docs/RESULTS.md links them)."""
-    linked = {(ROOT / t.partition("#")[0]).resolve()
-              for t in LINK.findall(FENCE.sub("", README.read_text()))}
-    pages = [f for f in markdown_files() if f.is_file()
-             and f.relative_to(ROOT).parts[0] == "docs"
-             and f.relative_to(ROOT).parts[1] != "results"]
+    pages = [f for f in markdown_files() if f.is_file()]
     assert ROOT / "docs" / "testing.md" in pages
-    missing = sorted(str(p.relative_to(ROOT)) for p in pages if p.resolve() not in linked)
-    assert missing == [], f"README.md's docs index does not link {missing}"
+    assert index_problems(README.read_text(), pages) == []
+
+
+def test_the_readme_checks_find_a_long_page_a_changed_command_a_bad_flag_and_a_gap(tmp_path,
+                                                                                 monkeypatch):
+    readme, ci = README.read_text(), (ROOT / ".ci" / "run").read_text()
+    long = readme + "\n" * (README_MAX_LINES - len(readme.splitlines()) + 1)
+    assert len(readme_problems(long, ci)) == 1
+    assert len(readme_problems(readme.replace("-q -n 2", "-q -n 4"), ci)) == 1
+    assert len(readme_problems(readme, ci.replace("-q -n 2", "-q -n 4"))) == 1
+    assert len(readme_problems(readme.replace(RUN_COMMAND, "bash scripts/setup.sh"), ci)) == 1
+    monkeypatch.chdir(tmp_path)
+    bad = ("```bash\n.venv/bin/flower-pfl run --sett rounds=5\n"
+           ".venv/bin/flower-pfl validate --set hyper.fedamp.sigmaa=1\n"
+           ".venv/bin/flower-pfl deploy --certs certs/ --set clients=3  # a comment\n```\n")
+    problems = command_problems(bad)
+    assert len(problems) == 2 and "--sett" in problems[0] and "sigmaa" in problems[1]
+    page = ROOT / "docs" / "testing.md"
+    assert index_problems("[t](docs/testing.md)", [page]) == []
+    assert index_problems("[t](docs/testing.md)", [page, ROOT / "docs" / "layout.md"]) == [
+        "README.md's docs index does not link docs/layout.md"]
+    assert index_problems("", [ROOT / "docs" / "results" / "x" / "notes.md"]) == []
