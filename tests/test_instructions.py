@@ -11,7 +11,17 @@ import pytest
 
 from flower_pfl import instructions as ins
 from flower_pfl import registry
+from flower_pfl.catalog.baselines import (
+    APFLInstruction,
+    DittoFit,
+    FedProxFit,
+    PerFedAvgEval,
+    PerFedAvgFit,
+)
 from flower_pfl.catalog.fedamp import FedAMPFit
+from flower_pfl.catalog.pfedbred import PFedBreDFit, PFedBreDReply
+from flower_pfl.catalog.plgu import FedRepFit, PLGUFit, SAMFit
+from flower_pfl.catalog.selffl import SelfFLFit, SelfFLReply
 from flower_pfl.instructions import WireError
 from tests.conftest import small_config
 from tests.test_baselines import TINY
@@ -58,12 +68,12 @@ def test_a_missing_required_key_and_a_mistyped_key_are_refused_with_their_name(d
 
 def test_a_bool_is_not_a_number_and_an_int_is_taken_for_a_float():
     with pytest.raises(WireError, match="'mu' = True"):
-        ins.FedProxFit.from_config({"mu": True})
+        FedProxFit.from_config({"mu": True})
     with pytest.raises(WireError, match="'personal-steps' = False"):
-        ins.DittoFit.from_config({"lambda": 0.1, "personal-steps": False})
-    got = ins.FedProxFit.from_config({"mu": 2})
+        DittoFit.from_config({"lambda": 0.1, "personal-steps": False})
+    got = FedProxFit.from_config({"mu": 2})
     assert got.mu == 2.0 and type(got.mu) is float
-    assert type(ins.FedProxFit(mu=3).to_config()["mu"]) is float
+    assert type(FedProxFit(mu=3).to_config()["mu"]) is float
 
 
 def test_a_hand_made_message_decodes_to_the_expected_fields():
@@ -72,57 +82,57 @@ def test_a_hand_made_message_decodes_to_the_expected_fields():
                "alpha-m": 0.02, "local-iterations": 20, "prox-steps": 5, "batch-size": 32,
                "theta-init": "carry", "prior": "meg", "eta": 0.3, "envelope": "mu",
                "eta-alpha": 0.4, "w_theta_gap": 9.0}
-    assert ins.PFedBreDFit.from_config(message) == ins.PFedBreDFit(
+    assert PFedBreDFit.from_config(message) == PFedBreDFit(
         lam=15.0, alpha=0.01, alpha_m=0.02, local_iterations=20, prox_steps=5, batch_size=32,
         theta_init="carry", prior="meg", eta=0.3, envelope="mu", eta_alpha=0.4)
     sent = ins.RoundInstruction.from_config(message)
     assert (sent.strategy, sent.round, sent.run_uid, sent.cfg, sent.accepted_round) == \
         ("pfedbred", 7, "", "{}", None)  # run-uid, accepted-round absent: not said
-    assert ins.PFedBreDReply.from_config(message).w_theta_gap == 9.0
-    assert ins.DittoFit.from_config({"lambda": 0.7, "personal-steps": 3}) == \
-        ins.DittoFit(lam=0.7, personal_steps=3)
-    assert ins.PerFedAvgEval.from_config({"alpha": 0.03, "personal-steps": 4}) == \
-        ins.PerFedAvgEval(alpha=0.03, personal_steps=4)
-    assert ins.APFLInstruction.from_config(
+    assert PFedBreDReply.from_config(message).w_theta_gap == 9.0
+    assert DittoFit.from_config({"lambda": 0.7, "personal-steps": 3}) == \
+        DittoFit(lam=0.7, personal_steps=3)
+    assert PerFedAvgEval.from_config({"alpha": 0.03, "personal-steps": 4}) == \
+        PerFedAvgEval(alpha=0.03, personal_steps=4)
+    assert APFLInstruction.from_config(
         {"alpha-init": 0.25, "alpha-lr": 0.5, "adapt-alpha": False}) == \
-        ins.APFLInstruction(alpha_init=0.25, alpha_lr=0.5, adapt_alpha=False)
+        APFLInstruction(alpha_init=0.25, alpha_lr=0.5, adapt_alpha=False)
     # Self-FL: first-fits absent -> 1 (one bootstrap fit); the wire keys of the base round
     selffl = {"warmup": False, "sample-variance": True, "sigma0-sq": 1.5, "s-minus": -1.0,
               "eta": 0.01, "l-max": 40, "variance-estimator": "bootstrap",
               "contraction": "measured", "eq13-samples": "offset", "bootstrap-max-steps": 300,
               "bootstrap-tol": 0.02, "bootstrap-lr": -1.0, "oracle-sigma-sq": 0.125}
-    got = ins.SelfFLFit.from_config(selffl)
+    got = SelfFLFit.from_config(selffl)
     assert (got.sigma0_sq, got.s_minus, got.l_max, got.oracle_sigma_sq, got.first_fits) == \
         (1.5, -1.0, 40, 0.125, 1)
     assert ins.RoundInstruction("fedamp", 3, "abc", accepted_round=2).to_config() == \
         {"strategy": "fedamp", "round": 3, "run-uid": "abc", "accepted-round": 2}  # no cfg
-    assert ins.SelfFLReply(sigma_sq=0.5).to_config() == {"sigma_sq": 0.5}
+    assert SelfFLReply(sigma_sq=0.5).to_config() == {"sigma_sq": 0.5}
 
 
 # --------------------------------------- each strategy's message, as its client reads it
 HYPER = {  # a distinct value per instruction field: a swapped mapping changes a value
-    "fedprox": ({"mu": 0.3}, ins.FedProxFit, {"mu": 0.3}),
-    "ditto": ({"lambda": 0.7, "personal-steps": 3}, ins.DittoFit,
+    "fedprox": ({"mu": 0.3}, FedProxFit, {"mu": 0.3}),
+    "ditto": ({"lambda": 0.7, "personal-steps": 3}, DittoFit,
               {"lam": 0.7, "personal_steps": 3}),
-    "perfedavg": ({"alpha": 0.02, "delta": 0.004, "variant": "hf"}, ins.PerFedAvgFit,
+    "perfedavg": ({"alpha": 0.02, "delta": 0.004, "variant": "hf"}, PerFedAvgFit,
                   {"alpha": 0.02, "delta": 0.004, "variant": "hf"}),
-    "apfl": ({"alpha-init": 0.3, "alpha-lr": 0.7}, ins.APFLInstruction,
+    "apfl": ({"alpha-init": 0.3, "alpha-lr": 0.7}, APFLInstruction,
              {"alpha_init": 0.3, "alpha_lr": 0.7}),
-    "fedsam": ({"rho": 0.06}, ins.SAMFit, {"rho": 0.06}),
-    "plgu-lf": ({"rho": 0.07, "personal-layers": 1}, ins.PLGUFit,
+    "fedsam": ({"rho": 0.06}, SAMFit, {"rho": 0.06}),
+    "plgu-lf": ({"rho": 0.07, "personal-layers": 1}, PLGUFit,
                 {"rho": 0.07, "personal_layers": 1}),
-    "plgu-grep": ({"rho": 0.08, "head-epochs": 2, "body-epochs": 3}, ins.FedRepFit,
+    "plgu-grep": ({"rho": 0.08, "head-epochs": 2, "body-epochs": 3}, FedRepFit,
                   {"rho": 0.08, "head_epochs": 2, "body_epochs": 3}),
-    "fedrep": ({"head-epochs": 4, "body-epochs": 1}, ins.FedRepFit,
+    "fedrep": ({"head-epochs": 4, "body-epochs": 1}, FedRepFit,
                {"rho": 0.0, "head_epochs": 4, "body_epochs": 1, "reading": "one-model"}),
-    "plgu-ghn": ({"rho": 0.09}, ins.SAMFit, {"rho": 0.09}),
+    "plgu-ghn": ({"rho": 0.09}, SAMFit, {"rho": 0.09}),
     "pfedbred": ({"lambda": 12.0, "alpha": 0.01, "alpha-m": 0.02, "prox-steps": 4,
-                  "local-iterations": 6, "batch-size": 7, "prior": "meg"}, ins.PFedBreDFit,
+                  "local-iterations": 6, "batch-size": 7, "prior": "meg"}, PFedBreDFit,
                  {"lam": 12.0, "alpha": 0.01, "alpha_m": 0.02, "prox_steps": 4,
                   "local_iterations": 6, "batch_size": 7, "prior": "meg"}),
-    "pfedme": ({"lambda": 12.0}, ins.PFedBreDFit, {"lam": 12.0, "prior": "none"}),
+    "pfedme": ({"lambda": 12.0}, PFedBreDFit, {"lam": 12.0, "prior": "none"}),
     "selffl": ({"l-max": 33, "bootstrap-max-steps": 44, "bootstrap-tol": 0.03},
-               ins.SelfFLFit, {"l_max": 33, "bootstrap_max_steps": 44, "bootstrap_tol": 0.03,
+               SelfFLFit, {"l_max": 33, "bootstrap_max_steps": 44, "bootstrap_tol": 0.03,
                                "sigma0_sq": -1.0, "first_fits": 1}),
 }
 
