@@ -5,7 +5,7 @@ never-trained warning says what those clients evaluated, per strategy.
 
 In-process runs (flower_pfl/running/inprocess.py: the real Strategy and ClientApp through
 Flower's message path) on small real Fashion-MNIST subsets; failures injected in the
-transport as tests/test_reliability.py does.
+transport as tests/test_failures.py does.
 """
 
 from __future__ import annotations
