@@ -205,6 +205,25 @@ def training_table(keys: Sequence[str]) -> str:
     return "\n".join(rows) + ("\n\n" + "\n".join(lines) if lines else "") + "\n"
 
 
+def strategies_table() -> str:
+    """The Markdown table of docs/algorithms.md, one row per registered strategy from its
+    contract: the summary (paper and equation), its parameters, the DP modes it allows and
+    its newcomer rule (tests/test_contract.py keeps the doc equal to this)."""
+    rows = ["| strategy | what it is | parameters | DP modes | newcomer |", "|---|---|---|---|---|"]
+    for name in sorted(REGISTRY):
+        e = REGISTRY[name]
+        modes = [m for m in ("client-level", "sample-level")
+                 if e.privacy is not None and e.privacy.refusal(m) is None]
+        newcomer = ("not declared" if e.newcomer is None else
+                    f"refused: {e.newcomer.refused}" if e.newcomer.refused else
+                    f"{e.newcomer.rule} ({e.newcomer.basis})")
+        params = ", ".join(f"`{k}`" for k in e.hyper) or "none"
+        summary = e.summary.replace("|", "\\|")  # a norm's bars would end the cell
+        rows.append(f"| `{name}` | {summary} | {params} | {', '.join(modes) or 'none'} | "
+                    f"{newcomer} |")
+    return "\n".join(rows) + "\n"
+
+
 def refused_train_keys(name: str, values: Mapping[str, Any], fields: Mapping[str, Any]
                        ) -> list[str]:
     """One problem per ``train.*`` key that strategy ``name`` refuses (its catalog entry's
