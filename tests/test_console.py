@@ -342,14 +342,6 @@ def test_set_errors_name_the_override_not_the_file(capsys):
     assert "'rounds' = -2 is out of range" in err
 
 
-def test_simulation_yaml_lists_every_strategy():
-    from flower_pfl import registry
-
-    comment = " ".join(ln for ln in (REPO / "simulation.yaml").read_text().splitlines()
-                       if ln.startswith("#"))
-    assert all(re.search(rf"\b{re.escape(n)}\b", comment) for n in registry.REGISTRY)
-
-
 # ------------------------------------------------------------------- real runs (Ray)
 def _run(tmp_path, *extra):
     cmd = [str(Path(sys.executable).parent / "flower-pfl"), "run", "--set", "rounds=3",

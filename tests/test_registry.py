@@ -204,7 +204,10 @@ def test_the_recipe_names_what_the_checks_require():
     recipe = _recipe()
     folder = TABLE.relative_to(ROOT).as_posix()
     for needed in (f"@{registry.strategy_for.__name__}(catalog.<NAME>)",
-                   f"@{registry.client_for.__name__}(<Strategy>)",
+                   f"@{registry.client_for.__name__}(<paper>.<NAME>)",
+                   "params: catalog.<Name>Params", "privacy=Decision(", "wire=(",
+                   "flower_pfl/contract.py".rpartition("/")[2].removesuffix(".py"),
+                   "tests/test_contract.py",
                    f"from flower_pfl.registry import {registry.strategy_for.__name__}",
                    f"from flower_pfl.registry import {registry.client_for.__name__}",
                    "flower_pfl/catalog/<paper>.py", "ENTRIES",
@@ -213,7 +216,7 @@ def test_the_recipe_names_what_the_checks_require():
                    registry.STRATEGY_INDEX.replace(".", "/") + ".py",
                    registry.CLIENT_INDEX.replace(".", "/") + ".py",
                    f"{folder}/<paper>.yaml",
-                   "simulation.yaml", "tests/test_registry.py", "tests/test_message_path.py",
+                   "tests/test_registry.py", "tests/test_message_path.py",
                    "tests/mutations/mutations.py --only", "aggregate_updates"):
         assert needed in recipe, f"the recipe does not name {needed!r}"
     assert (TABLE / "README.md").is_file()
