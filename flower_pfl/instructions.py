@@ -186,5 +186,33 @@ class ReceivedModel(Wire):
     evaluate_received: bool = False
 
 
+# ================================================= differential privacy (docs/privacy.md)
+@dataclass(frozen=True)
+class PrivateFit(Wire):
+    """Client-level DP, each fit (privacy/server_side.py ``client_config``; read by
+    privacy/client_side.py): the clip C, what the upload's model part is a delta against
+    ('sent' | 'zero') and this client's noise share's std (0: ``noise: server``)."""
+
+    clip: float = key("dp-clip")
+    reference: str = key("dp-reference")
+    noise_std: float = key("dp-noise-std")
+
+
+@dataclass(frozen=True)
+class PrivateReply(Reply):
+    """Client-level DP's reply: whether the update was clipped (adaptive clipping's bit)."""
+
+    dp_clipped: float | None = None
+
+
+@dataclass(frozen=True)
+class SampleLevelReply(Reply):
+    """Sample-level DP's reply: the client's ε after this fit, at its δ."""
+
+    dp_epsilon: float | None = None
+    dp_delta: float | None = None
+
+
 #: every declaration, for the round-trip test (tests/test_instructions.py)
-DECLARATIONS: tuple[type[Wire], ...] = (RoundInstruction, EvaluateInstruction, ReceivedModel)
+DECLARATIONS: tuple[type[Wire], ...] = (RoundInstruction, EvaluateInstruction, ReceivedModel,
+                                        PrivateFit, PrivateReply, SampleLevelReply)

@@ -30,7 +30,12 @@ from flower_pfl import raynode
 from flower_pfl.algorithms.prox import Prox
 from flower_pfl.clients.state import ClientState
 from flower_pfl.config import RunConfig
-from flower_pfl.instructions import EvaluateInstruction, ReceivedModel, RoundInstruction
+from flower_pfl.instructions import (
+    EvaluateInstruction,
+    ReceivedModel,
+    RoundInstruction,
+    SampleLevelReply,
+)
 from flower_pfl.learning import devices
 from flower_pfl.learning.client_data import load_client_data
 from flower_pfl.learning.data import ClientData
@@ -274,7 +279,8 @@ class PFLClient(NumPyClient):
                             int(out["local_steps"]))
         self.state.set_values(sl.STATE_KEY, sl.stored(history))
         delta = values.get("privacy.delta") or 1.0 / self.data.num_train
-        return {**out, "dp_epsilon": sl.epsilon(history, delta), "dp_delta": float(delta)}
+        reply = SampleLevelReply(dp_epsilon=sl.epsilon(history, delta), dp_delta=float(delta))
+        return {**out, **{k: float(v) for k, v in reply.to_config().items()}}
 
     def loss_fn(self) -> LossFn:
         """The data loss of every local step: cross-entropy for images, the Gaussian NLL

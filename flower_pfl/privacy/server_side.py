@@ -19,10 +19,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from flower_pfl.instructions import PrivateFit, PrivateReply
 from flower_pfl.privacy import adaptive
 from flower_pfl.privacy import noise as nz
 from flower_pfl.privacy.accountant import ClientLevelAccountant
-from flower_pfl.privacy.client_side import CLIP_KEY, REFERENCE_KEY, SHARE_KEY
 from flower_pfl.privacy.clipping import clip_update
 from flower_pfl.privacy.fields import client_delta, sampled_per_round
 from flower_pfl.privacy.policy import decision
@@ -64,7 +64,7 @@ class ClientLevelDP:
         """What a sampled client is sent: its clip, its update's reference, its noise share
         (0.0 under ``noise: server``)."""
         share = nz.client_std(self.z, self.clip, sampled) if self.place == "clients" else 0.0
-        return {CLIP_KEY: self.clip, REFERENCE_KEY: self.reference, SHARE_KEY: share}
+        return PrivateFit(clip=self.clip, reference=self.reference, noise_std=share).to_config()
 
     def clip_upload(self, model: Sequence[np.ndarray], extra: Mapping[str, Sequence[np.ndarray]],
                     sent: Sequence[np.ndarray] | None
@@ -131,7 +131,8 @@ class ClientLevelDP:
                "dp_server_clipped": self.clipped, "dp_clip_norm": self.clip}
         self.clipped = 0
         if self.adaptive:  # the clients' bits (a missing one counts as clipped)
-            unclipped = sum(1 for u in updates if float(u.metrics.get("dp_clipped", 1.0)) == 0)
+            unclipped = sum(1 for u in updates  # a missing bit counts as clipped
+                            if PrivateReply.from_config(u.metrics).dp_clipped == 0)
             self.clip, row["dp_unclipped_fraction"] = adaptive.next_clip(
                 self.clip, unclipped, len(updates), self.quantile, self.clip_lr,
                 self.count_std, self.rng)
