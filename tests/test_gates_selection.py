@@ -3,6 +3,11 @@ function on disk is collected, the default run (``pytest``, ``-m 'not slow'``) d
 tests marked slow, no test-looking function, class or file is left out by its name, a
 misspelt marker and an xfail that passes fail the run, and the slow tier's two halves
 (scripts/slow_tier.sh) are disjoint and together the whole slow tier.
+
+Each check collects in a pytest of its own, started with the running interpreter
+(``sys.executable``, wherever it lives) and without what would carry this session's selection
+or plugins into it (``PYTEST_ADDOPTS``, e.g. ``-k disk``): its verdict is the same whatever
+this session selected.
 """
 
 from __future__ import annotations
@@ -17,25 +22,36 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the environment variables through which a pytest session reaches a pytest it starts: the
+#: options (a -k or -m selection in PYTEST_ADDOPTS), plugins, and pytest's and xdist's own
+SESSION_VARS = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_CURRENT_TEST", "PYTEST_VERSION")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a pytest (or a script that runs one) it starts, without
+    this session's selection and plugins; ``extra`` added."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in SESSION_VARS and not k.startswith("PYTEST_XDIST_")}
+    return {**env, **extra}
 
 
 # ---------------------------------------------------------------- test selection (pytest)
 
 PROBE = textwrap.dedent("""\
     import json, os
-    _seen = {"deselected": []}
+    _seen = {"deselected": [], "deselected_fast": []}
 
     def pytest_deselected(items):
         _seen["deselected"] += [i.nodeid for i in items]
+        _seen["deselected_fast"] += [i.nodeid for i in items if not i.get_closest_marker("slow")]
 
     def pytest_collection_finish(session):
-        slow = {i.nodeid for i in session.items if i.get_closest_marker("slow")}
-        slow |= {n for n in _seen["deselected"]}
         with open(os.environ["GATES_PROBE_OUT"], "w") as fh:
             json.dump({"selected": [i.nodeid for i in session.items],
                        "selected_slow": sorted(i.nodeid for i in session.items
                                                if i.get_closest_marker("slow")),
-                       "deselected": _seen["deselected"]}, fh)
+                       "deselected": _seen["deselected"],
+                       "deselected_fast": _seen["deselected_fast"]}, fh)
 """)
 HELPERS = {"conftest.py", "netns.py", "__init__.py"}
 
@@ -125,10 +141,10 @@ def test_the_name_checks_find_each_kind_of_misnamed_test(tmp_path):
 def test_every_test_on_disk_is_collected_and_only_slow_ones_are_deselected(tmp_path):
     (tmp_path / "gates_probe.py").write_text(PROBE)
     seen = tmp_path / "seen.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    env = child_env(PYTHONPATH=os.pathsep.join(
         [str(tmp_path)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-        "GATES_PROBE_OUT": str(seen)}
-    # the fast tier's own selection (pyproject's addopts), nothing else
+        GATES_PROBE_OUT=str(seen))
+    # the fast tier's own selection (pyproject's addopts), nothing else: not this session's
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
                           "-p", "no:cacheprovider", "-p", "gates_probe"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
@@ -137,6 +153,7 @@ def test_every_test_on_disk_is_collected_and_only_slow_ones_are_deselected(tmp_p
     fast, slow = set(got["selected"]), set(got["deselected"])
     assert fast and slow and not fast & slow
     assert got["selected_slow"] == []  # the fast tier runs no slow test
+    assert got["deselected_fast"] == []  # ... and leaves out no fast one
     # every test defined on disk is in one tier or the other
     collected = {_base(n) for n in fast | slow}
     assert defined_tests() - collected == set()
@@ -144,14 +161,24 @@ def test_every_test_on_disk_is_collected_and_only_slow_ones_are_deselected(tmp_p
     assert files - {n.split("::")[0] for n in fast | slow} == set()
 
     # the slow tier's two halves, as scripts/slow_tier.sh runs them
-    # (the script passes -q itself; with --collect-only each half lists its node ids)
+    # (the script passes -q itself; with --collect-only each half lists its node ids), with
+    # this interpreter, not the checkout's .venv (its default)
     halves = subprocess.run(["bash", str(ROOT / "scripts" / "slow_tier.sh"), "--collect-only"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+                            cwd=ROOT, capture_output=True, text=True, timeout=600,
+                            env=child_env(PY=sys.executable))
     assert halves.returncode == 0, halves.stdout[-3000:] + halves.stderr[-3000:]
     text = halves.stdout.split("=== slow tier, half B")
     a, b = ({line.strip() for line in t.splitlines() if "::" in line} for t in text)
     assert a and b and not a & b
     assert a | b == slow
+
+
+def test_a_selection_of_this_session_does_not_reach_the_pytests_it_starts(monkeypatch):
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-k disk")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    env = child_env(PY="python")
+    assert "PYTEST_ADDOPTS" not in env and "PYTEST_XDIST_WORKER" not in env
+    assert env["PY"] == "python" and env["PATH"] == os.environ["PATH"]
 
 
 def test_a_misspelt_marker_and_a_passing_xfail_fail_the_run(tmp_path):
@@ -169,7 +196,7 @@ def test_a_misspelt_marker_and_a_passing_xfail_fail_the_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"),
                           "--rootdir", str(tmp_path), "-p", "no:cacheprovider",
                           str(tmp_path / "test_planted.py")], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=child_env())
     assert out.returncode != 0
     assert "'slwo' not found in `markers`" in out.stdout + out.stderr
     (tmp_path / "test_planted.py").write_text(
@@ -177,5 +204,5 @@ def test_a_misspelt_marker_and_a_passing_xfail_fail_the_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"),
                           "--rootdir", str(tmp_path), "-p", "no:cacheprovider",
                           str(tmp_path / "test_planted.py")], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=child_env())
     assert out.returncode == 1 and "XPASS(strict)" in out.stdout

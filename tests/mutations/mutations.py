@@ -103,7 +103,10 @@ def apply(mutation: Mutation, scratch: Path) -> None:
 
 
 def env_for(scratch: Path) -> dict[str, str]:
-    env = dict(os.environ)
+    """The environment of a pytest run in ``scratch``: this one, the copy's packages first on
+    the path, and no PYTEST_ADDOPTS (a caller's ``-k`` there would select the suite's tests
+    for it: the targets and PYTEST decide what runs)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     env["PYTHONPATH"] = os.pathsep.join([str(scratch)] + ([env["PYTHONPATH"]]
                                                           if env.get("PYTHONPATH") else []))
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
