@@ -1,6 +1,7 @@
 """Checkpoint and resume of a strategy (docs/reliability.md), written once.
 
-Every ``checkpoint-every`` rounds :meth:`Checkpointing.save_checkpoint` writes, atomically
+Every ``checkpoint-every`` rounds (:meth:`Checkpointing.checkpoint_before`, at the start of
+the next round) :meth:`Checkpointing.save_checkpoint` writes, atomically
 (:mod:`flower_pfl.reliability.checkpoints`), the round, the configuration's identity, the
 strategy's state and the results state; :meth:`Checkpointing.after_round` also writes one after the
 run's last round and after a round at whose end ``flower-pfl run`` asked it to stop (status
@@ -76,6 +77,14 @@ class Checkpointing(StrategyState):
             dp.restore(state[PRIVACY_STATE])
 
     # -------------------------------------------------------------- checkpoint/resume
+    def checkpoint_before(self, server_round: int) -> None:
+        """At the start of round ``server_round``: every ``checkpoint-every`` rounds, the
+        checkpoint of the state after round ``server_round - 1`` (none in the run's, or the
+        resumed process's, first round)."""
+        every = int(self.cfg.values.get("checkpoint-every", 0) or 0)
+        if every and server_round > self.start_round and (server_round - 1) % every == 0:
+            self.save_checkpoint(server_round - 1)  # the state after round server_round - 1
+
     def save_checkpoint(self, server_round: int) -> Path:
         """Atomic checkpoint of the state after ``server_round`` (reliability.checkpoints)."""
         started = time.perf_counter()

@@ -2,7 +2,9 @@
 
 A mixin of ``PersonalizedStrategy``: every ``eval-every`` rounds (and in the last round)
 :meth:`EvaluationReporting.configure_evaluate` asks ALL connected clients to evaluate
-their personalized model (and the global model where there is one, ``eval-global``);
+their personalized model (and the global model where there is one, ``eval-global``),
+each sent what :meth:`EvaluationReporting.eval_payload` gives (a subclass hook; default
+the global model);
 :meth:`EvaluationReporting.aggregate_evaluate` turns the answers into the statistics of
 :mod:`flower_pfl.learning.metrics` over clients and writes them to the results folder
 (``rounds.csv``, ``clients.csv``, ``summary.json``: :class:`~flower_pfl.reporting.results.
@@ -32,7 +34,7 @@ the numbers cover where that is fewer than all (:mod:`flower_pfl.reporting.cover
 from __future__ import annotations
 
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 from flwr.common import EvaluateIns, EvaluateRes, Parameters, Scalar, ndarrays_to_parameters
@@ -51,6 +53,11 @@ from flower_pfl.strategies.state import StrategyState
 
 class EvaluationReporting(StrategyState):
     """configure_evaluate / aggregate_evaluate over all clients (see the module docstring)."""
+
+    def eval_payload(self, pid: int, server_round: int
+                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
+        """Arrays and extra config for evaluation (default: the global model)."""
+        return self.global_arrays or [], {}
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:

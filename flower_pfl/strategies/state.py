@@ -1,14 +1,15 @@
 """The state every part of a strategy shares, declared once with its types.
 
 ``PersonalizedStrategy`` (:mod:`.base`) is assembled from mixins -- :class:`~.nodes.
-NodeTracking`, :class:`~.evaluation.EvaluationReporting`, :class:`~.checkpointing.
-Checkpointing` -- that read and write the attributes its ``__init__`` sets and call each
-other's methods.  :class:`StrategyState` is their common base: the attributes' types (class
-annotations only: nothing is set here, ``PersonalizedStrategy.__init__`` sets each one;
-``hasattr`` of an attribute it has not set stays False, as the checkpoint's allow-list
-check needs), three read-only views of them (``spec``, ``initial_model``,
-``round_server_log``) and, for the type checker only, the methods one mixin calls on
-another.
+NodeTracking`, :class:`~.payloads.FitPayloads`, :class:`~.uploads.UploadAcceptance`,
+:class:`~.private_round.PrivateRound`, :class:`~.round_records.RoundRecords`,
+:class:`~.evaluation.EvaluationReporting`, :class:`~.checkpointing.Checkpointing` -- that
+read and write the attributes its ``__init__`` sets and call each other's methods.
+:class:`StrategyState` is their common base: the attributes' types (class annotations
+only: nothing is set here, ``PersonalizedStrategy.__init__`` sets each one; ``hasattr`` of
+an attribute it has not set stays False, as the checkpoint's allow-list check needs),
+three read-only views of them (``spec``, ``initial_model``, ``round_server_log``) and, for
+the type checker only, the methods one mixin calls on another.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # types only: importing this module stays as cheap as before
     from flower_pfl.contract import Mechanism
     from flower_pfl.learning.params import ParamSpec
     from flower_pfl.privacy.server_side import ClientLevelDP
+    from flower_pfl.reliability.uploads import UploadTemplate
     from flower_pfl.reporting.results import ResultsWriter
     from flower_pfl.strategies.federation import ClientStore
 from flower_pfl.strategies.mechanism import MechanismCount
@@ -41,6 +43,10 @@ class StrategyState:
     has_global_model: bool
     #: what the strategy's own mechanism is (None: nothing to count; mechanism.py)
     mechanism: Mechanism | None
+    #: whether clients upload a model, and whether uploads stay serialised until read
+    #: (uploads.py)
+    uploads_model: bool
+    lazy_uploads: bool
 
     # -- the run ---------------------------------------------------------------------
     cfg: RunConfig
@@ -115,17 +121,21 @@ class StrategyState:
         """What ``log_server`` recorded in this round so far (its server.csv row)."""
         return self._round_server_log
 
-    if TYPE_CHECKING:  # implemented by base.py and the mixins; declared for the checker
-        def handshake(self, client_manager: ClientManager) -> None: ...
+    if TYPE_CHECKING:  # implemented by the mixins; declared for the checker
+        def handshake(self, client_manager: ClientManager) -> None: ...  # nodes.py
 
-        def eval_payload(self, pid: int, server_round: int
-                         ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]: ...
+        def proxy_pid(self, proxy: ClientProxy) -> int: ...  # nodes.py
 
         def base_config(self, server_round: int, extra: Mapping[str, Scalar],
-                        pid: int | None = None) -> dict[str, Scalar]: ...
+                        pid: int | None = None) -> dict[str, Scalar]: ...  # payloads.py
 
         def record_failures(self, server_round: int, phase: str, failures: list[Any]
-                            ) -> list[tuple[int, str]]: ...
+                            ) -> list[tuple[int, str]]: ...  # uploads.py
+
+        def clip_upload(self, pid: int, arrays: list[np.ndarray], template: UploadTemplate,
+                        max_norm: float | None) -> list[np.ndarray]: ...  # private_round.py
+
+        def log_server(self, **values: Any) -> None: ...  # round_records.py
 
         def budget_exhausted_after(self, server_round: int) -> bool: ...
 
