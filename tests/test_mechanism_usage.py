@@ -17,12 +17,12 @@ import logging
 import pytest
 
 from flower_pfl import registry
-from flower_pfl.running import inprocess
 from flower_pfl.contract import MORE_ROUNDS
+from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
-HISTORY = sorted(name for name in registry.REGISTRY
-                 if registry.strategy_class(name).mechanism is not None and name != "selffl")
+HISTORY = sorted(name for name, entry in registry.REGISTRY.items()
+                 if entry.mechanism is not None and name != "selffl")
 SMALL = {"clients": 4, "fraction-fit": 0.5, "model": "dnn", "data.subsample": 1200,
          "train.steps": 2, "train.batch-size": 16}
 
@@ -42,7 +42,7 @@ def test_every_history_mechanism_is_declared():
                  "scaffold", "pfedhn", "plgu-ghn", "plgu-lf", "pfedbred-mh"):
         assert name in HISTORY, name
     for name in ("fedavg", "local", "pfedme", "perfedavg"):
-        assert registry.strategy_class(name).mechanism is None, name
+        assert registry.get(name).mechanism is None, name
 
 
 def _small(name: str) -> dict:
