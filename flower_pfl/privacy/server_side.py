@@ -1,5 +1,5 @@
 """The server's part of client-level DP, one round at a time (numpy only; glue called by
-strategies/base.py, math in :mod:`.clipping`, :mod:`.noise`, :mod:`.accountant`).
+strategies/private_round.py, math in :mod:`.clipping`, :mod:`.noise`, :mod:`.accountant`).
 
 Per round: :meth:`ClientLevelDP.client_config` is what each sampled client is told (its
 clip, what its update is a delta against, its noise share); every accepted upload is

@@ -11,7 +11,7 @@ An upload is rejected when
   strategy sent nothing); an extra part named ``bounded`` gets the same bound on its norm.
   Under differential privacy (``clip=True``, docs/privacy.md) the norm bound is NOT a reason:
   a rejection that depends on the data would break the guarantee, so the caller clips the
-  update instead (strategies/base.py ``clip_upload``); NaN/Inf is still refused.
+  update instead (strategies/private_round.py ``clip_upload``); NaN/Inf is still refused.
 
 Open choice (ours): the bound is on the *update*, not on the model, so it does not depend
 on the model's size or its distance from 0.

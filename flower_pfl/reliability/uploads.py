@@ -7,7 +7,7 @@ is laid out the same way: the model, then the parts named in the config key
 :data:`EXTRA_ARRAYS` (``"name:count,..."``: SCAFFOLD's c).  Extra parts named ``bounded``
 are updates in the model's units (offsets from the round's model) and get the
 ``max-update-norm`` bound of the model's update (:mod:`.upload_checks`); under differential
-privacy that bound clips instead of rejecting (strategies/base.py ``clip_upload``).
+privacy that bound clips instead of rejecting (strategies/private_round.py ``clip_upload``).
 """
 
 from __future__ import annotations
