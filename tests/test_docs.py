@@ -14,7 +14,7 @@ What a page names, and how it is checked:
   first cell is a registered strategy are that strategy's keys; the backticked first cells of
   a ``key`` table are keys of a strategy the page names in backticks.
 
-Every Markdown file of the repository (README.md, docs/, benchmarks/data/mutations/README.md,
+Every Markdown file of the repository (README.md, docs/, tests/mutations/data/README.md,
 the result folders' notes) links only to files that exist and, in a Markdown file, to
 headings that exist (GitHub's anchors): :func:`broken_links`.
 """
