@@ -11,21 +11,18 @@ import pytest
 from flower_pfl.registry import REGISTRY
 from flower_pfl.strategies.apfl import APFLHyper
 from flower_pfl.strategies.ditto import DittoHyper
-from flower_pfl.strategies.fedacs import FedACSHyper
 from flower_pfl.strategies.fedavg import FineTuneHyper
 from flower_pfl.strategies.fedprox import FedProxHyper
 from flower_pfl.strategies.fedrep import FedRepHyper
 from flower_pfl.strategies.fedsam import SAMHyper
 from flower_pfl.strategies.hyper_view import HyperView, hyper_key, read_hyper, read_views
 from flower_pfl.strategies.perfedavg import PerFedAvgHyper
-from flower_pfl.strategies.selffl import SelfFLHyper
 
 #: each view -> the strategies that name it (the class and its subclasses)
 READERS = {
     FineTuneHyper: ["fedavg-ft", "fedprox-ft"], FedProxHyper: ["fedprox", "fedprox-ft"],
     DittoHyper: ["ditto"], PerFedAvgHyper: ["perfedavg"], APFLHyper: ["apfl"],
     SAMHyper: ["fedsam", "plgu-lf"], FedRepHyper: ["fedrep", "plgu-grep"],
-    FedACSHyper: ["fedacs"], SelfFLHyper: ["selffl"],
 }
 
 

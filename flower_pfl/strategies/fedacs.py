@@ -39,7 +39,6 @@ total (fit and evaluation) goes to the mechanism line and summary.json.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
 from typing import Any, Sequence
@@ -54,12 +53,10 @@ from flower_pfl.algorithms.attention import (
     fedacs_weights,
     quantile_threshold,
 )
-from flower_pfl.catalog import CLOUD
 from flower_pfl.catalog import fedacs as catalog
 from flower_pfl.config import RunConfig
 from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
-from flower_pfl.strategies.hyper_view import HyperView
 from flower_pfl.strategies.message_passing import MessagePassingStrategy
 from flower_pfl.warnings_once import first_time
 
@@ -83,13 +80,6 @@ def selection_share(xi: np.ndarray, rows: np.ndarray, peers: np.ndarray,
     return float(shares.mean()), off
 
 
-@dataclass(frozen=True)
-class FedACSHyper:
-    """hyper.fedacs (flower_pfl/catalog/fedacs.py)."""
-
-    pick_ratio: float  # the quantile of the similarities that sets delta^k (eq. 4)
-
-
 @strategy_for(catalog.FEDACS)
 class FedACS(MessagePassingStrategy):
     """Saved per round: delta and the number of peers each sampled client aggregated
@@ -97,13 +87,12 @@ class FedACS(MessagePassingStrategy):
     selection mask (``selection.npy/.png``).
     """
 
-    mechanism = Mechanism("FedACS", *CLOUD)
     #: run totals for the end-of-run record: {"dropped_nonpositive": pairs,
     #: "consensus_uniform": never-trained client-rounds, fit or evaluation, given the
     #: plain mean of the stored models}
     checkpointed: tuple[str, ...] = ("fedacs_counts",)
 
-    fedacs_hyper = HyperView(FedACSHyper)
+    params: catalog.FedACSParams
 
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
@@ -118,7 +107,7 @@ class FedACS(MessagePassingStrategy):
         if len(seen) == 0:
             return float("inf")
         return quantile_threshold(self.matrix.cosine(seen, seen),
-                                  float(self.fedacs_hyper.pick_ratio))
+                                  float(self.params.pick_ratio))
 
     def attention(self, rows: np.ndarray, server_round: int) -> np.ndarray:
         peers = self.peers()
@@ -161,7 +150,7 @@ class FedACS(MessagePassingStrategy):
                         selection_share=share, dropped_nonpositive=dropped,
                         consensus_uniform=self._round_uniform)
         if off:
-            p = float(self.fedacs_hyper.pick_ratio)
+            p = float(self.params.pick_ratio)
             fix = ("lower hyper.fedacs.pick-ratio: delta is above every peer's similarity, so "
                    "FedACS is running as Local training" if off == "only itself" else
                    "raise hyper.fedacs.pick-ratio: delta is below every peer's similarity, so "
@@ -185,7 +174,8 @@ class FedACS(MessagePassingStrategy):
                  "has cos <= 0 to every one)"
                  if counts["consensus_uniform"] else ""]
         note = "; ".join(n for n in notes if n)
-        base = type(self).mechanism
+        base = self.entry.mechanism  # the contract's (catalog/fedacs.py), without a note
+        assert base is not None, "FedACS's contract declares its mechanism"
         self.mechanism = Mechanism(base.name, base.what + (f" ({note})" if note else ""),
                                    base.otherwise, base.hint)
         self.results.set_summary("fedacs", dict(counts))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -43,13 +42,11 @@ from flower_pfl.algorithms import selffl_math as sm
 from flower_pfl.catalog import selffl as catalog
 from flower_pfl.catalog.selffl import SelfFLFit, SelfFLReply
 from flower_pfl.config import RunConfig
-from flower_pfl.contract import Mechanism
 from flower_pfl.model_store import plan_from_config
 from flower_pfl.registry import strategy_for
 from flower_pfl.store_rows import RowMatrix
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
-from flower_pfl.strategies.hyper_view import HyperView
 
 OPTIMUM_OFFSET = sm.OPTIMUM_OFFSET
 PRIME_ROUNDS = 2  # warm-up rounds at the end of the warm-up that already sample eqs. 13-14
@@ -71,22 +68,6 @@ RULE_COLUMNS = {
     "fallback_q1": sm.RULE_Q1,
     "fallback_no_contraction": sm.RULE_NO_CONTRACTION,
 }
-
-
-@dataclass(frozen=True)
-class SelfFLHyper:
-    """hyper.selffl (flower_pfl/catalog/selffl.py; 'auto' where a value may be one)."""
-
-    eta: float | str
-    l_max: int
-    warmup_rounds: int | str
-    variance_estimator: str
-    bootstrap_max_steps: int
-    bootstrap_lr: float | str
-    bootstrap_tol: float
-    contraction: str
-    eq13_samples: str
-    oracle: bool
 
 
 def _median_known(values: Iterable[float]) -> float:
@@ -115,20 +96,17 @@ class SelfFL(PersonalizedStrategy):
 
     #: uploads are decoded one at a time into the round's rows (strategies/base.py)
     lazy_uploads = True
-    mechanism = Mechanism("Self-FL", "eq. 8/10", "configured steps at eta from the global "
-                          "model, i.e. FedAvg's local update",
-                          "run more rounds than hyper.selffl.warmup-rounds or raise fraction-fit")
     #: sigma_0^2 and its peak (the sigma_m^2 are in the ClientStore), and the choices
     #: ``setup`` made from the model (a resumed run does not call setup again)
     checkpointed: tuple[str, ...] = ("sigma0_sq", "sigma0_peak", "estimator", "contraction",
                                      "eq13_samples", "warmup_rounds", "oracle_sigma_sq")
 
-    selffl_hyper = HyperView(SelfFLHyper)
+    params: catalog.SelfFLParams
 
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
         super().__init__(cfg, initial_arrays, results_dir)
-        hp = self.selffl_hyper
+        hp = self.params
         self.sigma0_sq = math.nan  # eq. 14's estimate (NaN: none yet)
         self.sigma0_peak = math.nan  # its largest value so far (the mechanism-off measure)
         self.oracle_sigma_sq: np.ndarray | None = None  # oracle: the true sigma_m^2
@@ -147,7 +125,7 @@ class SelfFL(PersonalizedStrategy):
         auto_contraction = "measured" if boot_net else "variance"  # trace vs variance
         auto_eq13 = "offset" if boot_net else "optimum"  # the fit's start matters
         auto_warmup = int(self.cfg["rounds"]) // 4 if network else 0
-        hp = self.selffl_hyper  # each: the hyper-parameter, or its 'auto' choice above
+        hp = self.params  # each: the hyper-parameter, or its 'auto' choice above
         self.contraction = auto_contraction if hp.contraction == "auto" else hp.contraction
         self.eq13_samples = auto_eq13 if hp.eq13_samples == "auto" else hp.eq13_samples
         # a string is 'auto' (validated: flower_pfl/catalog/selffl.py), likewise below
@@ -183,7 +161,7 @@ class SelfFL(PersonalizedStrategy):
 
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        s, hp = self.s_minus(pid), self.selffl_hyper
+        s, hp = self.s_minus(pid), self.params
         assert self.global_arrays is not None, "Self-FL keeps a global model"
         return self.global_arrays, SelfFLFit(
             warmup=self.warmup(server_round),
