@@ -131,7 +131,7 @@ def test_the_grid_pushes_packed_and_hands_replies_on_unpacked(monkeypatch):
     ap.pack_message(reply)  # as a ClientApp's mod sent it
     flowers = {"push_messages": lambda grid, msgs: pushed.extend(msgs) or ["id"],
                "pull_messages": lambda grid, ids: iter([reply])}
-    monkeypatch.setattr(ap, "_flowers", flowers.__getitem__)
+    monkeypatch.setattr(ap, "flowers_own", flowers.__getitem__)
     assert ap.push_messages(object(), [request]) == ["id"]
     assert [list(m.content["fitins.parameters"].keys()) for m in pushed] == [[ap.KEY]]
     (got,) = ap.pull_messages(object(), ["id"])

@@ -169,7 +169,7 @@ def test_a_deployments_server_app_gets_the_grid_poll_and_stock_keeps_flowers(lin
     assert done.replaced == ("grid_poll", "pull_backoff", "array_packing")
     assert HttpGrid.send_and_receive is grid_poll.send_and_receive
     assert HttpGrid.push_messages is array_packing.push_messages
-    assert grid_poll.flowers_own() is FLOWERS_GRID
+    assert grid_poll.flowers_own("send_and_receive") is FLOWERS_GRID
     assert out[-1] == (INFO, "[flower-pfl] deployment engine (ServerApp): tuned on flwr "
                              "1.42.0: grid_poll, pull_backoff, array_packing in Flower's "
                              "place")

@@ -119,6 +119,16 @@ def test_every_need_is_met_on_this_flower():
         assert gate.unmet(module.NEEDS) == [], switch.name(module)
 
 
+def test_every_place_a_replacement_takes_is_checked_before_it_is_taken():
+    """What each module puts in Flower's place (flower_pfl/tuned/patch.py) is named by one
+    of its needs (pull_backoff sets keyword defaults: its functions' bodies are checked)."""
+    for module in switch.EVERY:
+        places = module._replaced.places if hasattr(module, "_replaced") else \
+            {f"{module.MODULE}:{name}" for name in module.FUNCTIONS}
+        assert places and set(places) <= {need.where for need in module.NEEDS}, \
+            switch.name(module)
+
+
 def test_a_missing_private_name_falls_back_before_anything_is_replaced(lines, monkeypatch):
     out, log = lines
     monkeypatch.delattr(InMemoryLinkState, "_check_stored_messages")

@@ -1,12 +1,16 @@
 """flower_pfl.tuned.patch: Flower's own object remembered once, callable while replaced,
-put back by undo -- a plain method, a property and a module function alike; and the
+put back by undo -- a plain method, a property and a module function alike; a replacement's
+places installed once, ours made of Flower's own where asked (``From``); and the
 measurement override each replacement has (``FLOWER_PFL_FLOWER_*=1``)."""
 
 from __future__ import annotations
 
+import sys
 import types
 
-from flower_pfl.tuned.patch import Replaced, kept
+import pytest
+
+from flower_pfl.tuned.patch import From, Replaced, kept
 
 
 class Owner:
@@ -38,6 +42,33 @@ def test_put_remembers_flowers_own_once_and_undo_puts_it_back():
     assert module.func() == "flower"
     assert vars(Owner)["method"] is own_method and vars(Owner)["prop"] is own_prop
     assert replaced.flowers("method", Owner) is own_method  # not replaced: the owner's own
+
+
+def test_install_puts_ours_in_every_place_once_and_flowers_finds_the_owner(monkeypatch):
+    module = types.ModuleType("fake_flower_places")
+    module.Owner = type("Owner", (), {"method": lambda self: "flower"})
+    module.func = lambda: "flower"
+    monkeypatch.setitem(sys.modules, "fake_flower_places", module)
+    own_method, own_func = vars(module.Owner)["method"], module.func
+    made = []
+
+    def wrap(flowers):
+        made.append(flowers)
+        return lambda self: "ours, then " + flowers(self)
+
+    replaced = Replaced({"fake_flower_places:Owner.method": From(wrap),
+                         "fake_flower_places:func": lambda: "ours"})
+    assert not replaced.installed() and replaced.flowers("method") is own_method
+    replaced.install()
+    replaced.install()  # once: Flower's not wrapped twice
+    assert replaced.installed() and made == [own_method]
+    assert module.Owner().method() == "ours, then flower" and module.func() == "ours"
+    assert replaced.flowers("method") is own_method and replaced.flowers("func") is own_func
+    with pytest.raises(KeyError):
+        replaced.flowers("other")
+    replaced.undo()
+    assert not replaced.installed() and vars(module.Owner)["method"] is own_method
+    assert module.func is own_func
 
 
 def test_kept_reads_the_override_only_at_1(monkeypatch):

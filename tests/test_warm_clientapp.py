@@ -57,14 +57,14 @@ def installed(monkeypatch):
                           log=lambda *a: None)
     yield done, started, server
     switch.uninstall()
-    assert vars(SubprocessExecutor)["launch"] is warm_clientapp.flowers_own()
+    assert vars(SubprocessExecutor)["launch"] is warm_clientapp.flowers_own("launch")
 
 
 def test_a_clientapp_task_goes_to_the_warm_parent_with_flowers_arguments(installed):
     done, started, server = installed
     assert done.replaced == ("warm_clientapp", "pull_backoff")
     executor = SubprocessExecutor()
-    warm_clientapp.flowers_own()(executor, _spec())  # Flower's: a new process
+    warm_clientapp.flowers_own("launch")(executor, _spec())  # Flower's: a new process
     assert executor.launch(_spec()) == LaunchResult.accepted()  # ours
     assert started == [["flwr-clientapp", "--runtime-api-address", "127.0.0.1:9094",
                         "--token", "tok", "--root-certificates", "/certs/ca.crt",

@@ -41,7 +41,7 @@ from flower_pfl.tuned.actor_keeper import (
     capacity,
 )
 from flower_pfl.tuned.gate import Need
-from flower_pfl.tuned.patch import Replaced
+from flower_pfl.tuned.patch import Replaced, say
 
 #: set to 1 to keep Flower's pool (one message per actor at a time, lost actors kept)
 KEEP_FLOWER_ENV = "FLOWER_PFL_FLOWER_POOL"
@@ -79,7 +79,6 @@ def ray_ops(pool: Any) -> Any:
     from types import SimpleNamespace
 
     import ray
-    from flwr.common.logger import log
 
     def kill(actor: Any) -> None:
         with contextlib.suppress(Exception):  # already gone
@@ -95,7 +94,7 @@ def ray_ops(pool: Any) -> Any:
         get=ray.get, is_lost=lambda ex: isinstance(ex, ray.exceptions.RayActorError),
         kill=kill, room=lambda: capacity(ray.nodes(), pool.client_resources), ready=ready,
         spawn=lambda fn: threading.Thread(target=fn, daemon=True).start(),
-        warn=lambda text: log(WARNING, "%s", text))
+        warn=lambda text: say(WARNING, text))
 
 
 def queue_pool(pool: Any, depth: int = DEPTH, ops: Any = None) -> Keeper:
@@ -112,18 +111,12 @@ def queue_pool(pool: Any, depth: int = DEPTH, ops: Any = None) -> Keeper:
     return keeper
 
 
-_replaced = Replaced()  # what install() put in place of RayBackend's own
-
-
 def build(self: Any, app_fn: Any) -> None:
     """Flower's ``RayBackend.build`` (the pool and its actors), then :func:`queue_pool`;
     logs :data:`QUEUED`."""
-    from flwr.common.logger import log
-    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-
-    _replaced.flowers("build", RayBackend)(self, app_fn)
+    flowers_own("build")(self, app_fn)
     self.keeper = queue_pool(self.pool, DEPTH)
-    log(INFO, "[flower-pfl] simulation engine: %s", QUEUED)
+    say(INFO, f"[flower-pfl] simulation engine: {QUEUED}")
 
 
 def run_remote(actor: Any, app_fn: Any, message: Any, cid: str, context: Any) -> Any:
@@ -147,10 +140,9 @@ def process_message(self: Any, message: Any, context: Any) -> tuple[Any, Any]:
     ``context`` unchanged, instead of an exception (the engine would log its traceback)."""
     from flwr.common.constant import PARTITION_ID_KEY
     from flwr.common.logger import log
-    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
     if self.pool is None or self.app_fn is None or not hasattr(self, "keeper"):
-        return _replaced.flowers("process_message", RayBackend)(self, message, context)
+        return flowers_own("process_message")(self, message, context)
     job = (self.app_fn, message, str(context.node_config[PARTITION_ID_KEY]), context)
     future = None
     try:
@@ -174,37 +166,14 @@ def num_workers(self: Any) -> int:
 
 
 NAMES = ("build", "num_workers", "process_message")  #: what :func:`install` replaces
-
-
-def install() -> None:
-    """Put :func:`build`, :func:`num_workers` and :func:`process_message` on Flower's
-    ``RayBackend`` in this process (the class itself: the engine builds its backend's
-    pool, and counts its worker threads, seconds after it created the backend, which
-    starts Ray first).  Once; the caller, :func:`flower_pfl.tuned.switch.install`, checked
-    :data:`NEEDS` first.  Each part stands alone: a backend whose pool Flower's ``build``
-    made keeps Flower's count of workers and Flower's ``process_message``."""
-    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-
-    if _replaced:
-        return
-    _replaced.put(RayBackend, "build", build)
-    _replaced.put(RayBackend, "num_workers", property(num_workers))
-    _replaced.put(RayBackend, "process_message", process_message)
-
-
-def installed() -> bool:
-    """True while ours is in Flower's place."""
-    return bool(_replaced)
-
-
-def flowers_own(name: str) -> Any:
-    """Flower's own ``RayBackend`` attribute ``name`` (one of :data:`NAMES`: ``build``,
-    the ``num_workers`` property, ``process_message``), installed or not."""
-    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-
-    return _replaced.flowers(name, RayBackend)
-
-
-def uninstall() -> None:
-    """Put Flower's methods back."""
-    _replaced.undo()
+#: what :func:`install` puts on Flower's ``RayBackend`` (the class itself: the engine builds
+#: its backend's pool, and counts its worker threads, seconds after it created the backend,
+#: which starts Ray first; flower_pfl/tuned/patch.py).  Each part stands alone: a backend
+#: whose pool Flower's ``build`` made keeps Flower's count of workers and Flower's
+#: ``process_message``.
+_replaced = Replaced({f"{_BACKEND}.build": build, f"{_BACKEND}.num_workers": property(num_workers),
+                      f"{_BACKEND}.process_message": process_message})
+install, installed, uninstall = _replaced.install, _replaced.installed, _replaced.undo
+#: Flower's own ``RayBackend`` attribute ``name`` (one of :data:`NAMES`: ``build``, the
+#: ``num_workers`` property, ``process_message``), installed or not
+flowers_own = _replaced.flowers

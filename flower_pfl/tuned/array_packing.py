@@ -57,7 +57,6 @@ NEEDS = [
 ]
 
 _HEADER = struct.Struct("<Q")
-_replaced = Replaced()  # what install() put in Flower's place
 
 Entry = tuple[str, str, tuple[int, ...], str, bytes]  # key, dtype, shape, stype, data
 
@@ -156,39 +155,19 @@ def push_messages(self: Any, messages: Iterable[Any]) -> Any:
     messages = list(messages)
     for message in messages:
         pack_message(message)
-    return _flowers("push_messages")(self, messages)
+    return flowers_own("push_messages")(self, messages)
 
 
 def pull_messages(self: Any, message_ids: Iterable[str]) -> Any:
     """Flower's ``HttpGrid.pull_messages``, each reply unpacked (:func:`unpack_message`)."""
-    replies = list(_flowers("pull_messages")(self, message_ids))
+    replies = list(flowers_own("pull_messages")(self, message_ids))
     for reply in replies:
         unpack_message(reply)
     return replies
 
 
-def _flowers(name: str) -> Callable[..., Any]:
-    """Flower's own ``HttpGrid.<name>``, installed or not."""
-    from flwr.superlink.grid.http_grid import HttpGrid
-
-    return _replaced.flowers(name, HttpGrid)
-
-
-def install() -> None:
-    """Wrap ``HttpGrid.push_messages`` / ``pull_messages`` in this process (once; the
-    caller, :func:`flower_pfl.tuned.switch.install`, checked :data:`NEEDS` first)."""
-    from flwr.superlink.grid.http_grid import HttpGrid
-
-    if not _replaced:
-        _replaced.put(HttpGrid, "push_messages", push_messages)
-        _replaced.put(HttpGrid, "pull_messages", pull_messages)
-
-
-def installed() -> bool:
-    """True while ours is in Flower's place."""
-    return bool(_replaced)
-
-
-def uninstall() -> None:
-    """Put Flower's own back."""
-    _replaced.undo()
+#: what :func:`install` puts in Flower's place (flower_pfl/tuned/patch.py)
+_replaced = Replaced({f"{_GRID}.push_messages": push_messages,
+                      f"{_GRID}.pull_messages": pull_messages})
+install, installed, uninstall = _replaced.install, _replaced.installed, _replaced.undo
+flowers_own = _replaced.flowers  #: Flower's own ``HttpGrid.<name>``, installed or not

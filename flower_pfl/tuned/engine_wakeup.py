@@ -23,7 +23,7 @@ its metrics, are the same (the strategies aggregate uploads sorted by partition)
 
 Installed by :func:`flower_pfl.tuned.switch.install` (``engine: tuned``) after :data:`NEEDS`
 are met.  ``FLOWER_PFL_FLOWER_TICK=1`` keeps Flower's polling (for measuring one against the
-other: benchmarks/round_limit.py ``--flower-tick``); the waiting threads then look every
+other: benchmarks/round_limit.py ``--flower-engine``); the waiting threads then look every
 :func:`reply_poll_s` instead of 0.1 s (:func:`poll_faster`).  No Flower import at module
 level: a deployment's ServerApp has no in-memory LinkState.
 """
@@ -36,7 +36,7 @@ from logging import INFO
 from typing import Any, Callable, Iterable
 
 from flower_pfl.tuned.gate import Need
-from flower_pfl.tuned.patch import Replaced
+from flower_pfl.tuned.patch import From, Replaced, say
 
 #: set to 1 to keep Flower's polling (0.1 s ticks)
 KEEP_FLOWER_ENV = "FLOWER_PFL_FLOWER_TICK"
@@ -85,8 +85,6 @@ INSTRUCTIONS = Signal()
 #: raised after a reply is stored (the ServerApp's waiting threads wait on it)
 REPLIES = Signal()
 
-_replaced = Replaced()  # what install() put in Flower's place
-
 
 def _raising(method: Callable[..., Any], signal: Signal) -> Callable[..., Any]:
     def store(self: Any, message: Any) -> Any:
@@ -105,9 +103,7 @@ def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Iterable[int],
     """Flower's extractor (``vce_api.add_messages_to_queue``): one pending message per node
     into the engine's queue, pass after pass -- the next pass as soon as an instruction
     was stored during this one, else after Flower's 0.1 s.  Logs :data:`WOKEN` once."""
-    from flwr.common.logger import log
-
-    log(INFO, "[flower-pfl] simulation engine: %s", WOKEN)
+    say(INFO, f"[flower-pfl] simulation engine: {WOKEN}")
     while not f_stop.is_set():
         seen = INSTRUCTIONS.count  # before the pass: a message stored during it wakes the wait
         for node_id in nodes_mapping:
@@ -139,48 +135,20 @@ def send_and_receive(self: Any, messages: Iterable[Any], *,
     return ret
 
 
-def install() -> None:
-    """Wrap the LinkState's stores and put :func:`add_messages_to_queue` and
-    :func:`send_and_receive` in Flower's place, in this process (once; the caller,
-    :func:`flower_pfl.tuned.switch.install`, checked :data:`NEEDS` first).
-
-    Must run before the engine starts its extractor thread (``vce_api.run_api`` looks the
-    function up when it starts it, after Ray and the actors are up): the ServerApp's
-    ``main`` installs it first thing.  Each part stands alone: an extractor already started
-    as Flower's polls on, while the waiting threads are woken by stored replies."""
-    from flwr.server.superlink.fleet.vce import vce_api
-    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-
-    if _replaced:
-        return
-    for name, signal in (("store_message_ins", INSTRUCTIONS), ("store_message_res", REPLIES)):
-        _replaced.put(InMemoryLinkState, name, _raising(vars(InMemoryLinkState)[name], signal))
-    _replaced.put(vce_api, "add_messages_to_queue", add_messages_to_queue)
-    _replaced.put(InMemoryGrid, "send_and_receive", send_and_receive)
-
-
-def installed() -> bool:
-    """True while ours is in Flower's place."""
-    return bool(_replaced)
-
-
-def flowers_own(name: str) -> Callable[..., Any]:
-    """Flower's own function or method ``name`` (one of those :func:`install` replaces),
-    installed or not."""
-    from flwr.server.superlink.fleet.vce import vce_api
-    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-
-    for owner in (vce_api, InMemoryGrid, InMemoryLinkState):
-        if name in vars(owner):
-            return _replaced.flowers(name, owner)
-    raise KeyError(name)
-
-
-def uninstall() -> None:
-    """Put Flower's own functions back."""
-    _replaced.undo()
+#: what :func:`install` puts in Flower's place (flower_pfl/tuned/patch.py).  It must run
+#: before the engine starts its extractor thread (``vce_api.run_api`` looks the function up
+#: when it starts it, after Ray and the actors are up): the ServerApp's ``main`` installs it
+#: first thing.  Each part stands alone: an extractor already started as Flower's polls on,
+#: while the waiting threads are woken by stored replies.
+_replaced = Replaced({
+    f"{_STATE}.store_message_ins": From(lambda flowers: _raising(flowers, INSTRUCTIONS)),
+    f"{_STATE}.store_message_res": From(lambda flowers: _raising(flowers, REPLIES)),
+    f"{_VCE}:add_messages_to_queue": add_messages_to_queue,
+    f"{_GRID}.send_and_receive": send_and_receive,
+})
+install, installed, uninstall = _replaced.install, _replaced.installed, _replaced.undo
+#: Flower's own function or method ``name`` (one of those :func:`install` replaces)
+flowers_own = _replaced.flowers
 
 
 #: the most looks for replies per second, over all of a round's waiting threads, in simulation

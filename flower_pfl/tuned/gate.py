@@ -62,6 +62,18 @@ def outside_tested(version_of: Callable[[str], str | None] = installed_version,
     return "; ".join(out) or None
 
 
+def locate(where: str) -> tuple[Any, str]:
+    """``(owner, name)`` of ``"module:Owner.name"`` (or ``"module:name"``: the module is the
+    owner): the object that holds the name, imported.  Raises ``ImportError`` or
+    ``AttributeError`` when the module or an owner on the way is not there."""
+    module, _, dotted = where.partition(":")
+    *path, name = dotted.split(".")
+    owner: Any = importlib.import_module(module)
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name
+
+
 def fingerprint(fn: Any) -> str:
     """The first 16 hex digits of the SHA-256 of ``fn``'s source (``inspect.getsource``,
     dedented): equal for the same source text, whatever the Python version.  Raises
@@ -106,10 +118,8 @@ class Need:
     def resolve(self) -> Any:
         """The object named by ``where`` (a property: its getter).  Raises ``ImportError``
         or ``AttributeError`` when it is not there."""
-        module, _, name = self.where.partition(":")
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
+        owner, name = locate(self.where)
+        obj = getattr(owner, name)
         return obj.fget if isinstance(obj, property) else obj
 
     def unmet(self) -> str | None:

@@ -50,8 +50,6 @@ LOOK_S = 0.02
 #: what the wait between two looks calls (tests count the calls through it)
 sleep: Callable[[float], None] = time.sleep
 
-_replaced = Replaced()  # what install() put in Flower's place
-
 
 class _Replies:
     """The replies one grid's waiting threads are owed: one thread at a time pulls for all
@@ -136,28 +134,7 @@ def send_and_receive(self: Any, messages: Iterable[Any], *,
     return ret
 
 
-def install() -> None:
-    """Put :func:`send_and_receive` in the place of ``HttpGrid.send_and_receive`` in this
-    process (once; the caller, :func:`flower_pfl.tuned.switch.install`, checked
-    :data:`NEEDS` first)."""
-    from flwr.superlink.grid.http_grid import HttpGrid
-
-    if not _replaced:
-        _replaced.put(HttpGrid, "send_and_receive", send_and_receive)
-
-
-def installed() -> bool:
-    """True while ours is in Flower's place."""
-    return bool(_replaced)
-
-
-def flowers_own() -> Callable[..., Any]:
-    """Flower's own ``HttpGrid.send_and_receive``, installed or not."""
-    from flwr.superlink.grid.http_grid import HttpGrid
-
-    return _replaced.flowers("send_and_receive", HttpGrid)
-
-
-def uninstall() -> None:
-    """Put Flower's own back."""
-    _replaced.undo()
+#: what :func:`install` puts in Flower's place (flower_pfl/tuned/patch.py)
+_replaced = Replaced({f"{_GRID}.send_and_receive": send_and_receive})
+install, installed, uninstall = _replaced.install, _replaced.installed, _replaced.undo
+flowers_own = _replaced.flowers  #: Flower's own ``send_and_receive``, installed or not

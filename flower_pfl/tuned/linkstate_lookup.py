@@ -44,8 +44,6 @@ NEEDS = [
     Need("flwr.supercore.date:now"),
 ]
 
-_replaced = Replaced()  # what install() put in Flower's place
-
 
 def get_message_ins(self: Any, node_id: int, limit: int | None, *,
                     run_id: int | None = None) -> list[Any]:
@@ -74,20 +72,6 @@ def get_message_ins(self: Any, node_id: int, limit: int | None, *,
     return found
 
 
-def install() -> None:
-    """Put :func:`get_message_ins` on Flower's ``InMemoryLinkState`` (once; the caller,
-    :func:`flower_pfl.tuned.switch.install`, checked :data:`NEEDS` first)."""
-    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-
-    if InMemoryLinkState.get_message_ins is not get_message_ins:
-        _replaced.put(InMemoryLinkState, "get_message_ins", get_message_ins)
-
-
-def installed() -> bool:
-    """True while ours is in Flower's place."""
-    return bool(_replaced)
-
-
-def uninstall() -> None:
-    """Put Flower's own method back."""
-    _replaced.undo()
+#: what :func:`install` puts in Flower's place (flower_pfl/tuned/patch.py)
+_replaced = Replaced({f"{_STATE}.get_message_ins": get_message_ins})
+install, installed, uninstall = _replaced.install, _replaced.installed, _replaced.undo

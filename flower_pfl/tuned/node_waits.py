@@ -24,7 +24,6 @@ No Flower import at module level.
 from __future__ import annotations
 
 import time
-from types import ModuleType
 from typing import Any, Callable
 
 from flower_pfl.tuned.gate import Need
@@ -62,29 +61,8 @@ class ShortSleeps:
         return getattr(time, name)
 
 
-_replaced = Replaced()  # what install() put in Flower's place
-
-
-def _module() -> ModuleType:
-    from flwr.supernode import start_client_internal
-
-    return start_client_internal
-
-
-def install() -> None:
-    """Give Flower's SuperNode loop module a :class:`ShortSleeps` as its ``time``, in this
-    process (once; :func:`flower_pfl.tuned.switch.install` checked :data:`NEEDS` first).
-    Must run before ``flower_supernode()`` starts its loop (it reads ``time`` on each
-    sleep, so a late install still shortens the next one)."""
-    if not _replaced:
-        _replaced.put(_module(), "time", ShortSleeps())
-
-
-def installed() -> bool:
-    """True while ours is in Flower's place."""
-    return bool(_replaced)
-
-
-def uninstall() -> None:
-    """Put the ``time`` module back."""
-    _replaced.undo()
+#: what :func:`install` puts in Flower's place, in this process (flower_pfl/tuned/patch.py):
+#: before ``flower_supernode()`` starts its loop (it reads ``time`` on each sleep, so a late
+#: install still shortens the next one)
+_replaced = Replaced({f"{_SCI}:time": ShortSleeps()})
+install, installed, uninstall = _replaced.install, _replaced.installed, _replaced.undo

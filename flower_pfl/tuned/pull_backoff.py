@@ -29,7 +29,7 @@ Flower 1.42.0's functions, whose defaults are the only place the backoff is set)
 
 from __future__ import annotations
 
-from types import ModuleType
+import importlib
 from typing import Any
 
 from flower_pfl.tuned.gate import Need
@@ -58,16 +58,10 @@ OURS = {"initial_backoff": INITIAL_S, "backoff_cap": CAP_S, "max_tries_per_objec
 _saved: dict[str, tuple[Any, dict[str, Any]]] = {}
 
 
-def _module() -> ModuleType:
-    from flwr.supercore.inflatable import inflatable_utils
-
-    return inflatable_utils
-
-
 def install() -> None:
-    """Set ``initial_backoff`` = :data:`INITIAL_S` in the keyword defaults of
-    :data:`FUNCTIONS`, in this process (once; the switch checked :data:`NEEDS` first)."""
-    module = _module()
+    """Set :data:`OURS` in the keyword defaults of :data:`FUNCTIONS`, in this process (the
+    switch checked :data:`NEEDS` first; a second call sets the same)."""
+    module = importlib.import_module(MODULE)
     for name in FUNCTIONS:
         fn = getattr(module, name)
         if name not in _saved:

@@ -19,7 +19,6 @@ per-message processes).  No Flower import at module level.
 from __future__ import annotations
 
 import subprocess
-from types import ModuleType
 from typing import Any
 
 from flower_pfl.tuned.gate import Need
@@ -53,27 +52,7 @@ class SuperExecThroughEntry:
         return getattr(subprocess, name)
 
 
-_replaced = Replaced()
-
-
-def _module() -> ModuleType:
-    from flwr.supernode import start_client_internal
-
-    return start_client_internal
-
-
-def install() -> None:
-    """Give Flower's SuperNode module a :class:`SuperExecThroughEntry` as its
-    ``subprocess`` (before ``flower_supernode()`` starts the SuperExec)."""
-    if not _replaced:
-        _replaced.put(_module(), "subprocess", SuperExecThroughEntry())
-
-
-def installed() -> bool:
-    """True while ours is in Flower's place."""
-    return bool(_replaced)
-
-
-def uninstall() -> None:
-    """Put the ``subprocess`` module back."""
-    _replaced.undo()
+#: what :func:`install` puts in Flower's place (before ``flower_supernode()`` starts the
+#: SuperExec; flower_pfl/tuned/patch.py)
+_replaced = Replaced({f"{_SCI}:subprocess": SuperExecThroughEntry()})
+install, installed, uninstall = _replaced.install, _replaced.installed, _replaced.undo

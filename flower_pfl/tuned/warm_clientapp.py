@@ -39,11 +39,11 @@ import subprocess
 import sys
 from logging import WARNING
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from flower_pfl.tuned import pull_backoff
 from flower_pfl.tuned.gate import Need
-from flower_pfl.tuned.patch import Replaced
+from flower_pfl.tuned.patch import Replaced, say
 
 #: set to 1 to keep Flower's launcher (a new ``flwr-clientapp`` process per message)
 KEEP_FLOWER_ENV = "FLOWER_PFL_FLOWER_CLIENTAPP"
@@ -113,8 +113,6 @@ class ForkServer:
         (Flower's launcher from then on) and a WARNING is logged."""
         import select
 
-        from flwr.common.logger import log
-
         read, write = os.pipe()
         try:
             self.proc = subprocess.Popen([*self.command, *pull_backoff.fork_server_args(),
@@ -133,9 +131,10 @@ class ForkServer:
         proc = self.proc
         self.stop()
         self.broken = True
-        log(WARNING, "[flower-pfl] warm ClientApp launcher: its parent process did not "
-                     "start (%s, exit status %s); ClientApps start as Flower's from now on",
-            " ".join(self.command), None if proc is None else proc.returncode)
+        status = None if proc is None else proc.returncode
+        say(WARNING, f"[flower-pfl] warm ClientApp launcher: its parent process did not start "
+                     f"({' '.join(self.command)}, exit status {status}); ClientApps start as "
+                     f"Flower's from now on")
         return False
 
     @property
@@ -159,7 +158,6 @@ class ForkServer:
 
 #: the SuperExec process' warm parent
 SERVER = ForkServer()
-_replaced = Replaced()
 
 
 def flower_args(spec: Any) -> list[str]:
@@ -181,13 +179,6 @@ def flower_args(spec: Any) -> list[str]:
     return args
 
 
-def flowers_own() -> Callable[..., Any]:
-    """Flower's own ``SubprocessExecutor.launch``, installed or not."""
-    from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
-
-    return _replaced.flowers("launch", SubprocessExecutor)
-
-
 def launch(self: Any, spec: Any) -> Any:
     """``SubprocessExecutor.launch``: a ClientApp task forked from :data:`SERVER`, anything
     else (or a task it could not take) started by Flower's own ``launch``."""
@@ -197,22 +188,11 @@ def launch(self: Any, spec: Any) -> Any:
     if spec.task_type == TaskType.CLIENT_APP and SERVER.submit(
             flower_args(spec), bool(spec.suppress_output), spec.fab_hash):
         return LaunchResult.accepted()
-    return flowers_own()(self, spec)
+    return flowers_own("launch")(self, spec)
 
 
-def install() -> None:
-    """Put :func:`launch` in the place of ``SubprocessExecutor.launch`` in this process."""
-    from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
-
-    if not _replaced:
-        _replaced.put(SubprocessExecutor, "launch", launch)
-
-
-def installed() -> bool:
-    """True while ours is in Flower's place."""
-    return bool(_replaced)
-
-
-def uninstall() -> None:
-    """Put Flower's own back (the warm parent stays until :meth:`ForkServer.stop`)."""
-    _replaced.undo()
+#: what :func:`install` puts in Flower's place (flower_pfl/tuned/patch.py); :func:`uninstall`
+#: leaves the warm parent running until :meth:`ForkServer.stop`
+_replaced = Replaced({f"{_EX}.subprocess_executor:SubprocessExecutor.launch": launch})
+install, installed, uninstall = _replaced.install, _replaced.installed, _replaced.undo
+flowers_own = _replaced.flowers  #: Flower's own ``SubprocessExecutor.launch``, installed or not
