@@ -28,6 +28,7 @@ from flower_pfl.clients import (
     selffl,
 )
 
-#: the modules that bind a client to the strategies it serves (FedAMP's serves two)
-MODULES: tuple[ModuleType, ...] = (apfl, ditto, fedacs, fedamp, fedavg, fedprox, fedrep, fedsam,
-                                   local, perfedavg, pfedbred, pfedhn, plgu, scaffold, selffl)
+#: the modules that bind, read from the import above (one line per module: add it there)
+MODULES: tuple[ModuleType, ...] = tuple(
+    m for m in dict(globals()).values()
+    if isinstance(m, ModuleType) and m.__name__.startswith(f"{__package__}."))

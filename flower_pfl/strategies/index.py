@@ -33,7 +33,7 @@ from flower_pfl.strategies import (
     selffl,
 )
 
-#: the modules that bind the catalog's strategies, one file per paper or algorithm
-MODULES: tuple[ModuleType, ...] = (apfl, ditto, fedacs, fedamp, fedavg, fedprox, fedrep, fedsam,
-                                   heurfedamp, local, perfedavg, pfedbred, pfedhn, plgu,
-                                   scaffold, selffl)
+#: the modules that bind, read from the import above (one line per module: add it there)
+MODULES: tuple[ModuleType, ...] = tuple(
+    m for m in dict(globals()).values()
+    if isinstance(m, ModuleType) and m.__name__.startswith(f"{__package__}."))
