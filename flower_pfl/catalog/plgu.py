@@ -5,40 +5,102 @@ K = 5 local epochs), our documented choices otherwise (docs/algorithms/plgu.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from flower_pfl.contract import OWN_LOOP, PER_UPLOAD, WHOLE_MODEL, Decision, Entry
-from flower_pfl.hyper import NUM, POS, Hyper
+from flower_pfl.catalog import EMBEDDING, HEAD
+from flower_pfl.contract import (
+    OWN_LOOP,
+    PER_UPLOAD,
+    POS,
+    WHOLE_MODEL,
+    Decision,
+    Entry,
+    Mechanism,
+    Params,
+    in_,
+    param,
+)
 from flower_pfl.instructions import Reply, Wire
 
-RHO = Hyper(0.05, NUM, lambda v: v >= 0, "a number >= 0",
-            "radius rho of the (LW)SAM perturbation; 0.05 = PLGU section 6.1 default and the best "
-            "value of its Table 4. rho = 0 removes the perturbation (a warning says which method "
-            "it becomes)")
-HEAD = Hyper(5, (int,), POS, "an integer >= 1",
-             "epochs of head training with the body frozen (eq. 9; K of Algorithm 3 -- PLGU "
-             "section 6.1 uses K = 5 local epochs)")
-BODY = Hyper(1, (int,), POS, "an integer >= 1",
-             "epochs of body (representation) training with the head frozen after the head "
-             "(FedRep: one pass; PLGU-GRep: the same number of LWSAM steps, eqs. 11-13)")
-READING = Hyper("two-model", (str,), lambda v: v in ("two-model", "one-model"),
-                "one of ['two-model', 'one-model']",
-                "Algorithm 1's reading: two-model = as printed (theta~ by plain SGD, a global copy "
-                "w~ by the LWSAM gradient at theta~ + eps, Delta of w~ uploaded); one-model = the "
-                "personal layers plain SGD and the shared layers LWSAM in ONE model "
-                "(docs/algorithms/plgu.md)")
-HN = {
-    "embed-dim": Hyper(16, (int,), POS, "an integer >= 1",
-                       "size of the client embedding v_i (our choice)"),
-    "hidden": Hyper(100, (int,), POS, "an integer >= 1",
-                    "width of the hypernetwork's two hidden layers (3 FC layers, PLGU 6.1; "
-                    "width our choice)"),
-    "hn-lr": Hyper(1.0, NUM, POS, "a number > 0",
-                   "SGD step on the hypernetwork with the round's mean gradient; 1.0 moves the "
-                   "output bias (the shared part of every generated model) by the mean client "
-                   "delta, as FedAvg does (our choice)"),
-    "embed-lr": Hyper(1.0, NUM, POS, "a number > 0",
-                      "SGD step on a client's embedding with its own gradient (our choice)"),
-}
+
+def _reading() -> Any:
+    """PLGU-LF's and PLGU-GRep's ``reading`` (a field of each)."""
+    return param("two-model", in_(("two-model", "one-model")),
+                 "one of ['two-model', 'one-model']",
+                 "Algorithm 1's reading: two-model = as printed (theta~ by plain SGD, a global "
+                 "copy w~ by the LWSAM gradient at theta~ + eps, Delta of w~ uploaded); "
+                 "one-model = the personal layers plain SGD and the shared layers LWSAM in ONE "
+                 "model (docs/algorithms/plgu.md)")
+
+
+# The parameters.  A dataclass's fields are ordered from its last base to its first (the
+# reverse of the MRO), then its own: PLGUGRepParams(FedSAMParams, FedRepParams) holds
+# FedRep's keys, then rho, then its own reading; PLGUGHNParams pFedHN's keys, then rho.
+@dataclass(frozen=True)
+class FedSAMParams(Params):
+    """hyper.fedsam; the SAM radius every perturbed variant shares."""
+
+    rho: float = param(
+        0.05, lambda v: v >= 0, "a number >= 0",
+        "radius rho of the (LW)SAM perturbation; 0.05 = PLGU section 6.1 default and the best "
+        "value of its Table 4. rho = 0 removes the perturbation (a warning says which method "
+        "it becomes)")
+
+
+@dataclass(frozen=True)
+class PLGULFParams(FedSAMParams):
+    """hyper.plgu-lf: rho, the reading, D."""
+
+    reading: Literal["two-model", "one-model"] = _reading()
+    personal_layers: int = param(
+        1, lambda v: v >= 0, "an integer >= 0",
+        "D = |L^Per| of Alg. 2: layers kept personal. 1 of the CNN's 4 (PLGU's Fig. 2 example "
+        "keeps 1 of 3; its ResNet-18 uses 5 of ~23). 0 = FedSAM-like, >= L = Local (both "
+        "warned)")
+
+
+@dataclass(frozen=True)
+class FedRepParams(Params):
+    """hyper.fedrep: the epochs of each part (eq. 9, then the body)."""
+
+    head_epochs: int = param(
+        5, POS, "an integer >= 1",
+        "epochs of head training with the body frozen (eq. 9; K of Algorithm 3 -- PLGU "
+        "section 6.1 uses K = 5 local epochs)")
+    body_epochs: int = param(
+        1, POS, "an integer >= 1",
+        "epochs of body (representation) training with the head frozen after the head "
+        "(FedRep: one pass; PLGU-GRep: the same number of LWSAM steps, eqs. 11-13)")
+
+
+@dataclass(frozen=True)
+class PLGUGRepParams(FedSAMParams, FedRepParams):
+    """hyper.plgu-grep: FedRep's epochs, rho, the reading."""
+
+    reading: Literal["two-model", "one-model"] = _reading()
+
+
+@dataclass(frozen=True)
+class PFedHNParams(Params):
+    """hyper.pfedhn: the hypernetwork, the embeddings and their steps."""
+
+    embed_dim: int = param(16, POS, "an integer >= 1",
+                           "size of the client embedding v_i (our choice)")
+    hidden: int = param(100, POS, "an integer >= 1",
+                        "width of the hypernetwork's two hidden layers (3 FC layers, PLGU 6.1; "
+                        "width our choice)")
+    hn_lr: float = param(1.0, POS, "a number > 0",
+                         "SGD step on the hypernetwork with the round's mean gradient; 1.0 "
+                         "moves the output bias (the shared part of every generated model) by "
+                         "the mean client delta, as FedAvg does (our choice)")
+    embed_lr: float = param(1.0, POS, "a number > 0",
+                            "SGD step on a client's embedding with its own gradient (our "
+                            "choice)")
+
+
+@dataclass(frozen=True)
+class PLGUGHNParams(FedSAMParams, PFedHNParams):
+    """hyper.plgu-ghn: pFedHN's keys, then rho."""
 
 
 # ------------------------------------------- messages (server -> client, client -> server)
@@ -84,12 +146,13 @@ class FedRepFit(Wire):
     reading: str
 
 
-
 FEDSAM = Entry(
     "fedsam",
     "FedSAM (Qu et al., ICML 2022): SAM as the local optimizer, w += mean Delta.",
-    {"rho": RHO},
-    privacy=Decision("Delta_i = w_i - w (already a delta)", None, OWN_LOOP.format(what="SAM's two-pass step"), reference="zero"),
+    params=FedSAMParams,
+    privacy=Decision("Delta_i = w_i - w (already a delta)", None,
+                     OWN_LOOP.format(what="SAM's two-pass step"), reference="zero"),
+    wire=(SAMFit, SharedReply),
 )
 
 
@@ -98,12 +161,13 @@ PLGU_LF = Entry(
     "PLGU-LF (Qu et al., CVPR 2023, Alg. 2): eq. 6 layer scores, top-D layers kept "
     "personal; Alg. 1's two models (theta~ by SGD, w~ by LWSAM at theta~ + eps), "
     "w += mean Delta of w~.",
-    {"rho": RHO, "reading": READING,
-     "personal-layers": Hyper(1, (int,), lambda v: v >= 0, "an integer >= 0",
-                              "D = |L^Per| of Alg. 2: layers kept personal. 1 of the CNN's 4 "
-                              "(PLGU's Fig. 2 example keeps 1 of 3; its ResNet-18 uses 5 of "
-                              "~23). 0 = FedSAM-like, >= L = Local (both warned)")},
-    privacy=Decision("Delta_i of the shared layers (personal layers upload zeros and are " "never noised)", None, OWN_LOOP.format(what="LWSAM's two-pass step"), reference="zero"),
+    params=PLGULFParams,
+    privacy=Decision("Delta_i of the shared layers (personal layers upload zeros and are "
+                     "never noised)", None, OWN_LOOP.format(what="LWSAM's two-pass step"),
+                     reference="zero"),
+    mechanism=Mechanism("PLGU-LF", "layer scores xi (eq. 6) from its own personal model of "
+                        "an earlier round", "Lambda = I: FedSAM's step, no personal layers"),
+    wire=(PLGUFit, PLGUReply),
 )
 
 
@@ -120,9 +184,12 @@ FEDREP = Entry(
     "fedrep",
     "FedRep (Collins et al., ICML 2021): personal head (last layer) trained first, then the "
     "shared body; server averages the bodies.",
-    {"head-epochs": HEAD, "body-epochs": BODY},
+    params=FedRepParams,
     refuses=_epochs_refused("fedrep"),
-    privacy=Decision("the body phi_i (the head never leaves)", None, OWN_LOOP.format(what="FedRep's head-then-body loop")),
+    privacy=Decision("the body phi_i (the head never leaves)", None,
+                     OWN_LOOP.format(what="FedRep's head-then-body loop")),
+    mechanism=Mechanism("FedRep", *HEAD),
+    wire=(FedRepFit,),
 )
 
 
@@ -130,9 +197,12 @@ PLGU_GREP = Entry(
     "plgu-grep",
     "PLGU-GRep (Qu et al., CVPR 2023, Alg. 3): FedRep whose body update is LWSAM with the "
     "eq. 10 layer scores.",
-    {"head-epochs": HEAD, "body-epochs": BODY, "rho": RHO, "reading": READING},
+    params=PLGUGRepParams,
     refuses=_epochs_refused("plgu-grep"),
-    privacy=Decision("the body phi_i (the head never leaves)", None, OWN_LOOP.format(what="LWSAM's two-pass step")),
+    privacy=Decision("the body phi_i (the head never leaves)", None,
+                     OWN_LOOP.format(what="LWSAM's two-pass step")),
+    mechanism=Mechanism("PLGU-GRep", *HEAD),
+    wire=(FedRepFit,),
 )
 
 
@@ -140,8 +210,12 @@ PFEDHN = Entry(
     "pfedhn",
     "pFedHN (Shamsian et al., ICML 2021): a server hypernetwork maps learned client "
     "embeddings to client models; client deltas are back-propagated into it.",
-    dict(HN),
-    privacy=Decision(WHOLE_MODEL, PER_UPLOAD.format( what="each upload moves its own client's embedding v_i"), OWN_LOOP.format(what="the SAM/LWSAM step")),
+    params=PFedHNParams,
+    privacy=Decision(WHOLE_MODEL,
+                     PER_UPLOAD.format(what="each upload moves its own client's embedding v_i"),
+                     OWN_LOOP.format(what="the SAM/LWSAM step")),
+    mechanism=Mechanism("pFedHN", *EMBEDDING),
+    wire=(SAMFit,),
 )
 
 
@@ -149,8 +223,12 @@ PLGU_GHN = Entry(
     "plgu-ghn",
     "PLGU-GHN (Qu et al., CVPR 2023; our reading): pFedHN whose clients train the generated "
     "model with LWSAM, layer scores between their last trained and the generated model.",
-    {**HN, "rho": RHO},
-    privacy=Decision(WHOLE_MODEL, PER_UPLOAD.format( what="each upload moves its own client's embedding v_i"), OWN_LOOP.format(what="LWSAM's two-pass step")),
+    params=PLGUGHNParams,
+    privacy=Decision(WHOLE_MODEL,
+                     PER_UPLOAD.format(what="each upload moves its own client's embedding v_i"),
+                     OWN_LOOP.format(what="LWSAM's two-pass step")),
+    mechanism=Mechanism("PLGU-GHN", *EMBEDDING),
+    wire=(SAMFit,),
 )
 
 ENTRIES = [FEDSAM, PLGU_LF, FEDREP, PLGU_GREP, PFEDHN, PLGU_GHN]

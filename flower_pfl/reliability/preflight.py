@@ -424,6 +424,7 @@ def strategy_needs(values: Mapping[str, Any], hyper: Mapping[str, Any] | None
     keep exactly the last layer group on the client; the hypernetwork's ``hidden`` width
     for pFedHN and PLGU-GHN, else None)."""
     from flower_pfl import registry
+    from flower_pfl.catalog.plgu import PFedHNParams
 
     # the classes by their registered names: this floor asks the registry, it does not
     # import the strategies' floor above it
@@ -431,5 +432,7 @@ def strategy_needs(values: Mapping[str, Any], hyper: Mapping[str, Any] | None
     strategy = values["strategy"]
     cls = registry.strategy_class(strategy)
     hyper = dict(registry.get(strategy).validate_hyper({}, strategy)[0], **(hyper or {}))
-    return issubclass(cls, fedrep), int(hyper["hidden"]) if issubclass(cls, pfedhn) else None
+    params = registry.get(strategy).params.read(hyper) if issubclass(cls, pfedhn) else None
+    hidden = params.hidden if isinstance(params, PFedHNParams) else None
+    return issubclass(cls, fedrep), hidden
 

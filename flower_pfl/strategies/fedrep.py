@@ -13,7 +13,6 @@ shapes, dtypes) at the body's arrays instead of the whole model's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from logging import WARNING
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -25,34 +24,17 @@ from flwr.common.logger import log
 from flower_pfl.catalog import plgu as catalog
 from flower_pfl.catalog.plgu import FedRepFit
 from flower_pfl.config import RunConfig
-from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
-from flower_pfl.strategies.hyper_view import HyperView
-
-
-@dataclass(frozen=True)
-class FedRepHyper:
-    """hyper.<fedrep | plgu-grep> (flower_pfl/catalog/plgu.py)."""
-
-    head_epochs: int  # epochs on the client's own head
-    body_epochs: int  # epochs on the shared body
-    reading: str = "one-model"  # PLGU-GRep's; FedRep reads one model
-
-
-HEAD = ("its own head h_i carried over from an earlier round",
-        "the initial head; an untrained client evaluates (initial head, global body)")
 
 
 @strategy_for(catalog.FEDREP)
 class FedRep(PersonalizedStrategy):
     has_global_model = False
-    mechanism = Mechanism("FedRep", *HEAD)
+    params: catalog.FedRepParams
     #: the shared body and which model arrays it is (set by setup, not called on resume)
     checkpointed: tuple[str, ...] = ("body", "body_index")
-
-    fedrep_hyper = HyperView(FedRepHyper)
 
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
@@ -78,11 +60,15 @@ class FedRep(PersonalizedStrategy):
     def rho(self) -> float:
         return 0.0
 
+    def reading(self) -> str:
+        """Algorithm 1's reading of the body step: FedRep trains one model."""
+        return "one-model"
+
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        hp = self.fedrep_hyper
+        hp = self.params
         return self.body, FedRepFit(head_epochs=hp.head_epochs, body_epochs=hp.body_epochs,
-                                    rho=self.rho(), reading=hp.reading).to_config()
+                                    rho=self.rho(), reading=self.reading()).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         if not self.body:

@@ -13,9 +13,8 @@ array nobody shared stays as it is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from logging import WARNING
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from flwr.common import Scalar
@@ -26,14 +25,6 @@ from flower_pfl.catalog.plgu import SAMFit, SharedReply
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
-from flower_pfl.strategies.hyper_view import HyperView
-
-
-@dataclass(frozen=True)
-class SAMHyper:
-    """hyper.<fedsam | plgu-lf> (flower_pfl/catalog/plgu.py)."""
-
-    rho: float  # the SAM radius
 
 
 def apply_mean_delta(global_arrays: Sequence[np.ndarray], updates: Sequence[ClientUpdate]
@@ -58,23 +49,23 @@ def apply_mean_delta(global_arrays: Sequence[np.ndarray], updates: Sequence[Clie
     return out, counts
 
 
-def warn_rho_zero(hyper: Mapping[str, Any], name: str, becomes: str) -> None:
-    if float(hyper["rho"]) == 0.0:
+def warn_rho_zero(params: catalog.FedSAMParams, name: str, becomes: str) -> None:
+    if params.rho == 0.0:
         log(WARNING, "[flower-pfl] %s with rho = 0 has no perturbation: it runs as %s",
             name, becomes)
 
 
 @strategy_for(catalog.FEDSAM)
 class FedSAM(PersonalizedStrategy):
-    sam_hyper = HyperView(SAMHyper)
+    params: catalog.FedSAMParams
 
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
-        warn_rho_zero(self.hyper, "fedsam", "FedAvg with an unweighted mean of deltas")
+        warn_rho_zero(self.params, "fedsam", "FedAvg with an unweighted mean of deltas")
 
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         assert self.global_arrays is not None, "FedSAM keeps a global model (has_global_model)"
-        return self.global_arrays, SAMFit(rho=self.sam_hyper.rho).to_config()
+        return self.global_arrays, SAMFit(rho=self.params.rho).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         assert self.global_arrays is not None, "FedSAM keeps a global model (has_global_model)"

@@ -23,7 +23,6 @@ from flwr.common import Scalar
 
 from flower_pfl.catalog import plgu as catalog
 from flower_pfl.catalog.plgu import SAMFit
-from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
@@ -31,14 +30,11 @@ if TYPE_CHECKING:  # the hypernetwork is torch: imported where it is built and u
     # importing the strategy modules stays torch-free (flower_pfl/strategies/index.py)
     from flower_pfl.algorithms.plgu_math import HyperNetwork
 
-EMBEDDING = ("its embedding v_i trained in an earlier round",
-             "h(v_i) of the initial random embedding")
-
 
 @strategy_for(catalog.PFEDHN)
 class PFedHN(PersonalizedStrategy):
     has_global_model = False
-    mechanism = Mechanism("pFedHN", *EMBEDDING)
+    params: catalog.PFedHNParams
     #: the hypernetwork (the client embeddings v_i are in the ClientStore)
     checkpointed = ("hn",)
 
@@ -56,10 +52,10 @@ class PFedHN(PersonalizedStrategy):
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(self.cfg["seed"]) + 0x4E)
-            self.hn = pm.HyperNetwork(int(self.hyper["embed-dim"]), int(self.hyper["hidden"]),
+            self.hn = pm.HyperNetwork(self.params.embed_dim, self.params.hidden,
                                       self.spec.flatten(initial_arrays).astype(np.float32))
         for pid in range(self.num_clients):
-            self.store.put("embedding", pid, pm.init_embedding(int(self.hyper["embed-dim"]),
+            self.store.put("embedding", pid, pm.init_embedding(self.params.embed_dim,
                                                                int(self.cfg["seed"]), pid))
 
     def generate(self, pid: int) -> list[np.ndarray]:
@@ -91,11 +87,11 @@ class PFedHN(PersonalizedStrategy):
             for t, g in zip(total, grads):
                 t.add_(g)
             self.store.put("embedding", u.pid,
-                           (v - float(self.hyper["embed-lr"]) * g_v).numpy().astype(np.float32))
+                           (v - self.params.embed_lr * g_v).numpy().astype(np.float32))
             delta_norms.append(float(grads[-1].norm()))  # output bias grad = theta - theta~
         with torch.no_grad():
             for p, t in zip(params, total):
-                p.sub_(float(self.hyper["hn-lr"]) * t / len(updates))
+                p.sub_(self.params.hn_lr * t / len(updates))
         self.log_server(client_delta_norm_mean=float(np.mean(delta_norms)))
 
     def eval_payload(self, pid: int, server_round: int

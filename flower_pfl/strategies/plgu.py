@@ -28,27 +28,25 @@ from flwr.common.logger import log
 
 from flower_pfl.catalog import plgu as catalog
 from flower_pfl.catalog.plgu import PLGUFit, PLGUReply
-from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
-from flower_pfl.strategies.fedrep import HEAD, FedRep
+from flower_pfl.strategies.fedrep import FedRep
 from flower_pfl.strategies.fedsam import FedSAM, apply_mean_delta, warn_rho_zero
-from flower_pfl.strategies.pfedhn import EMBEDDING, PFedHN
+from flower_pfl.strategies.pfedhn import PFedHN
 
 
 @strategy_for(catalog.PLGU_LF)
 class PLGULF(FedSAM):
-    mechanism = Mechanism("PLGU-LF", "layer scores xi (eq. 6) from its own personal model of "
-                          "an earlier round", "Lambda = I: FedSAM's step, no personal layers")
+    params: catalog.PLGULFParams
 
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
         from flower_pfl.learning.models import model_for  # torch: imported at use, so that
         # importing the strategy modules stays torch-free (flower_pfl/strategies/index.py)
 
-        warn_rho_zero(self.hyper, "plgu-lf", "PLGU-LF without LWSAM (layer freezing + SGD)")
+        warn_rho_zero(self.params, "plgu-lf", "PLGU-LF without LWSAM (layer freezing + SGD)")
         # model_for declares a Mapping; it reads a RunConfig by key (as base.py's initial_arrays)
         num_layers = len(model_for(self.cfg).layer_names())  # type: ignore[arg-type]  # RunConfig
-        d = int(self.hyper["personal-layers"])
+        d = self.params.personal_layers
         if d >= num_layers:
             log(WARNING, "[flower-pfl] plgu-lf: personal-layers = %d >= the %d layer(s) of "
                 "model '%s': every layer stays personal, nothing is shared -- this runs as "
@@ -60,9 +58,9 @@ class PLGULF(FedSAM):
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         assert self.global_arrays is not None, "initialize_parameters sets the global model"
-        return self.global_arrays, PLGUFit(rho=self.hyper["rho"],
-                                           personal_layers=self.hyper["personal-layers"],
-                                           reading=self.hyper["reading"]).to_config()
+        return self.global_arrays, PLGUFit(rho=self.params.rho,
+                                           personal_layers=self.params.personal_layers,
+                                           reading=self.params.reading).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         assert self.global_arrays is not None, "initialize_parameters sets the global model"
@@ -79,22 +77,26 @@ class PerturbedVariant(PersonalizedStrategy):
     pFedHN's in the method order."""
 
     base_name = ""
+    params: catalog.FedSAMParams  # rho, with the base method's keys
 
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
         super().setup(initial_arrays)
-        warn_rho_zero(self.hyper, self.cfg.strategy, self.base_name)
+        warn_rho_zero(self.params, self.cfg.strategy, self.base_name)
 
     def rho(self) -> float:
-        return float(self.hyper["rho"])
+        return self.params.rho
 
 
 @strategy_for(catalog.PLGU_GREP)
 class PLGUGRep(PerturbedVariant, FedRep):
     base_name = "FedRep"
-    mechanism = Mechanism("PLGU-GRep", *HEAD)
+    params: catalog.PLGUGRepParams
+
+    def reading(self) -> str:
+        return self.params.reading
 
 
 @strategy_for(catalog.PLGU_GHN)
 class PLGUGHN(PerturbedVariant, PFedHN):
     base_name = "pFedHN"
-    mechanism = Mechanism("PLGU-GHN", *EMBEDDING)
+    params: catalog.PLGUGHNParams
