@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from flower_pfl.clients import (
+from flower_pfl.clients import (  # noqa: F401 - imported to bind (MODULES below reads them)
     apfl,
     ditto,
     fedacs,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from flower_pfl.strategies import (
+from flower_pfl.strategies import (  # noqa: F401 - imported to bind (MODULES below reads them)
     apfl,
     ditto,
     fedacs,
