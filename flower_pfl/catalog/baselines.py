@@ -10,15 +10,21 @@ rejected by the range checks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from flower_pfl.catalog import refusals
-from flower_pfl.contract import OWN_LOOP, WHOLE_MODEL, Decision, Entry
-from flower_pfl.hyper import NUM, POS, Hyper
+from flower_pfl.contract import (
+    OWN_LOOP,
+    POS,
+    WHOLE_MODEL,
+    Decision,
+    Entry,
+    Mechanism,
+    Params,
+    in_,
+    param,
+)
 from flower_pfl.instructions import Wire, key
-
-FINETUNE = Hyper(10, (int,), POS, "an integer >= 1",
-                 "local SGD steps (mini-batches) of fine-tuning before evaluation")
-
 
 #: SCAFFOLD's option II turns the model change into a gradient estimate
 SCAFFOLD_REFUSES = {
@@ -50,6 +56,91 @@ PERFEDAVG_REFUSES = {
          "tuned for (not defined by the paper)"
     for key in ("train.momentum", "train.weight-decay", "train.optimizer")
 }
+
+
+# ------------------------------------------------------------------------------ parameters
+@dataclass(frozen=True)
+class FedAvgFTParams(Params):
+    """hyper.fedavg-ft."""
+
+    finetune_steps: int = param(10, POS, "an integer >= 1",
+                                "local SGD steps (mini-batches) of fine-tuning before evaluation")
+
+
+@dataclass(frozen=True)
+class FedProxParams(Params):
+    """hyper.fedprox."""
+
+    mu: float = param(1.0, POS, "a number > 0 (mu = 0 is FedAvg)",
+                      "proximal weight; 1 is the value Li et al. 2020 report best for MNIST "
+                      "(their grid {0.001, 0.01, 0.1, 1})")
+
+
+@dataclass(frozen=True)
+class FedProxFTParams(FedAvgFTParams, FedProxParams):
+    """hyper.fedprox-ft: FedProx's mu, then FedAvg-FT's finetune-steps (the fields of the
+    last base come first: mu, finetune-steps)."""
+
+    mu: float = param(1.0, POS, "a number > 0 (mu = 0 is FedAvg-FT)",
+                      "proximal weight, as fedprox")
+
+
+@dataclass(frozen=True)
+class ScaffoldParams(Params):
+    """hyper.scaffold."""
+
+    global_lr: float = param(1.0, POS, "a number > 0",
+                             "global step size eta_g (1 in the paper's experiments: the server "
+                             "takes the mean client model)")
+
+
+@dataclass(frozen=True)
+class APFLParams(Params):
+    """hyper.apfl."""
+
+    alpha_init: float = param(0.5, lambda v: 0 < v < 1,
+                              "a number in (0, 1) (0 is FedAvg, 1 is Local)",
+                              "initial mixing weight alpha_i (the middle of the paper's grid "
+                              "{0.25, 0.5, 0.75})")
+    adapt_alpha: bool = param(True, None, "true or false",
+                              "update alpha_i by its gradient each local step (adaptive APFL)")
+    alpha_lr: float = param(0.05, POS, "a number > 0",
+                            "step size of the alpha update; the paper uses the model step size "
+                            "eta (our train.lr default 0.05)")
+
+
+@dataclass(frozen=True)
+class DittoParams(Params):
+    """hyper.ditto."""
+
+    lambda_: float = param(0.1, POS, "a number > 0 (lambda = 0 is Local training)",
+                           "personalization weight; the paper tunes it per data set from "
+                           "{0.05, 0.1, 0.2, 0.5, 1, 2}; 0.1 from that grid")
+    personal_steps: str | int = param(
+        "auto", lambda v: v == "auto" or (not isinstance(v, str) and v >= 1),
+        "an integer >= 1 or 'auto'",
+        "SGD steps on v_i per round; 'auto' = the configured local steps/epochs (as the "
+        "paper, s = local epochs of w)")
+
+
+@dataclass(frozen=True)
+class PerFedAvgParams(Params):
+    """hyper.perfedavg."""
+
+    variant: Literal["fo", "hf"] = param(
+        "fo", in_(("fo", "hf")), "one of ['fo', 'hf']",
+        "first-order (FO) or Hessian-free (HF) meta-gradient; FO is the one Self-FL and the "
+        "pFedMe comparisons run")
+    alpha: float = param(
+        0.05, POS, "a number > 0 (alpha = 0 is FedAvg)",
+        "inner (personalization) step size alpha; beta is train.lr. Not a paper value (Fallah "
+        "et al. tune alpha, beta per task): 0.05 = the default train.lr, so the "
+        "personalization step is one ordinary SGD step")
+    delta: float = param(0.001, POS, "a number > 0",
+                         "finite-difference step of the HF Hessian-vector product")
+    personal_steps: int = param(1, POS, "an integer >= 1",
+                                "SGD steps from the global model before personalized "
+                                "evaluation (the paper: one step)")
 
 
 # ------------------------------------------- messages (server -> client, client -> server)
@@ -101,8 +192,6 @@ class APFLInstruction(Wire):
     adapt_alpha: bool
 
 
-
-
 #: Local's decision: nothing leaves a client
 NOTHING = ("nothing leaves a Local client (no upload: ε = 0 without DP); there is nothing "
            "to protect")
@@ -126,8 +215,9 @@ FEDAVG_FT = Entry(
     "fedavg-ft",
     "FedAvg + local fine-tuning: the global model fine-tuned for `finetune-steps` SGD steps "
     "on the client's data before personalized evaluation.",
-    {"finetune-steps": FINETUNE},
+    params=FedAvgFTParams,
     privacy=Decision(WHOLE_MODEL, None, None),
+    wire=(FineTuneEval,),
 )
 
 
@@ -135,10 +225,9 @@ FEDPROX = Entry(
     "fedprox",
     "FedProx (Li et al., MLSys 2020): FedAvg whose clients minimise "
     "F_i(w) + mu/2 ||w - w_global||^2.",
-    {"mu": Hyper(1.0, NUM, POS, "a number > 0 (mu = 0 is FedAvg)",
-                 "proximal weight; 1 is the value Li et al. 2020 report best for MNIST "
-                 "(their grid {0.001, 0.01, 0.1, 1})")},
+    params=FedProxParams,
     privacy=Decision(WHOLE_MODEL, None, None),
+    wire=(FedProxFit,),
 )
 
 
@@ -146,10 +235,9 @@ FEDPROX_FT = Entry(
     "fedprox-ft",
     "FedProx + local fine-tuning (FedAMP's baseline): FedProx training, then the global model "
     "fine-tuned for `finetune-steps` SGD steps before personalized evaluation.",
-    {"mu": Hyper(1.0, NUM, POS, "a number > 0 (mu = 0 is FedAvg-FT)",
-                 "proximal weight, as fedprox"),
-     "finetune-steps": FINETUNE},
+    params=FedProxFTParams,
     privacy=Decision(WHOLE_MODEL, None, None),
+    wire=(FedProxFit, FineTuneEval),
 )
 
 
@@ -157,11 +245,11 @@ SCAFFOLD = Entry(
     "scaffold",
     "SCAFFOLD (Karimireddy et al., ICML 2020): control variates c (server) and c_i (client) "
     "correct each local step by c - c_i; option II update of c_i; global step eta_g.",
-    {"global-lr": Hyper(1.0, NUM, POS, "a number > 0",
-                        "global step size eta_g (1 in the paper's experiments: the server "
-                        "takes the mean client model)")},
+    params=ScaffoldParams,
     refuses=refusals(SCAFFOLD_REFUSES),
     privacy=Decision("w_i and the control delta dc_i, clipped together", None, None),
+    mechanism=Mechanism("SCAFFOLD", "its control variate c_i from an earlier round",
+                        "c_i = 0: the correction is c alone"),
 )
 
 
@@ -169,17 +257,14 @@ APFL = Entry(
     "apfl",
     "APFL (Deng et al. 2020): each client keeps v_i and alpha_i; its personalized model "
     "alpha_i v_i + (1 - alpha_i) w is trained as the mixture, alpha_i by its gradient.",
-    {"alpha-init": Hyper(0.5, NUM, lambda v: 0 < v < 1, "a number in (0, 1) (0 is FedAvg, "
-                         "1 is Local)",
-                         "initial mixing weight alpha_i (the middle of the paper's grid "
-                         "{0.25, 0.5, 0.75})"),
-     "adapt-alpha": Hyper(True, (bool,), None, "true or false",
-                          "update alpha_i by its gradient each local step (adaptive APFL)"),
-     "alpha-lr": Hyper(0.05, NUM, POS, "a number > 0",
-                       "step size of the alpha update; the paper uses the model step size "
-                       "eta (our train.lr default 0.05)")},
+    params=APFLParams,
     refuses=refusals(APFL_REFUSES),
-    privacy=Decision("the global-model copy w_i (v_i, alpha_i never leave)", None, OWN_LOOP.format(what="APFL's joint w/v/alpha step")),
+    privacy=Decision("the global-model copy w_i (v_i, alpha_i never leave)", None,
+                     OWN_LOOP.format(what="APFL's joint w/v/alpha step")),
+    mechanism=Mechanism("APFL", "v_i and the adapted alpha_i carried over from an earlier "
+                        "round", "v_i = w and alpha_i = alpha-init; an untrained client "
+                        "evaluates w"),
+    wire=(APFLInstruction,),
 )
 
 
@@ -187,15 +272,11 @@ DITTO = Entry(
     "ditto",
     "Ditto (Li et al., ICML 2021): the global model trained as FedAvg; each client's personal "
     "v_i trained on f_i(v) + lambda/2 ||v - w_global||^2; P and G evaluated.",
-    {"lambda": Hyper(0.1, NUM, POS, "a number > 0 (lambda = 0 is Local training)",
-                     "personalization weight; the paper tunes it per data set from "
-                     "{0.05, 0.1, 0.2, 0.5, 1, 2}; 0.1 from that grid"),
-     "personal-steps": Hyper("auto", (str, int),
-                             lambda v: v == "auto" or (not isinstance(v, str) and v >= 1),
-                             "an integer >= 1 or 'auto'",
-                             "SGD steps on v_i per round; 'auto' = the configured local "
-                             "steps/epochs (as the paper, s = local epochs of w)")},
+    params=DittoParams,
     privacy=Decision("the global-model copy w_i (v_i never leaves)", None, None),
+    mechanism=Mechanism("Ditto", "personal v_i carried over from an earlier round",
+                        "v_i starts at the global model; an untrained client evaluates w"),
+    wire=(DittoFit,),
 )
 
 
@@ -204,21 +285,11 @@ PERFEDAVG = Entry(
     "Per-FedAvg (Fallah et al., NeurIPS 2020): MAML meta-update with separate mini-batches; "
     "FO or HF variant; personalized = global + `personal-steps` SGD steps of size alpha on "
     "the client's training data.",
-    {"variant": Hyper("fo", (str,), lambda v: v in ("fo", "hf"), "one of ['fo', 'hf']",
-                      "first-order (FO) or Hessian-free (HF) meta-gradient; FO is the one "
-                      "Self-FL and the pFedMe comparisons run"),
-     "alpha": Hyper(0.05, NUM, POS, "a number > 0 (alpha = 0 is FedAvg)",
-                    "inner (personalization) step size alpha; beta is train.lr. Not a "
-                    "paper value (Fallah et al. tune alpha, beta per task): 0.05 = the "
-                    "default train.lr, so the personalization step is one ordinary SGD "
-                    "step"),
-     "delta": Hyper(0.001, NUM, POS, "a number > 0",
-                    "finite-difference step of the HF Hessian-vector product"),
-     "personal-steps": Hyper(1, (int,), POS, "an integer >= 1",
-                             "SGD steps from the global model before personalized "
-                             "evaluation (the paper: one step)")},
+    params=PerFedAvgParams,
     refuses=refusals(PERFEDAVG_REFUSES),
-    privacy=Decision(WHOLE_MODEL, None, OWN_LOOP.format(what="Per-FedAvg's meta-gradient step")),
+    privacy=Decision(WHOLE_MODEL, None,
+                     OWN_LOOP.format(what="Per-FedAvg's meta-gradient step")),
+    wire=(PerFedAvgFit, PerFedAvgEval),
 )
 
 ENTRIES = [FEDAVG, LOCAL, FEDAVG_FT, FEDPROX, FEDPROX_FT, SCAFFOLD, APFL, DITTO, PERFEDAVG]

@@ -10,53 +10,116 @@ The choices the paper leaves open, and the runs: docs/algorithms/pfedbred.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from flower_pfl.catalog import refusals
-from flower_pfl.contract import OWN_LOOP, WHOLE_MODEL, Decision, Entry
-from flower_pfl.hyper import NUM, POS, Hyper
+from flower_pfl.contract import (
+    OWN_LOOP,
+    POS,
+    WHOLE_MODEL,
+    Decision,
+    Entry,
+    Mechanism,
+    Params,
+    in_,
+    param,
+)
 from flower_pfl.instructions import Reply, Wire
 from flower_pfl.instructions import key as wire_key
 
 _PAPER = "pFedBreD section 6.1 'Hyperparameter Settings'"
 
-_BETA = Hyper(1.0, NUM, lambda v: v > 0,
-              "a number > 0 (beta = 0 would freeze the global model: w(t) = w(t-1); "
-              "beta > 1 extrapolates as pFedMe does)",
-              f"beta of line 12, w(t) = (1-beta) w(t-1) + beta mean_i w_iR; 1 ({_PAPER})")
 
-def _theta_init(default: str) -> Hyper:
-    return Hyper(default, (str,), lambda v: v in ("carry", "restart"),
-                 "one of ['carry', 'restart']",
+def _theta_init(default: str) -> Any:
+    return param(default, in_(("carry", "restart")), "one of ['carry', 'restart']",
                  f"theta's start each round: carry = theta_iR of the client's last round "
                  f"(pFedBreD's Algorithm 1 line 5), restart = the received w (Dinh et al.'s "
                  f"pFedMe); {default} here")
 
 
-COMMON = {
-    "lambda": Hyper(15.0, NUM, POS, "a number > 0",
-                    f"lambda, prox / prior weight of eq. 12; 15 ({_PAPER}: chosen from 15-60; "
-                    f"15 is the lower end)"),
-    "alpha": Hyper(0.01, NUM, POS, "a number > 0",
-                   f"alpha, personal step of the K prox SGD steps (line 8); 0.01 ({_PAPER})"),
-    "alpha-m": Hyper(0.01, NUM, POS, "a number > 0",
-                     f"alpha_m, main-problem step of line 9; 0.01 ({_PAPER})"),
-    "beta": _BETA,
-    "local-iterations": Hyper(20, (int,), POS, "an integer >= 1",
-                              f"R, local iterations per round, one mini-batch each; 20 ({_PAPER})"),
-    "prox-steps": Hyper(5, (int,), POS, "an integer >= 1",
-                        f"K, SGD steps of the approximate prox mapping (line 8); 5 ({_PAPER}: "
-                        f"'number of proximal iterations')"),
-    "batch-size": Hyper(20, (int,), POS, "an integer >= 1",
-                        f"mini-batch size of each local iteration; 20 ({_PAPER}, non-Sent140). "
-                        f"train.batch-size/lr/epochs/steps are refused for this family "
-                        f"(docs/training.md)"),
-    "theta-init": _theta_init("carry"),
-    "weighting": Hyper("uniform", (str,), lambda v: v in ("uniform", "samples"),
-                       "one of ['uniform', 'samples']",
-                       "E_I of line 12: uniform mean over the sampled clients (the paper's "
-                       "uniform sampling) or the sample-weighted mean"),
-}
+# The parameters.  A dataclass's fields are ordered from its last base to its first (the
+# reverse of the MRO), then its own: FixedPriorParams(EnvelopeParams, MetaStepParams) holds
+# the meta-step's keys, then the envelope's; PFedBreDParams puts 'prior' before both.
+@dataclass(frozen=True)
+class EnvelopeParams(Params):
+    """The keys of the whole family (pFedMe's and pFedBreD's bi-level solver, section 6.1);
+    pFedBreD's theta-init default (carry)."""
+
+    lambda_: float = param(15.0, POS, "a number > 0",
+                           f"lambda, prox / prior weight of eq. 12; 15 ({_PAPER}: chosen from "
+                           f"15-60; 15 is the lower end)")
+    alpha: float = param(0.01, POS, "a number > 0",
+                         f"alpha, personal step of the K prox SGD steps (line 8); 0.01 "
+                         f"({_PAPER})")
+    alpha_m: float = param(0.01, POS, "a number > 0",
+                           f"alpha_m, main-problem step of line 9; 0.01 ({_PAPER})")
+    beta: float = param(1.0, POS,
+                        "a number > 0 (beta = 0 would freeze the global model: w(t) = w(t-1); "
+                        "beta > 1 extrapolates as pFedMe does)",
+                        f"beta of line 12, w(t) = (1-beta) w(t-1) + beta mean_i w_iR; 1 "
+                        f"({_PAPER})")
+    local_iterations: int = param(20, POS, "an integer >= 1",
+                                  f"R, local iterations per round, one mini-batch each; 20 "
+                                  f"({_PAPER})")
+    prox_steps: int = param(5, POS, "an integer >= 1",
+                            f"K, SGD steps of the approximate prox mapping (line 8); 5 "
+                            f"({_PAPER}: 'number of proximal iterations')")
+    batch_size: int = param(20, POS, "an integer >= 1",
+                            f"mini-batch size of each local iteration; 20 ({_PAPER}, "
+                            f"non-Sent140). train.batch-size/lr/epochs/steps are refused for "
+                            f"this family (docs/training.md)")
+    theta_init: Literal["carry", "restart"] = _theta_init("carry")
+    weighting: Literal["uniform", "samples"] = param(
+        "uniform", in_(("uniform", "samples")), "one of ['uniform', 'samples']",
+        "E_I of line 12: uniform mean over the sampled clients (the paper's uniform sampling) "
+        "or the sample-weighted mean")
+
+
+@dataclass(frozen=True)
+class PFedMeParams(EnvelopeParams):
+    """hyper.pfedme: the family's keys, theta restarting at w each round (Dinh et al.)."""
+
+    theta_init: Literal["carry", "restart"] = _theta_init("restart")
+
+
+@dataclass(frozen=True)
+class MetaStepParams(Params):
+    """The meta-step's keys (eq. 14) and line 9's envelope gradient."""
+
+    eta: float = param(0.05, lambda v: v >= 0, "a number >= 0",
+                       f"eta, meta-step size of the memorized envelope gradient in eq. 14 (meg, "
+                       f"mh); 0.05 ({_PAPER}). 0 switches meg off (= pFedMe; warned)")
+    eta_alpha: float = param(0.01, lambda v: v >= 0, "a number >= 0",
+                             f"eta_alpha, meta-step size of the loss gradient in eq. 14 (lg, "
+                             f"mh); 0.01 ({_PAPER}). 0 switches lg off (= pFedMe; warned)")
+    envelope: Literal["mu", "w"] = param(
+        "mu", in_(("mu", "w")), "one of ['mu', 'w']",
+        "line 9's envelope gradient: lambda (mu - theta), eq. 13 as printed and as the "
+        "authors' code, or lambda (w - theta), pFedMe's form")
+
+
+@dataclass(frozen=True)
+class FixedPriorParams(EnvelopeParams, MetaStepParams):
+    """hyper.pfedbred-<prior> (lg, meg, mh, mh-lookahead): the meta-step's keys, then the
+    family's."""
+
+
+@dataclass(frozen=True)
+class PriorParams(Params):
+    """The prior pfedbred chooses by its hyper-parameter."""
+
+    prior: Literal["lg", "meg", "mh", "mh-lookahead"] = param(
+        "mh", in_(("lg", "meg", "mh", "mh-lookahead")),
+        "one of ['lg', 'meg', 'mh', 'mh-lookahead']",
+        "meta-step of eq. 14: loss gradient, memorized envelope gradient, or memorized hybrid "
+        "(both); mh is the paper's main method (Table 1); mh-lookahead: the authors' code's "
+        "mh (a look-ahead gradient on a second batch applied to w, then the meg term)")
+
+
+@dataclass(frozen=True)
+class PFedBreDParams(FixedPriorParams, PriorParams):
+    """hyper.pfedbred: 'prior', then the keys of a fixed prior's entry."""
+
 
 _SOLVER = ("pFedBreD / pFedMe (Alg. 1 lines 6-10) run their own bi-level solver: K plain SGD "
            "steps of size alpha on f_i(theta) + lambda/2 ||theta - mu||^2, then w -= alpha_m "
@@ -88,27 +151,17 @@ def refuses(name: str) -> dict[str, str]:
     })
 
 
-_ETA = Hyper(0.05, NUM, lambda v: v >= 0, "a number >= 0",
-             f"eta, meta-step size of the memorized envelope gradient in eq. 14 (meg, mh); "
-             f"0.05 ({_PAPER}). 0 switches meg off (= pFedMe; warned)")
-_ETA_ALPHA = Hyper(0.01, NUM, lambda v: v >= 0, "a number >= 0",
-                   f"eta_alpha, meta-step size of the loss gradient in eq. 14 (lg, mh); "
-                   f"0.01 ({_PAPER}). 0 switches lg off (= pFedMe; warned)")
-_ENVELOPE = Hyper("mu", (str,), lambda v: v in ("mu", "w"), "one of ['mu', 'w']",
-                  "line 9's envelope gradient: lambda (mu - theta), eq. 13 as printed and as "
-                  "the authors' code, or lambda (w - theta), pFedMe's form")
-META = {"eta": _ETA, "eta-alpha": _ETA_ALPHA, "envelope": _ENVELOPE}
-
-
 def _stability(values: Mapping[str, Any], hyper: Mapping[str, Any]) -> list[str]:
     """Explicit SGD on lambda/2||theta - mu||^2 (step alpha) and line 9 (step alpha_m) multiply
     the gap by (1 - step*lambda): at step*lambda >= 1 they overshoot (>= 2: diverge)."""
     problems = []
+    lam = hyper.get("lambda")  # validated: present
     for key in ("alpha", "alpha-m"):
-        if hyper[key] * hyper["lambda"] >= 1.0:
-            problems.append(f"'{key}' * 'lambda' = {hyper[key] * hyper['lambda']:.3g} >= 1: the "
-                            f"step overshoots the prox centre (gap multiplied by 1 - {key}*lambda);"
-                            f" lower {key} or lambda")
+        product = hyper[key] * lam
+        if product >= 1.0:
+            problems.append(f"'{key}' * 'lambda' = {product:.3g} >= 1: the step overshoots "
+                            f"the prox centre (gap multiplied by 1 - {key}*lambda); lower {key} "
+                            f"or lambda")
     return problems
 
 
@@ -153,31 +206,32 @@ class PFedBreDReply(Reply):
     w_theta_gap: float | None = None  # ||w_i - theta_i|| (always sent; report only)
 
 
-
-
 #: every variant's DP decision: the whole model leaves; the client's own inner loop
 ENVELOPE = Decision(WHOLE_MODEL, None, OWN_LOOP.format(what="the Moreau-envelope inner loop"))
+
+#: every pFedBreD variant's mechanism (pFedMe, theta-init restart, has none: nothing of an
+#: earlier round enters a fit)
+CARRIED = Mechanism(
+    "pFedBreD", "theta_i (theta-init: carry) and, for meg/mh, the memorized w_i carried "
+    "over from an earlier round", "both start at the received w")
 
 PFEDBRED = Entry(
     "pfedbred",
     "prior chosen by hyper 'prior' (lg | meg | mh | mh-lookahead; default mh). " + _SUMMARY,
-    {"prior": Hyper("mh", (str,), lambda v: v in ("lg", "meg", "mh", "mh-lookahead"),
-                    "one of ['lg', 'meg', 'mh', 'mh-lookahead']",
-                    "meta-step of eq. 14: loss gradient, memorized envelope gradient, or "
-                    "memorized hybrid (both); mh is the paper's main method (Table 1); "
-                    "mh-lookahead: the authors' code's mh (a look-ahead gradient on a "
-                    "second batch applied to w, then the meg term)"),
-     **META, **COMMON},
+    params=PFedBreDParams,
     cross_check=_stability, refuses=refuses("pfedbred"),
     privacy=ENVELOPE,
+    mechanism=CARRIED,
+    wire=(PFedBreDFit, PFedBreDReply),
 )
 
 
 def _fixed_prior(prior: str) -> Entry:
     """``pfedbred-<prior>``: pFedBreD with its prior fixed (no 'prior' hyper-parameter)."""
-    return Entry(f"pfedbred-{prior}", f"{_PRIORS[prior]}. " + _SUMMARY, {**META, **COMMON},
+    return Entry(f"pfedbred-{prior}", f"{_PRIORS[prior]}. " + _SUMMARY,
+                 params=FixedPriorParams,
                  cross_check=_stability, refuses=refuses(f"pfedbred-{prior}"),
-                 privacy=ENVELOPE)
+                 privacy=ENVELOPE, mechanism=CARRIED, wire=(PFedBreDFit, PFedBreDReply))
 
 
 PFEDBRED_LG = _fixed_prior("lg")
@@ -188,9 +242,10 @@ PFEDME = Entry(
     "pfedme",
     "pFedMe (Dinh et al., NeurIPS 2020): no prior, mu = w (Moreau envelope, no "
     "meta-step; pFedBreD's 'Non-PP' row), theta restarts at w each round.",
-    {**COMMON, "theta-init": _theta_init("restart")},
+    params=PFedMeParams,
     cross_check=_stability, refuses=refuses("pfedme"),
     privacy=ENVELOPE,
+    wire=(PFedBreDFit, PFedBreDReply),
 )
 
 ENTRIES = [PFEDBRED, PFEDBRED_LG, PFEDBRED_MEG, PFEDBRED_MH, PFEDBRED_MH_LOOKAHEAD, PFEDME]

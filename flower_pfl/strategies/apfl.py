@@ -10,7 +10,6 @@ by the registry.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -18,29 +17,14 @@ from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
 from flower_pfl.catalog.baselines import APFLInstruction
-from flower_pfl.contract import Mechanism
 from flower_pfl.instructions import Scalar as InstructionScalar
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
-from flower_pfl.strategies.hyper_view import HyperView
-
-
-@dataclass(frozen=True)
-class APFLHyper:
-    """hyper.apfl (flower_pfl/catalog/baselines.py)."""
-
-    alpha_init: float  # the mixing weight alpha_i before it is adapted
-    alpha_lr: float  # alpha_i's step size
-    adapt_alpha: bool  # whether alpha_i is adapted (eq. 10)
 
 
 @strategy_for(catalog.APFL)
 class APFL(FedAvg):
-    mechanism = Mechanism("APFL", "v_i and the adapted alpha_i carried over from an earlier "
-                          "round", "v_i = w and alpha_i = alpha-init; an untrained client "
-                          "evaluates w")
-
-    apfl_hyper = HyperView(APFLHyper)
+    params: catalog.APFLParams
 
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
@@ -53,6 +37,6 @@ class APFL(FedAvg):
         return arrays, {**extra, **self._alpha_config()}
 
     def _alpha_config(self) -> dict[str, InstructionScalar]:
-        hp = self.apfl_hyper
+        hp = self.params
         return APFLInstruction(alpha_init=hp.alpha_init, alpha_lr=hp.alpha_lr,
                                adapt_alpha=hp.adapt_alpha).to_config()

@@ -9,7 +9,6 @@ evaluated every evaluation round: Ditto-P (v_i, the personalized column) and Dit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -17,32 +16,19 @@ from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
 from flower_pfl.catalog.baselines import DittoFit
-from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
-from flower_pfl.strategies.hyper_view import HyperView
-
-
-@dataclass(frozen=True)
-class DittoHyper:
-    """hyper.ditto (flower_pfl/catalog/baselines.py)."""
-
-    lambda_: float  # the personal objective's pull toward the global model
-    personal_steps: int | str  # steps on v_i, or 'auto'
 
 
 @strategy_for(catalog.DITTO)
 class Ditto(FedAvg):
-    mechanism = Mechanism("Ditto", "personal v_i carried over from an earlier round",
-                          "v_i starts at the global model; an untrained client evaluates w")
-
-    ditto_hyper = HyperView(DittoHyper)
+    params: catalog.DittoParams
 
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         arrays, extra = super().fit_payload(pid, server_round)
-        steps = self.ditto_hyper.personal_steps
-        return arrays, {**extra, **DittoFit(lam=self.ditto_hyper.lambda_,
+        steps = self.params.personal_steps
+        return arrays, {**extra, **DittoFit(lam=self.params.lambda_,
                                             # a string is 'auto' (validated)
                                             personal_steps=0 if isinstance(steps, str) else steps
                                             ).to_config()}

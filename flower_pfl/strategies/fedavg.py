@@ -7,7 +7,6 @@ same way; its clients fine-tune the global model before personalized evaluation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -19,14 +18,6 @@ from flower_pfl.catalog.baselines import FineTuneEval
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import PersonalizedStrategy
 from flower_pfl.strategies.federation import ClientUpdate
-from flower_pfl.strategies.hyper_view import HyperView
-
-
-@dataclass(frozen=True)
-class FineTuneHyper:
-    """hyper.<fedavg-ft | fedprox-ft> (flower_pfl/catalog/baselines.py)."""
-
-    finetune_steps: int  # local steps on the global model before evaluation
 
 
 @strategy_for(catalog.FEDAVG)
@@ -42,10 +33,10 @@ class FedAvg(PersonalizedStrategy):
 class FedAvgFT(FedAvg):
     """FedAvg whose clients fine-tune the global model before personalized evaluation."""
 
-    ft_hyper = HyperView(FineTuneHyper)
+    params: catalog.FedAvgFTParams
 
     def eval_payload(self, pid: int, server_round: int
                      ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         arrays, extra = super().eval_payload(pid, server_round)
         return arrays, {**extra,
-                        **FineTuneEval(finetune_steps=self.ft_hyper.finetune_steps).to_config()}
+                        **FineTuneEval(finetune_steps=self.params.finetune_steps).to_config()}

@@ -12,7 +12,6 @@ the global model for ``finetune-steps`` SGD steps (FedAvg-FT's evaluation, share
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -22,26 +21,20 @@ from flower_pfl.catalog import baselines as catalog
 from flower_pfl.catalog.baselines import FedProxFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
-from flower_pfl.strategies.hyper_view import HyperView
-
-
-@dataclass(frozen=True)
-class FedProxHyper:
-    """hyper.<fedprox | fedprox-ft> (flower_pfl/catalog/baselines.py)."""
-
-    mu: float  # the proximal term's weight
 
 
 @strategy_for(catalog.FEDPROX)
 class FedProx(FedAvg):
-    prox_hyper = HyperView(FedProxHyper)
+    params: catalog.FedProxParams
 
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         arrays, extra = super().fit_payload(pid, server_round)
-        return arrays, {**extra, **FedProxFit(mu=self.prox_hyper.mu).to_config()}
+        return arrays, {**extra, **FedProxFit(mu=self.params.mu).to_config()}
 
 
 @strategy_for(catalog.FEDPROX_FT)
 class FedProxFT(FedProx, FedAvgFT):
     """FedProx.fit_payload (mu) + FedAvgFT.eval_payload (finetune-steps)."""
+
+    params: catalog.FedProxFTParams

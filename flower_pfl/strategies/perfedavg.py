@@ -10,7 +10,6 @@ steps of size alpha on its training data (Per-FedAvg-P) and the global model its
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -20,33 +19,22 @@ from flower_pfl.catalog import baselines as catalog
 from flower_pfl.catalog.baselines import PerFedAvgEval, PerFedAvgFit
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
-from flower_pfl.strategies.hyper_view import HyperView
-
-
-@dataclass(frozen=True)
-class PerFedAvgHyper:
-    """hyper.perfedavg (flower_pfl/catalog/baselines.py)."""
-
-    variant: str  # 'fo' or 'hf'
-    alpha: float  # the inner (personal) step size
-    delta: float  # the Hessian-free variant's finite-difference step
-    personal_steps: int  # personal steps before evaluation
 
 
 @strategy_for(catalog.PERFEDAVG)
 class PerFedAvg(FedAvg):
-    perfedavg_hyper = HyperView(PerFedAvgHyper)
+    params: catalog.PerFedAvgParams
 
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         arrays, extra = super().fit_payload(pid, server_round)
-        hp = self.perfedavg_hyper
+        hp = self.params
         return arrays, {**extra, **PerFedAvgFit(variant=hp.variant, alpha=hp.alpha,
                                                 delta=hp.delta).to_config()}
 
     def eval_payload(self, pid: int, server_round: int
                      ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         arrays, extra = super().eval_payload(pid, server_round)
-        hp = self.perfedavg_hyper
+        hp = self.params
         return arrays, {**extra, **PerFedAvgEval(alpha=hp.alpha,
                                                  personal_steps=hp.personal_steps).to_config()}

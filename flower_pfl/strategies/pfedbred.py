@@ -31,50 +31,61 @@ from flwr.common.logger import log
 from flower_pfl.catalog import pfedbred as catalog
 from flower_pfl.catalog.pfedbred import PFedBreDFit, PFedBreDReply
 from flower_pfl.config import RunConfig
-from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 
 @strategy_for(catalog.PFEDBRED)
 class PFedBreD(PersonalizedStrategy):
-    mechanism: Mechanism | None = Mechanism(
-        "pFedBreD", "theta_i (theta-init: carry) and, for meg/mh, the memorized w_i carried "
-        "over from an earlier round", "both start at the received w")
+    #: pfedbred: PFedBreDParams; pfedbred-<prior>: FixedPriorParams; pfedme: PFedMeParams
+    params: catalog.EnvelopeParams
     #: the meta-step of eq. 14; None: read ``hyper.prior`` (convenience names fix it)
     fixed_prior: str | None = None
 
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
                  results_dir: str | Path | None = None) -> None:
         super().__init__(cfg, initial_arrays, results_dir)
-        self.prior = self.fixed_prior or str(self.hyper["prior"])
+        self.prior = self.fixed_prior or self.chosen_prior()
+        meta = self.meta_step()
+        sizes = {"eta": meta.eta, "eta-alpha": meta.eta_alpha} if meta is not None else {}
         off = {"lg": ["eta-alpha"], "meg": ["eta"], "mh": ["eta", "eta-alpha"],
                "mh-lookahead": ["eta", "eta-alpha"]}.get(self.prior, [])
-        if off and all(float(self.hyper[k]) == 0.0 for k in off):
+        if off and all(float(sizes[k]) == 0.0 for k in off):
             log(WARNING, "[flower-pfl] %s: %s = 0 switches the meta-step off (mu = w): this "
                 "run is pFedMe, not pFedBreD-%s", cfg.strategy, " = ".join(off), self.prior)
 
+    def chosen_prior(self) -> str:
+        """``hyper.pfedbred.prior`` (only the name ``pfedbred`` leaves the prior open)."""
+        assert isinstance(self.params, catalog.PFedBreDParams), (
+            f"{type(self).__name__} fixes no prior and {type(self.params).__name__} holds none")
+        return self.params.prior
+
+    def meta_step(self) -> catalog.MetaStepParams | None:
+        """eta, eta-alpha and envelope (eq. 14, line 9); None for pFedMe, which has none."""
+        return self.params if isinstance(self.params, catalog.MetaStepParams) else None
+
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        h = self.hyper
+        p, meta = self.params, self.meta_step()
         assert self.global_arrays is not None, "initialize_parameters sets the global model"
         return self.global_arrays, PFedBreDFit(
-            lam=h["lambda"], alpha=h["alpha"], alpha_m=h["alpha-m"],
-            local_iterations=h["local-iterations"], prox_steps=h["prox-steps"],
-            batch_size=h["batch-size"], theta_init=h["theta-init"], prior=self.prior,
-            eta=h.get("eta", 0.0), envelope=h.get("envelope", "mu"),
-            eta_alpha=h.get("eta-alpha", 0.0)).to_config()
+            lam=p.lambda_, alpha=p.alpha, alpha_m=p.alpha_m,
+            local_iterations=p.local_iterations, prox_steps=p.prox_steps,
+            batch_size=p.batch_size, theta_init=p.theta_init, prior=self.prior,
+            eta=meta.eta if meta is not None else 0.0,
+            envelope=meta.envelope if meta is not None else "mu",
+            eta_alpha=meta.eta_alpha if meta is not None else 0.0).to_config()
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         from flower_pfl.algorithms import pfedbred_math as pm  # torch: imported at use, so
         # that importing the strategy modules stays torch-free (strategies/index.py)
 
         weights: list[float] | None = None
-        if self.hyper["weighting"] == "samples":
+        if self.params.weighting == "samples":
             weights = [u.num_examples for u in updates]
         assert self.global_arrays is not None, "initialize_parameters sets the global model"
         self.global_arrays = pm.server_update(self.global_arrays, [u.arrays for u in updates],
-                                              float(self.hyper["beta"]), weights)
+                                              float(self.params.beta), weights)
         gaps = [gap for u in updates
                 if (gap := PFedBreDReply.from_config(u.metrics).w_theta_gap) is not None]
         if gaps:
@@ -83,28 +94,32 @@ class PFedBreD(PersonalizedStrategy):
 
 @strategy_for(catalog.PFEDBRED_LG)
 class PFedBreDLG(PFedBreD):
+    params: catalog.FixedPriorParams
     fixed_prior = "lg"
 
 
 @strategy_for(catalog.PFEDBRED_MEG)
 class PFedBreDMEG(PFedBreD):
+    params: catalog.FixedPriorParams
     fixed_prior = "meg"
 
 
 @strategy_for(catalog.PFEDBRED_MH)
 class PFedBreDMH(PFedBreD):
+    params: catalog.FixedPriorParams
     fixed_prior = "mh"
 
 
 @strategy_for(catalog.PFEDBRED_MH_LOOKAHEAD)
 class PFedBreDMHLookahead(PFedBreD):
+    params: catalog.FixedPriorParams
     fixed_prior = "mh-lookahead"
 
 
 @strategy_for(catalog.PFEDME)
 class PFedMe(PFedBreD):
-    """pFedMe = the same framework with mu = w (no meta-step)."""
+    """pFedMe = the same framework with mu = w (no meta-step); its contract declares no
+    mechanism (theta-init: restart -- nothing of an earlier round enters a fit)."""
 
-    mechanism = None  # theta-init: restart -- nothing of an earlier round enters a fit
-
+    params: catalog.PFedMeParams
     fixed_prior = "none"

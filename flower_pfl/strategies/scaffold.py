@@ -26,7 +26,6 @@ import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
-from flower_pfl.contract import Mechanism
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
@@ -38,8 +37,7 @@ from flower_pfl.strategies.base import ClientUpdate, PersonalizedStrategy
 
 @strategy_for(catalog.SCAFFOLD)
 class Scaffold(PersonalizedStrategy):
-    mechanism = Mechanism("SCAFFOLD", "its control variate c_i from an earlier round",
-                          "c_i = 0: the correction is c alone")
+    params: catalog.ScaffoldParams
     #: the server control variate c
     checkpointed = ("control",)
 
@@ -73,6 +71,6 @@ class Scaffold(PersonalizedStrategy):
         assert self.global_arrays is not None, "initialize_parameters sets the global model"
         self.global_arrays, self.control = scaffold_server(
             self.global_arrays, self.control, [u.arrays for u in updates], dcs,
-            [u.num_examples for u in updates], self.num_clients, float(self.hyper["global-lr"]))
+            [u.num_examples for u in updates], self.num_clients, float(self.params.global_lr))
         self.log_server(control_norm=float(np.sqrt(sum((c.astype(np.float64) ** 2).sum()
                                                        for c in self.control))))
