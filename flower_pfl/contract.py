@@ -215,9 +215,7 @@ class Entry:
 
     name: str
     summary: str
-    #: TRANSITIONAL: an old-style ``{key: Hyper}`` table, until the contract declares Params
-    legacy_hyper: Mapping[str, Hyper] | None = None
-    privacy: Decision | None = None
+    privacy: Decision
     params: type[Params] = Params
     mechanism: Mechanism | None = None
     newcomer: Newcomer | None = None
@@ -233,8 +231,6 @@ class Entry:
     @property
     def hyper(self) -> dict[str, Hyper]:
         """``{key: Hyper}``: the parameters' table (:meth:`Params.hyper`)."""
-        if self.legacy_hyper is not None:
-            return dict(self.legacy_hyper)
         return self.params.hyper()
 
     def validate_hyper(self, params: Mapping[str, Any], prefix: str

@@ -73,18 +73,6 @@ def check_value(name: str, value: Any, types: tuple[type, ...],
     return value, None
 
 
-# TRANSITIONAL (removed when every contract declares Params): the old Hyper tables' helpers
-POS = lambda v: v > 0  # noqa: E731
-NUM = (float, int)
-
-
-def auto_or_positive(doc: str) -> Hyper:
-    """A hyper-parameter that is a positive number or 'auto' (a documented rule)."""
-    return Hyper("auto", (str, float, int),
-                 lambda v: v == "auto" or (not isinstance(v, str) and v > 0),
-                 "a number > 0 or 'auto'", doc)
-
-
 # --------------------------------------------- reading values as people write them (YAML)
 class StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last)

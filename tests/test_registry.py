@@ -72,13 +72,13 @@ def test_every_module_that_binds_is_listed_in_its_index():
 
 
 def test_a_wrong_binding_is_refused_when_its_module_is_imported():
-    from flower_pfl.contract import Entry
+    from flower_pfl.contract import Decision, Entry
 
     fedavg = registry.strategy_class("fedavg")
     with pytest.raises(TypeError, match="ENTRIES"):  # an entry not in the catalog
-        registry.strategy_for(Entry("fedavg", "a copy"))
+        registry.strategy_for(Entry("fedavg", "a copy", Decision("w", None, None)))
     with pytest.raises(TypeError, match="@client_for.*ENTRIES"):  # likewise for a client
-        registry.client_for(Entry("fedavg", "a copy"))
+        registry.client_for(Entry("fedavg", "a copy", Decision("w", None, None)))
     with pytest.raises(RuntimeError, match="bound twice"):  # a second class for one entry
         registry.strategy_for(baselines.FEDAVG)(type("Other", (fedavg,), {}))
     with pytest.raises(RuntimeError, match="one class per strategy"):  # one class, two entries

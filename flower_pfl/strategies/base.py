@@ -89,7 +89,6 @@ from flower_pfl.strategies.federation import (  # noqa: F401 - re-exported (test
     TaggedProxy,
     failure_reason,
 )
-from flower_pfl.strategies.hyper_view import read_views
 from flower_pfl.strategies.mechanism import MechanismCount
 from flower_pfl.strategies.nodes import WAIT_FOR_NODES_S, NodeTracking  # noqa: F401
 from flower_pfl.strategies.payloads import FitPayloads
@@ -164,12 +163,10 @@ class PersonalizedStrategy(NodeTracking, FitPayloads, UploadAcceptance, PrivateR
         self.upload_spec: ParamSpec | None = None  # the model part of an upload
         self.mechanism_count = MechanismCount()  # client-rounds that used ``mechanism``
         self.ray_cluster_said = False  # flower_pfl.raynode.cluster_line, logged once
-        read_views(self)  # each typed hyper-parameter view (hyper_view.py), now
         #: the paper's contract (flower_pfl/catalog/<paper>.py) and its parameters, read once
         self.entry = registry.get(cfg.strategy)
         self.params = self.entry.params.read(self.hyper)
-        if self.entry.mechanism is not None:
-            self.mechanism = self.entry.mechanism
+        self.mechanism = self.entry.mechanism
 
     # ------------------------------------------------------------------ subclass hooks
     def setup(self, initial_arrays: list[np.ndarray]) -> None:
