@@ -1,7 +1,8 @@
 """Every module of flower_pfl/clients that binds a client (``@client_for``), imported by
 name: :func:`flower_pfl.registry.client_class` imports this module (clients train, so this
-imports torch), and with it every client class is bound.  Each client module imports the
-strategy classes it serves.  tests/test_registry.py checks that every module of the package
+imports torch), and with it every client class is bound.  Each client module binds to the
+contracts it serves (``@client_for(<paper>.<NAME>)``) and imports no strategy module.
+tests/test_registry.py checks that every module of the package
 that binds a client is listed here (a module left out would leave its strategies without a
 client).
 """
