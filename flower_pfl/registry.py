@@ -73,28 +73,34 @@ def get(name: str) -> Entry:
     return REGISTRY[name]
 
 
-def _check_entry(entry: object, decorator: str) -> Entry:
+def _checked(entry: object, decorator: str) -> Entry:
+    """``entry``, refused unless it is an Entry of the catalog."""
     if not isinstance(entry, Entry) or REGISTRY.get(entry.name) is not entry:
         raise TypeError(f"@{decorator} takes an Entry of a catalog module's ENTRIES "
                         f"(flower_pfl/catalog/<paper>.py), got {entry!r:.80}")
     return entry
 
 
+def _bind(table: dict[str, type], entry: Entry, cls: type, twice: str) -> None:
+    """``table[entry.name] = cls``, refusing a second class for one entry (``twice``: what
+    the error calls that)."""
+    other = table.get(entry.name)
+    if other is not None and other is not cls:
+        raise RuntimeError(f"strategy '{entry.name}' {twice}: {_path(other)} and {_path(cls)}")
+    table[entry.name] = cls
+
+
 def strategy_for(entry: Entry) -> Callable[[T], T]:
     """Class decorator: bind a Strategy class to its catalog entry (one class per entry,
     one entry per class)."""
-    _check_entry(entry, "strategy_for")
+    _checked(entry, "strategy_for")
 
     def bind(cls: T) -> T:
         named = [n for n, c in _STRATEGY.items() if c is cls and n != entry.name]
         if named:
             raise RuntimeError(f"{_path(cls)} is bound to '{named[0]}' and to '{entry.name}': "
                                f"one class per strategy (subclass it for the second)")
-        other = _STRATEGY.get(entry.name)
-        if other is not None and other is not cls:
-            raise RuntimeError(f"strategy '{entry.name}' is bound twice: to "
-                               f"{_path(other)} and to {_path(cls)}")
-        _STRATEGY[entry.name] = cls
+        _bind(_STRATEGY, entry, cls, "is bound twice, to")
         return cls
     return bind
 
@@ -102,16 +108,11 @@ def strategy_for(entry: Entry) -> Callable[[T], T]:
 def client_for(*entries: Entry) -> Callable[[T], T]:
     """Class decorator: bind a client class to the catalog entries it serves (each entry has
     one client; a client may serve several entries)."""
-    for entry in entries:
-        _check_entry(entry, "client_for")
+    checked = [_checked(entry, "client_for") for entry in entries]
 
     def bind(cls: T) -> T:
-        for entry in entries:
-            other = _CLIENT.get(entry.name)
-            if other is not None and other is not cls:
-                raise RuntimeError(f"strategy '{entry.name}' has two clients: {_path(other)} "
-                                   f"and {_path(cls)}")
-            _CLIENT[entry.name] = cls
+        for entry in checked:
+            _bind(_CLIENT, entry, cls, "has two clients")
         return cls
     return bind
 

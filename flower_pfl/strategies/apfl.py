@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
-import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
 from flower_pfl.catalog.baselines import APFLInstruction
-from flower_pfl.instructions import Scalar as InstructionScalar
 from flower_pfl.registry import strategy_for
 from flower_pfl.strategies.fedavg import FedAvg
 
@@ -26,17 +24,9 @@ from flower_pfl.strategies.fedavg import FedAvg
 class APFL(FedAvg):
     params: catalog.APFLParams
 
-    def fit_payload(self, pid: int, server_round: int
-                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        arrays, extra = super().fit_payload(pid, server_round)
-        return arrays, {**extra, **self._alpha_config()}
-
-    def eval_payload(self, pid: int, server_round: int
-                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        arrays, extra = super().eval_payload(pid, server_round)
-        return arrays, {**extra, **self._alpha_config()}
-
-    def _alpha_config(self) -> dict[str, InstructionScalar]:
-        hp = self.params
+    def fit_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
+        hp = self.params  # the same instruction for fit and evaluation
         return APFLInstruction(alpha_init=hp.alpha_init, alpha_lr=hp.alpha_lr,
                                adapt_alpha=hp.adapt_alpha).to_config()
+
+    eval_config = fit_config

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Mapping
 
-import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
@@ -24,11 +23,8 @@ from flower_pfl.strategies.fedavg import FedAvg
 class Ditto(FedAvg):
     params: catalog.DittoParams
 
-    def fit_payload(self, pid: int, server_round: int
-                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        arrays, extra = super().fit_payload(pid, server_round)
+    def fit_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
         steps = self.params.personal_steps
-        return arrays, {**extra, **DittoFit(lam=self.params.lambda_,
-                                            # a string is 'auto' (validated)
-                                            personal_steps=0 if isinstance(steps, str) else steps
-                                            ).to_config()}
+        return DittoFit(lam=self.params.lambda_,
+                        personal_steps=0 if isinstance(steps, str) else steps  # str: 'auto'
+                        ).to_config()

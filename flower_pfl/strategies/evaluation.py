@@ -56,8 +56,14 @@ class EvaluationReporting(StrategyState):
 
     def eval_payload(self, pid: int, server_round: int
                      ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        """Arrays and extra config for evaluation (default: the global model)."""
-        return self.global_arrays or [], {}
+        """Arrays and config for evaluation (default: the global model and
+        :meth:`eval_config`)."""
+        return self.global_arrays or [], self.eval_config(pid, server_round)
+
+    def eval_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
+        """The paper's instruction for client ``pid``'s evaluation (e.g. FedAvg-FT's
+        fine-tuning steps).  Default: none."""
+        return {}
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:

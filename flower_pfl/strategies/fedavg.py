@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Mapping
 
-import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.algorithms.fedavg_math import weighted_average
@@ -35,8 +34,5 @@ class FedAvgFT(FedAvg):
 
     params: catalog.FedAvgFTParams
 
-    def eval_payload(self, pid: int, server_round: int
-                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        arrays, extra = super().eval_payload(pid, server_round)
-        return arrays, {**extra,
-                        **FineTuneEval(finetune_steps=self.params.finetune_steps).to_config()}
+    def eval_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
+        return FineTuneEval(finetune_steps=self.params.finetune_steps).to_config()

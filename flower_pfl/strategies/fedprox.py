@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Mapping
 
-import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
@@ -27,10 +26,8 @@ from flower_pfl.strategies.fedavg import FedAvg, FedAvgFT
 class FedProx(FedAvg):
     params: catalog.FedProxParams
 
-    def fit_payload(self, pid: int, server_round: int
-                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        arrays, extra = super().fit_payload(pid, server_round)
-        return arrays, {**extra, **FedProxFit(mu=self.params.mu).to_config()}
+    def fit_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
+        return FedProxFit(mu=self.params.mu).to_config()
 
 
 @strategy_for(catalog.FEDPROX_FT)

@@ -103,10 +103,6 @@ class MessagePassingStrategy(PersonalizedStrategy):
         """Weights Xi (len(rows) x n) for the clients in ``rows``."""
         raise NotImplementedError
 
-    def fit_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
-        """Extra config for the client (e.g. FedAMP's prox weight lambda/alpha_k)."""
-        return {}
-
     # -------------------------------------------------------------------- plumbing
     @property
     def matrix(self) -> ModelStore:

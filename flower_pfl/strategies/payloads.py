@@ -36,8 +36,14 @@ class FitPayloads(StrategyState):
 
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        """Arrays and extra config sent to sampled client ``pid`` (default: the global model)."""
-        return self.global_arrays or [], {}
+        """Arrays and config sent to sampled client ``pid`` (default: the global model and
+        :meth:`fit_config`)."""
+        return self.global_arrays or [], self.fit_config(pid, server_round)
+
+    def fit_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
+        """The paper's instruction to sampled client ``pid`` (its contract's Wire class,
+        ``to_config()``; e.g. FedProx's mu, FedAMP's prox weight).  Default: none."""
+        return {}
 
     def fit_extra(self, pid: int, server_round: int) -> dict[str, list[np.ndarray]]:
         """Named arrays sent after the model to sampled client ``pid`` (SCAFFOLD's c); the

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Mapping
 
-import numpy as np
 from flwr.common import Scalar
 
 from flower_pfl.catalog import baselines as catalog
@@ -25,16 +24,10 @@ from flower_pfl.strategies.fedavg import FedAvg
 class PerFedAvg(FedAvg):
     params: catalog.PerFedAvgParams
 
-    def fit_payload(self, pid: int, server_round: int
-                    ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        arrays, extra = super().fit_payload(pid, server_round)
+    def fit_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
         hp = self.params
-        return arrays, {**extra, **PerFedAvgFit(variant=hp.variant, alpha=hp.alpha,
-                                                delta=hp.delta).to_config()}
+        return PerFedAvgFit(variant=hp.variant, alpha=hp.alpha, delta=hp.delta).to_config()
 
-    def eval_payload(self, pid: int, server_round: int
-                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
-        arrays, extra = super().eval_payload(pid, server_round)
-        hp = self.params
-        return arrays, {**extra, **PerFedAvgEval(alpha=hp.alpha,
-                                                 personal_steps=hp.personal_steps).to_config()}
+    def eval_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
+        return PerFedAvgEval(alpha=self.params.alpha,
+                             personal_steps=self.params.personal_steps).to_config()
