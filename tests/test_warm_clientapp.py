@@ -215,7 +215,7 @@ def test_the_parent_preloads_every_third_party_package_the_clients_import():
     """After the warm parent's imports, a ClientApp importing the project's client code
     (every client, the data and model modules) imports nothing new but that code: no
     third-party package is left for each message to import (dp_accounting + scipy, 0.5-2 s
-    a process, were)."""
+    a process, were, while the clients imported the strategies)."""
     from flower_pfl.tuned import fork_server
 
     clients = sorted(p.stem for p in (Path(__file__).parent.parent / "clients").glob("*.py")

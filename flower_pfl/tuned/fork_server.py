@@ -7,8 +7,8 @@ starts another for another FAB), once its first child has installed the FAB, the
 imports the app's module from that folder before it forks the next (:func:`warm_app`), so
 later children skip the FAB's extraction and the app's import; nothing of a node's data
 or configuration is ever read here.
-It imports :data:`PRELOAD` (numpy, torch, torchvision, dp_accounting, Flower's ClientApp
-entry: most of a ``flwr-clientapp`` start; importing torch does not initialise CUDA), then
+It imports :data:`PRELOAD` (numpy, torch, torchvision, Flower's ClientApp entry: most of
+a ``flwr-clientapp`` start; importing torch does not initialise CUDA), then
 reads requests, one JSON line each on stdin: ``{"argv": ["flwr-clientapp", ...], "quiet":
 bool}``; for each it forks a child that runs Flower's ``flwr_clientapp()`` with that ``sys.argv``
 (``quiet``: its output to /dev/null, as Flower's ``suppress_output``) and exits with its
@@ -46,10 +46,10 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 #: imported once by the parent, shared by every child it forks: third-party packages the
 #: project's ClientApp imports (its dependencies, not its code: that comes from the FAB):
-#: torchvision (ResNet-18, image folders), dp_accounting + scipy (the privacy accountant,
-#: imported with the clients; 0.5-2 s a process) and Flower's ClientApp entry
-PRELOAD = ("numpy", "torch", "torchvision", "dp_accounting", "dp_accounting.rdp",
-           "flwr.supernode.cli.flwr_clientapp")
+#: torchvision (ResNet-18, image folders) and Flower's ClientApp entry.  dp_accounting
+#: (0.5-2 s a process) is the server's accountant: since the clients bind to the papers'
+#: contracts instead of the strategies, no client imports it
+PRELOAD = ("numpy", "torch", "torchvision", "flwr.supernode.cli.flwr_clientapp")
 #: the function each child runs
 RUN = "flwr.supernode.cli.flwr_clientapp:flwr_clientapp"
 #: written to ``--ready-fd`` once the imports are done

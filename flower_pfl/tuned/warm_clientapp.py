@@ -10,8 +10,8 @@ imports flwr (0.3-0.8 s) and torch (1.2-2.3 s) before the app's code runs.
 :func:`launch` takes its place in the SuperExec process (started through
 :mod:`flower_pfl.tuned.entry` by a tuned SuperNode, :mod:`.superexec_start`): a ClientApp
 task's arguments -- the list Flower's ``launch`` builds, :func:`flower_args` -- go to a
-:class:`ForkServer` (:mod:`.fork_server`: a parent with numpy, torch, torchvision,
-dp_accounting and Flower's ClientApp entry imported, nothing of the project's at start),
+:class:`ForkServer` (:mod:`.fork_server`: a parent with numpy, torch, torchvision
+and Flower's ClientApp entry imported, nothing of the project's at start),
 which forks a child that runs Flower's ``flwr_clientapp()`` with them.  What the child does
 from there is Flower's: it fetches its token's message, installs the FAB, loads the app,
 reads the node's data and configuration -- nothing is kept warm that a node's data or
