@@ -200,8 +200,9 @@ def one_level(args: argparse.Namespace, target: float, seed: int, out: Path
     if math.isfinite(target):
         steps = args.rounds * args.epochs * -(-data.num_train // args.batch_size)
         z = calibrate(target, data.num_train, args.batch_size, steps)
-        conf["privacy"] = {"mode": "sample-level", "noise-multiplier": z,
-                           "max-grad-norm": args.max_grad_norm}
+        conf["privacy"] = {"mode": "sample-level", "noise-multiplier": z,  # δ = 1/n_0, as
+                           "max-grad-norm": args.max_grad_norm,  # calibrated (and warned)
+                           "delta": 1 / data.num_train}
     arrays, eps = attacked_run(conf, out / f"eps{target:g}-seed{seed}")
     members = per_record_losses(arrays, values, data.x_train, data.y_train)
     others = per_record_losses(arrays, values, data.x_test, data.y_test)

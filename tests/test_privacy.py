@@ -265,3 +265,80 @@ def test_sample_level_max_update_norm_clips_the_update(tmp_path):
     out = strategy.clip_upload(0, [np.array([4.0, 5.0], np.float32)], template, 1.0)
     np.testing.assert_allclose(out[0], [1.6, 1.8], rtol=1e-5)
     assert strategy.dp is None  # sample-level: no server noise, no client-level accountant
+
+
+def test_default_delta_is_well_below_one_over_n_and_weak_deltas_are_named():
+    from flower_pfl.privacy.fields import client_delta, default_delta, delta_for, weak_delta
+
+    assert default_delta(15) == 1e-5                    # 1/(10 n) = 0.0067 > the cap
+    assert default_delta(200_000) == pytest.approx(5e-7)  # 1/(10 n) below the cap
+    with pytest.raises(ValueError):
+        default_delta(0)
+    assert client_delta(VALUES) == 1e-5                  # N = 20: not 1/N = 0.05
+    assert delta_for({"privacy.delta": 0.02}, 15) == 0.02
+    # the range end: δ = 1/n itself is weak, just below it is not
+    assert "1/n = 1/15" in weak_delta(1 / 15, 15, "training examples")
+    assert weak_delta(0.066, 15, "training examples") is None
+    assert "privacy.delta below" in weak_delta(0.067, 15, "training examples")
+
+
+def test_the_dp_sample_size_rounds_like_the_sampler_and_the_accountant_takes_the_real_one(
+        tmp_path):
+    from flower_pfl import config
+    from flower_pfl.privacy.fields import sampled_per_round
+    from flower_pfl.strategies.base import ClientUpdate
+    from flower_pfl.strategies.fedavg import FedAvg
+
+    # 0.25 x 10 = 2.5: the sampler's round() gives 2 (a ceil would give 3)
+    assert sampled_per_round({"clients": 10, "fraction-fit": 0.25, "min-fit-clients": 1}) == 2
+    assert ClientLevelDP({**VALUES, "clients": 10, "fraction-fit": 0.25,
+                          "min-fit-clients": 1}).sampled == 2
+    # configured m = 5, but only 3 nodes were there to sample and 2 answered: the round is
+    # accounted as 3 sampled (not 5), with the 2 answers' share of the clients' noise
+    cfg = config.validate({"strategy": "fedavg", "clients": 10, "fraction-fit": 0.5,
+                           "model": "mclr", "privacy": {"mode": "client-level", "clip-norm": 1.0,
+                                                        "noise-multiplier": 1.2,
+                                                        "noise": "clients"}})
+    strategy = FedAvg(cfg, initial_arrays=[np.zeros(3, np.float32)], results_dir=tmp_path)
+    strategy.global_arrays = [np.zeros(3, np.float32)]
+    assert strategy.dp.sampled == 5
+    strategy._round_server_log = {"sampled": 3}
+    strategy.private_round(1, [ClientUpdate(4, [np.zeros(3, np.float32)], 30),
+                               ClientUpdate(2, [np.zeros(3, np.float32)], 10)])
+    assert strategy.dp.accountant.rounds == [[3, pytest.approx(1.2 * np.sqrt(2 / 3))]]
+
+
+def test_a_weak_delta_is_warned_once_for_either_unit(tmp_path, caplog):
+    import logging
+
+    from flower_pfl import config
+    from flower_pfl.strategies.base import ClientUpdate
+    from flower_pfl.strategies.fedavg import FedAvg
+
+    def run(privacy, metrics):
+        cfg = config.validate({"strategy": "fedavg", "clients": 20, "fraction-fit": 0.1,
+                               "model": "mclr", "privacy": privacy})
+        s = FedAvg(cfg, initial_arrays=[np.zeros(3, np.float32)], results_dir=tmp_path)
+        s.global_arrays = [np.zeros(3, np.float32)]
+        s._round_server_log = {"sampled": 2}
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            for rnd in (1, 2):
+                s.private_round(rnd, [ClientUpdate(0, [np.zeros(3, np.float32)], 15, metrics),
+                                      ClientUpdate(1, [np.zeros(3, np.float32)], 40, metrics)])
+        return [r.getMessage() for r in caplog.records if "δ = " in r.getMessage()]
+
+    client = {"mode": "client-level", "clip-norm": 1.0, "noise-multiplier": 1.0}
+    assert run({**client, "delta": 0.05}, {}) == [  # δ = 1/N exactly: named once
+        "client-level DP: δ = 0.05 is at least 1/n = 1/20 for the 20 clients it protects: a "
+        "mechanism that publishes one of them outright meets that δ, so the (ε, δ) reported "
+        "promises little; set privacy.delta below 0.05 (null gives 1e-05)"]
+    assert run({**client, "delta": 0.049}, {}) == []
+    sample = {"mode": "sample-level", "noise-multiplier": 1.0, "max-grad-norm": 1.0}
+    # δ = 0.07 >= 1/15 for client 0 (15 examples) and >= 1/40 for client 1: one warning
+    warned = run(sample, {"dp_epsilon": 0.8, "dp_delta": 0.07})
+    assert len(warned) == 1 and "1/n = 1/15 for the 15 training examples of client 0" in warned[0]
+    # 0.05 < 1/15 but >= 1/40: client 1 is named
+    warned = run(sample, {"dp_epsilon": 0.8, "dp_delta": 0.05})
+    assert len(warned) == 1 and "1/40 for the 40 training examples of client 1" in warned[0]
+    assert run(sample, {"dp_epsilon": 0.8, "dp_delta": 0.02}) == []

@@ -265,9 +265,11 @@ class PFLClient(NumPyClient):
         """Sample-level DP (docs/privacy.md): DP-SGD with opacus (``dp_train``); every step
         joins this client's accountant history (its state, privacy/sample_level.py) and the
         metrics carry its ε after them (``dp_epsilon``, at ``dp_delta``: privacy.delta, or
-        1/its training examples).  Every local training of a fit counts, also one whose
-        result stays on the client (Ditto's v_i): ε is an upper bound."""
+        privacy.fields.default_delta of its training examples).  Every local training of a
+        fit counts, also one whose result stays on the client (Ditto's v_i): ε is an upper
+        bound."""
         from flower_pfl.privacy import sample_level as sl  # opacus: only under DP
+        from flower_pfl.privacy.fields import delta_for
 
         values = self.cfg.values
         z = float(values["privacy.noise-multiplier"])
@@ -278,7 +280,7 @@ class PFLClient(NumPyClient):
         history = sl.extend(sl.history_of(self.state.get_values(sl.STATE_KEY)), z, q,
                             int(out["local_steps"]))
         self.state.set_values(sl.STATE_KEY, sl.stored(history))
-        delta = values.get("privacy.delta") or 1.0 / self.data.num_train
+        delta = delta_for(values, self.data.num_train)
         reply = SampleLevelReply(dp_epsilon=sl.epsilon(history, delta), dp_delta=float(delta))
         return {**out, **{k: float(v) for k, v in reply.to_config().items()}}
 

@@ -32,8 +32,8 @@ PRIVACY_FIELDS: dict[str, Field] = {
                            "(client-level: the trusted server noises the mean, or each "
                            "sampled client adds its share z C / sqrt(m))"),
     "privacy.delta": Field((float,), None, lambda v: 0 < v < 1, "a number in (0, 1) or null "
-                           "(client-level: 1/clients; sample-level: 1/(the client's training "
-                           "examples))", nullable=True),
+                           "(null: min(1/(10 n), 1e-5), n = clients for client-level, the "
+                           "client's training examples for sample-level)", nullable=True),
     "privacy.target-epsilon": Field((float, int), None, POS, "a number > 0 or null "
                                     "(client-level: the run stops, status budget-exhausted, "
                                     "before the round that would exceed it)", nullable=True),
@@ -83,10 +83,42 @@ def sampled_per_round(values: Mapping[str, Any]) -> int:
     return min(m, int(values["clients"]))
 
 
+#: the default δ is at most this (and at most 1/(10 n))
+DELTA_CAP = 1e-5
+
+
+def default_delta(n: int) -> float:
+    """The δ used when ``privacy.delta`` is null, for a unit of ``n`` records (client-level:
+    the federation's N clients; sample-level: the client's n_i training examples):
+    min(1/(10 n), 1e-5).  Well below 1/n on purpose: a mechanism that publishes one record
+    outright (n records, one chosen at random) already meets δ = 1/n, so δ >= 1/n promises
+    nothing (Dwork & Roth 2014, section 2.3).  Raises ValueError for n < 1."""
+    if n < 1:
+        raise ValueError(f"a δ for a unit of {n} records")
+    return min(1.0 / (10 * n), DELTA_CAP)
+
+
+def delta_for(values: Mapping[str, Any], n: int) -> float:
+    """δ for a unit of ``n`` records: ``privacy.delta`` when set, else
+    :func:`default_delta` of ``n``."""
+    delta = values.get("privacy.delta")
+    return float(delta) if delta is not None else default_delta(n)
+
+
 def client_delta(values: Mapping[str, Any]) -> float:
-    """δ of client-level DP: ``privacy.delta``, or 1/clients."""
-    delta = values["privacy.delta"]
-    return float(delta) if delta is not None else 1.0 / int(values["clients"])
+    """δ of client-level DP: ``privacy.delta``, or :func:`default_delta` of N = clients."""
+    return delta_for(values, int(values["clients"]))
+
+
+def weak_delta(delta: float, n: int, unit: str) -> str | None:
+    """The warning a δ >= 1/n deserves (None below it): ``unit`` names what is protected
+    (e.g. "clients", "training examples of client 3")."""
+    if delta < 1.0 / n:
+        return None
+    return (f"δ = {delta:.3g} is at least 1/n = 1/{n} for the {n} {unit} it protects: a "
+            f"mechanism that publishes one of them outright meets that δ, so the (ε, δ) "
+            f"reported promises little; set privacy.delta below {1.0 / n:.3g} "
+            f"(null gives {default_delta(n):.3g})")
 
 
 def _adaptive_checks(values: Mapping[str, Any]) -> list[str]:

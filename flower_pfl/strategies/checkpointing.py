@@ -32,6 +32,7 @@ from typing import Any
 
 from flwr.common.logger import log
 
+from flower_pfl.privacy.fields import client_delta
 from flower_pfl.reliability import checkpoints
 from flower_pfl.reliability.stop import stop_requested
 from flower_pfl.strategies.federation import ResumeError
@@ -200,7 +201,7 @@ def privacy_line(values: Any, server_rows: list[dict[str, Any]]) -> str | None:
     if key is None or not rows:
         return None
     if mode == "client-level":
-        delta = values.get("privacy.delta") or 1.0 / int(values["clients"])
+        delta = client_delta(values)
         return (f"privacy: client-level DP, noise on the {values['privacy.noise']}, "
                 f"ε = {float(rows[-1][key]):.4g} at δ = {delta:.3g} after round "
                 f"{rows[-1]['round']} (docs/privacy.md)")

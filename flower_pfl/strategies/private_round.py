@@ -23,10 +23,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from flower_pfl.instructions import SampleLevelReply
 from flower_pfl.privacy.clipping import clip_update
+from flower_pfl.privacy.fields import weak_delta
 from flower_pfl.reliability.uploads import UploadTemplate
 from flower_pfl.strategies.federation import ClientUpdate, RoundError
 from flower_pfl.strategies.state import StrategyState
+from flower_pfl.warnings_once import warn_once
 
 
 class PrivateRound(StrategyState):
@@ -64,6 +67,7 @@ class PrivateRound(StrategyState):
         round accounted (server.csv: epsilon).  Sample-level: the largest per-client ε
         reported (epsilon_max)."""
         ordered = sorted(updates, key=lambda u: u.pid)
+        self.warn_weak_delta(ordered)
         if self.dp is not None:
             ordered = [replace(u, num_examples=1) for u in ordered]
             self.dp.add_noise(ordered)
@@ -73,3 +77,21 @@ class PrivateRound(StrategyState):
             eps = [float(u.metrics["dp_epsilon"]) for u in updates if "dp_epsilon" in u.metrics]
             self.log_server(epsilon_max=round(max(eps), 6) if eps else float("nan"))
         return ordered
+
+    def warn_weak_delta(self, updates: list[ClientUpdate]) -> None:
+        """A δ >= 1/n for the unit it protects is named once per run (a WARNING in the
+        log): client-level's against N clients, sample-level's (each reply's ``dp_delta``)
+        against that client's training examples (its ``num_examples``)."""
+        if self.dp is not None:
+            weak = weak_delta(self.dp.accountant.delta, self.dp.accountant.num_clients,
+                              "clients")
+            if weak:
+                warn_once(self.warned, "weak-delta", "client-level DP: %s", weak)
+            return
+        for u in updates:
+            delta = SampleLevelReply.from_config(u.metrics).dp_delta
+            weak = weak_delta(delta, int(u.num_examples), f"training examples of client "
+                              f"{u.pid}") if delta is not None and u.num_examples else None
+            if weak:
+                warn_once(self.warned, "weak-delta", "sample-level DP (and maybe other "
+                          "clients): %s", weak)
