@@ -87,3 +87,20 @@ def test_client_data_follows_a_changed_root(tmp_path):
         own_config("imagefolder:", tmp_path, **{"data.root": str(b)}).values, 0)
     assert (da.num_classes, db.num_classes) == (2, 3)
     assert da.num_train + da.num_test == 2 and db.num_train + db.num_test == 4
+
+
+def test_another_local_split_is_another_partition(tmp_path):
+    """Issue 67: ``data.split`` is part of the partition's cache name: the random split after
+    a stratified one on the same data is the random split, from memory and from disk."""
+    root = make_imagefolder(tmp_path / "imgs", counts=(6, 12, 3))
+    strat = own_config(str(root), tmp_path, clients=2, **{"data.split": "stratified"}).values
+    rand = own_config(str(root), tmp_path, clients=2, **{"data.split": "random"}).values
+    assert partitions.partition_key(strat) != partitions.partition_key(rand)
+    _, y, first = _partition(strat)
+    for clear in (False, True):  # the memory copy, then the disk copy
+        if clear:
+            partitions.clear_cache()
+        got = partitions.get_partition(rand, y)
+        want = partitions.make_partition(y, rand)
+        assert all(np.array_equal(a, b) for a, b in zip(got.test, want.test))
+        assert not all(np.array_equal(a, b) for a, b in zip(got.test, first.test))

@@ -26,6 +26,16 @@ def test_quota_by_hand():
     assert splits.quota_per_class(np.array([2, 6]), 0.75).tolist() == [1, 5]
 
 
+def test_the_leftover_spreads_by_largest_remainder_and_the_total_rounds_to_nearest():
+    """Issue 67: n = 20, T = round(6) = 6; exact 1.5 each -> floors 1, 1, 1, 1 and the two
+    left over one each to classes 0 and 1 (ties: the lower), not both to one class
+    ([3, 1, 1, 1])."""
+    assert splits.quota_per_class(np.array([5, 5, 5, 5]), 0.3).tolist() == [2, 2, 1, 1]
+    # n = 7, T = round(3.5) = 4 (not floor: 3); exact 16/7, 12/7 -> 2, 1 + the one left
+    # to class 1 (remainder 5/7 > 2/7): [2, 2], where a total of 3 gives [2, 1]
+    assert splits.quota_per_class(np.array([4, 3]), 0.5).tolist() == [2, 2]
+
+
 def test_split_local_takes_the_first_of_each_class_in_shuffled_order():
     shuffled = np.array([50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61])
     labels = np.array([2, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0])  # 8 x 0, 3 x 1, 1 x 2

@@ -113,3 +113,51 @@ def test_overlap_is_allowed_where_the_file_says_so(tmp_path):
     _, y = _load(cfg)
     part = partitions.get_partition(cfg, y)
     assert sorted(np.concatenate([part.train[1], part.test[1]]).tolist()) == [2, 3, 4, 5]
+
+
+def _natural_rows(part):
+    return [sorted(np.concatenate([a, b]).tolist()) for a, b in zip(part.train, part.test)]
+
+
+def test_ten_or_more_integer_ids_are_clients_in_numeric_order():
+    """Issue 67: ids 1..12 (id 2 twice): client 1 is id 2 (rows 1, 12), client 9 is id 10
+    (row 0) -- as text, "10" would sort before "2" and client 1 would be id 10."""
+    ids = np.array([10, 2, 1, 12, 3, 4, 5, 6, 7, 8, 9, 11, 2])
+    from flower_pfl.learning import fixed_partitions as fp
+
+    parts = [p.tolist() for p in fp.natural_partition(ids, 12, "data.partition-by")]
+    assert parts[0] == [2] and parts[1] == [1, 12] and parts[9] == [0] and parts[11] == [3]
+
+
+def test_float_ids_of_a_csv_sort_as_numbers_and_missing_ids_are_counted(tmp_path):
+    """A site column with a gap is read as floats (1.0, 10.0, 2.0): clients in numeric
+    order; an empty id is refused with the count of such rows, not run as a client 'nan'."""
+    frame = make_csv(tmp_path / "t.csv", n=33)
+    frame["site"] = np.array([1.0, 10.0, 2.0])[np.arange(33) % 3]
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    cfg = own_config(str(tmp_path / "t.csv"), tmp_path, clients=3,
+                     **{"data.label": "kind", "data.partition": "natural",
+                        "data.partition-by": "site"}).values
+    _, y = _load(cfg)
+    got = _natural_rows(partitions.get_partition(cfg, y))
+    assert got == [list(range(0, 33, 3)), list(range(2, 33, 3)), list(range(1, 33, 3))]
+    frame["site"] = frame["site"].astype(object)
+    frame.loc[[4, 17], "site"] = None
+    frame.to_csv(tmp_path / "gaps.csv", index=False)
+    for clients in (3, 4):  # with or without "nan" counted as a client
+        bad = own_config(str(tmp_path / "gaps.csv"), tmp_path, clients=clients,
+                         **{"data.label": "kind", "data.partition": "natural",
+                            "data.partition-by": "site"})
+        with pytest.raises(pf.PreflightError, match=r"'data.partition-by': 2 of 33 rows have "
+                           r"no client id \(empty or NaN; rows \[4, 17\]\)"):
+            pf.preflight(bad)
+
+
+def test_text_ids_with_empty_entries_and_fractional_ids():
+    from flower_pfl.learning import fixed_partitions as fp
+
+    with pytest.raises(data.DataError, match=r"1 of 4 rows have no client id .*rows \[2\]"):
+        fp.natural_ids(np.array(["b", "a", "", "a"]), "data.partition-by")
+    assert fp.natural_ids(np.array([0.5, 10.25, 2.0]), "k").tolist() == [0.5, 10.25, 2.0]
+    parts = fp.natural_partition(np.array([0.5, 10.25, 2.0, 0.5]), 3, "k")
+    assert [p.tolist() for p in parts] == [[0, 3], [2], [1]]

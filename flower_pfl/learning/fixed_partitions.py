@@ -3,8 +3,9 @@ sample's client: a writer, a hospital, a device) and ``file`` (a JSON or CSV fil
 client's samples).  Both are checked before anything starts; each refusal names its key.
 
 ``natural`` goes through flwr-datasets' ``NaturalIdPartitioner``: client ``i`` holds the
-samples of the ``i``-th natural id in sorted order; ``clients`` must equal the number of
-distinct ids.
+samples of the ``i``-th natural id in sorted order (numbers numerically, whole-number floats
+as integers: :func:`natural_ids`); ``clients`` must equal the number of distinct ids, and a
+row without an id is refused with the count of such rows.
 
 ``file`` (``data.partition-file``):
 
@@ -30,14 +31,39 @@ import numpy as np
 from flower_pfl.learning.data import DataError
 
 
+def natural_ids(column: np.ndarray, key: str) -> np.ndarray:
+    """A ``natural`` partition's client column as ids that sort as they read: integers (and
+    floats that all hold whole numbers, as a CSV column with a gap is read: 1.0, 2.0, 10.0)
+    as int64, other numbers as float64, anything else as text.  A missing id (NaN, None,
+    empty text) is refused with its count and first rows (``key`` names the setting):
+    such a row belongs to no client."""
+    ids = np.asarray(column)
+    if ids.dtype.kind in "iu":
+        return ids.astype(np.int64)
+    if ids.dtype.kind == "f":
+        missing = np.isnan(ids)
+    else:
+        ids = np.array(["" if v is None else str(v).strip() for v in ids.tolist()], dtype=str)
+        missing = np.isin(np.char.lower(ids), ["", "nan", "none"])
+    if missing.any():
+        rows = np.flatnonzero(missing)
+        raise DataError(f"'{key}': {len(rows)} of {len(ids)} rows have no client id (empty "
+                        f"or NaN; rows {rows[:5].tolist()}{' ...' if len(rows) > 5 else ''}); "
+                        f"fill them or drop those rows from the data")
+    if ids.dtype.kind == "f":
+        return ids.astype(np.int64) if np.array_equal(ids, np.round(ids)) else ids
+    return ids
+
+
 def natural_partition(column: np.ndarray, num_clients: int, key: str) -> list[np.ndarray]:
     """Per-client row indices of a ``natural`` partition by ``column`` (one value per pooled
-    sample; ``key`` names the column's setting for errors)."""
+    sample; ``key`` names the column's setting for errors): client ``i`` holds the rows of
+    the ``i``-th id of :func:`natural_ids` in sorted order (numbers numerically: ids 2 and
+    10 are clients 0 and 1)."""
     from datasets import Dataset
     from flwr_datasets.partitioner import NaturalIdPartitioner
 
-    ids = np.asarray(column)
-    ids = ids.astype(str) if ids.dtype.kind not in "iu" else ids
+    ids = natural_ids(column, key)
     distinct = len(np.unique(ids))
     if distinct != num_clients:
         raise DataError(f"'{key}' names {distinct} distinct clients but 'clients' = "
