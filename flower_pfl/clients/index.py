@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from flower_pfl.clients import (  # noqa: F401 - imported to bind (MODULES below reads them)
+from flower_pfl.clients import (  # noqa: F401 - imported to bind (MODULES below reads them
+    ifca,
+)
     apfl,
     ditto,
     fedacs,

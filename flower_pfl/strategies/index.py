@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from flower_pfl.strategies import (  # noqa: F401 - imported to bind (MODULES below reads them)
+from flower_pfl.strategies import (  # noqa: F401 - imported to bind (MODULES below reads them
+    ifca,
+)
     apfl,
     ditto,
     fedacs,
