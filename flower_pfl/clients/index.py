@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from flower_pfl.clients import (  # noqa: F401 - imported to bind (MODULES below reads them
-    ifca,
-)
+from flower_pfl.clients import (  # noqa: F401 - imported to bind (MODULES below reads them)
     apfl,
     ditto,
     fedacs,
@@ -22,6 +20,7 @@ from flower_pfl.clients import (  # noqa: F401 - imported to bind (MODULES below
     fedprox,
     fedrep,
     fedsam,
+    ifca,
     local,
     perfedavg,
     pfedbred,

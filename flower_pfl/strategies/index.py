@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from flower_pfl.strategies import (  # noqa: F401 - imported to bind (MODULES below reads them
-    ifca,
-)
+from flower_pfl.strategies import (  # noqa: F401 - imported to bind (MODULES below reads them)
     apfl,
     ditto,
     fedacs,
@@ -26,6 +24,7 @@ from flower_pfl.strategies import (  # noqa: F401 - imported to bind (MODULES be
     fedrep,
     fedsam,
     heurfedamp,
+    ifca,
     local,
     perfedavg,
     pfedbred,
