@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flower_pfl.contract import PER_UPLOAD, Decision, Entry, Newcomer, Params, param
+from flower_pfl.contract import Decision, Entry, Newcomer, Params, param
 from flower_pfl.instructions import Reply, Wire
 
 
@@ -39,6 +39,11 @@ class IFCAReply(Reply):
     cluster: int
 
 
+#: why client-level DP is refused: the server reads uploads per cluster, not their mean
+PER_CLUSTER = (
+    "the server reads each client's upload on its own (its cluster index, and a mean per "
+    "cluster), not only the mean of all uploads, so noise on that mean does not protect it "
+    "(and sample-level is refused too: the index)")
 #: why sample-level DP is refused: the cluster choice is released without noise
 CHOICE_UNNOISED = (
     "each client uploads its cluster index, the argmin over k of the loss on ALL its "
@@ -52,7 +57,7 @@ IFCA = Entry(
     "of lowest loss on its training data; the server averages each cluster's uploads.",
     params=IFCAParams,
     privacy=Decision("the trained cluster model w_i and its cluster index",
-                     PER_UPLOAD.format(what="its cluster index, and a mean per cluster"),
+                     PER_CLUSTER,
                      CHOICE_UNNOISED),
     newcomer=Newcomer("the cluster model of lowest loss on its own training data, chosen at "
                       "evaluation without training (Alg. 2's cluster estimation)", "paper"),
