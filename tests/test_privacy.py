@@ -27,9 +27,9 @@ VALUES = {"privacy.mode": "client-level", "privacy.clip-norm": 2.0,
 class Up:
     """A ClientUpdate's duck type."""
 
-    def __init__(self, arrays, metrics=None, extra=None):
+    def __init__(self, arrays, metrics=None, extra=None, pid=0):
         self.arrays, self.metrics, self.extra = arrays, metrics or {}, extra or {}
-        self.num_examples = 7
+        self.num_examples, self.pid = 7, pid
 
 
 def test_epsilon_after_k_rounds_equals_dp_accounting_computed_here():
@@ -342,3 +342,47 @@ def test_a_weak_delta_is_warned_once_for_either_unit(tmp_path, caplog):
     warned = run(sample, {"dp_epsilon": 0.8, "dp_delta": 0.05})
     assert len(warned) == 1 and "1/40 for the 40 training examples of client 1" in warned[0]
     assert run(sample, {"dp_epsilon": 0.8, "dp_delta": 0.02}) == []
+
+
+def test_known_schedule_epsilon_is_the_unamplified_composition_of_a_clients_own_rounds():
+    # N = 100, m = 10, 30 rounds, z = 2.0, δ = 0.01: the amplified ε is 4.12, but a client
+    # seen in 7 rounds by someone who knows the schedule has spent 7 unsampled Gaussian rounds
+    acc = ClientLevelAccountant(100, 0.01)
+    for r in range(30):  # client 0 in rounds 0, 4, ..., 24 (7 rounds); client 1 in 2 rounds
+        acc.record(10, 2.0, [0] * (r % 4 == 0 and r < 28) + [1] * (r in (3, 5)) + [50 + r])
+    assert acc.epsilon() == pytest.approx(4.12, abs=0.01)
+    direct = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    direct.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.0), 7))
+    assert acc.known_schedule_epsilon() == pytest.approx(direct.get_epsilon(0.01), rel=1e-9)
+    assert acc.known_schedule_epsilon() == pytest.approx(10.22, abs=0.01)
+    assert acc.taken_part["0"] == [2.0] * 7 and acc.taken_part["1"] == [2.0, 2.0]
+    # a checkpoint carries who took part; an old checkpoint without it resumes with none
+    again = ClientLevelAccountant.from_state(json.loads(json.dumps(acc.state())))
+    assert again.known_schedule_epsilon() == acc.known_schedule_epsilon()
+    old = {k: v for k, v in acc.state().items() if k != "taken_part"}
+    assert ClientLevelAccountant.from_state(old).known_schedule_epsilon() == 0.0
+
+
+def test_each_round_row_reports_the_known_schedule_epsilon_beside_the_amplified_one():
+    dp = ClientLevelDP({**VALUES, "privacy.noise": "clients"})  # N = 20, z = 1.5
+    row = dp.record([Up([np.zeros(1)], pid=3), Up([np.zeros(1)], pid=8)], sampled=4)
+    z = 1.5 * np.sqrt(2 / 4)  # 2 of the 4 sampled answered: their shares' noise only
+    assert dp.accountant.taken_part == {"3": [pytest.approx(z)], "8": [pytest.approx(z)]}
+    direct = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    direct.compose(dp_accounting.GaussianDpEvent(z / 2))
+    assert row["epsilon_known_schedule"] == pytest.approx(direct.get_epsilon(1e-5), abs=1e-6)
+    assert row["epsilon_known_schedule"] > row["epsilon"]
+
+
+def test_the_closing_privacy_line_names_both_epsilons():
+    from flower_pfl.strategies.checkpointing import privacy_line
+
+    values = {**VALUES, "privacy.delta": 0.001}
+    rows = [{"round": 1, "epsilon": 0.5, "epsilon_known_schedule": 1.5},
+            {"round": 2, "epsilon": 0.75, "epsilon_known_schedule": 2.25}]
+    assert privacy_line(values, rows) == (
+        "privacy: client-level DP, noise on the server, ε = 0.75 at δ = 0.001 after round 2; "
+        "to whoever knows who trained when (fit.csv), up to ε = 2.25 (docs/privacy.md)")
+    # a run resumed from a checkpoint written before the column existed: the first part only
+    assert privacy_line(values, [{"round": 3, "epsilon": 0.8}]).endswith(
+        "after round 3 (docs/privacy.md)")

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import dp_accounting
 import numpy as np
@@ -86,18 +86,58 @@ def epsilon_of(num_clients: int, delta: float, rounds: list[tuple[int, float]]) 
     return float(compute_epsilon(ORDERS, state, delta)[0])
 
 
+@lru_cache(maxsize=1024)
+def gaussian_rdp(multiplier: float) -> tuple[float, ...]:
+    """The RDP curve of one round WITHOUT subsampling amplification: the Gaussian event of
+    std ``multiplier`` x C on a sum of L2 sensitivity 2C (:data:`REPLACE_ONE_SENSITIVITY`),
+    what a round costs a client known to have taken part in it."""
+    if not multiplier > 0:
+        raise ValueError(f"noise multiplier must be > 0, got {multiplier}")
+    acc = _fresh().compose(dp_accounting.GaussianDpEvent(multiplier / REPLACE_ONE_SENSITIVITY))
+    return tuple(float(r) for r in acc._rdp)
+
+
+def known_schedule_epsilon(delta: float, multipliers: list[float]) -> float:
+    """ε(δ) of ONE client to an adversary who knows the rounds it took part in (the client
+    sample is not secret: e.g. it can be re-drawn from a published seed, or fit.csv is
+    public): the Gaussian event of each of its rounds (``multipliers``: z_eff of each),
+    composed without the subsampling amplification :func:`epsilon_of` assumes; rounds it
+    was not in cost it nothing.  0.0 for no rounds."""
+    if not multipliers:
+        return 0.0
+    state = np.zeros_like(ORDERS, dtype=np.float64)
+    for z, count in Counter(float(z) for z in multipliers).items():
+        state += count * np.array(gaussian_rdp(z), dtype=np.float64)
+    return float(compute_epsilon(ORDERS, state, delta)[0])
+
+
 @dataclass
 class ClientLevelAccountant:
-    """ε(δ) of the rounds done so far.  ``rounds``: one [m, z_eff] per round, in order."""
+    """ε(δ) of the rounds done so far.  ``rounds``: one [m, z_eff] per round, in order;
+    ``taken_part``: partition-id (as text, JSON's key) -> the z_eff of each round whose
+    aggregate its update entered (for :meth:`known_schedule_epsilon`)."""
 
     num_clients: int
     delta: float
     rounds: list[list[float]] = field(default_factory=list)
+    taken_part: dict[str, list[float]] = field(default_factory=dict)
 
-    def record(self, sampled: int, multiplier: float) -> None:
-        """One more round: ``sampled`` clients, noise multiplier ``multiplier`` on the sum."""
+    def record(self, sampled: int, multiplier: float, contributors: Sequence[int] = ()
+               ) -> None:
+        """One more round: ``sampled`` clients, noise multiplier ``multiplier`` on the sum;
+        ``contributors``: the partition-ids whose updates entered it."""
         round_event(self.num_clients, sampled, multiplier)  # validates
         self.rounds.append([int(sampled), float(multiplier)])
+        for pid in contributors:
+            self.taken_part.setdefault(str(int(pid)), []).append(float(multiplier))
+
+    def known_schedule_epsilon(self) -> float:
+        """The largest ε(δ) of any client to an adversary who knows who took part in which
+        round (:func:`known_schedule_epsilon`; 0.0 before any round).  Computed once per
+        distinct multiset of multipliers (with one z, once per participation count)."""
+        distinct = {tuple(sorted(zs)) for zs in self.taken_part.values()}
+        return max((known_schedule_epsilon(self.delta, list(zs)) for zs in distinct),
+                   default=0.0)
 
     def epsilon(self, extra: tuple[int, float] | None = None) -> float:
         """ε after the rounds done (and one more ``extra`` = (m, z_eff) round: what the
@@ -111,12 +151,15 @@ class ClientLevelAccountant:
     def state(self) -> dict[str, Any]:
         """JSON-ready: everything :meth:`from_state` needs to continue the same ε."""
         return {"num_clients": self.num_clients, "delta": self.delta,
-                "rounds": [list(r) for r in self.rounds]}
+                "rounds": [list(r) for r in self.rounds],
+                "taken_part": {k: list(v) for k, v in self.taken_part.items()}}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "ClientLevelAccountant":
         return cls(int(state["num_clients"]), float(state["delta"]),
-                   [[int(m), float(z)] for m, z in state["rounds"]])
+                   [[int(m), float(z)] for m, z in state["rounds"]],
+                   {str(k): [float(z) for z in v]
+                    for k, v in state.get("taken_part", {}).items()})
 
 
 def noise_for_epsilon(num_clients: int, sampled: int, rounds: int, delta: float,

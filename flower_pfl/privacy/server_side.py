@@ -10,7 +10,8 @@ any aggregate that is the uploads' mean -- FedAvg's, FedRep's, SCAFFOLD's two me
 PLGU-LF's per-array means over the clients that shared the array -- comes out as the noised
 mean, and everything the strategy computes from it is post-processing; then the round is
 accounted (:meth:`record`).  ``updates`` are duck-typed: ``.arrays`` (model part, k arrays),
-``.extra`` ({name: arrays}), ``.metrics`` (PLGU-LF's ``shared`` mask), ``.num_examples``.
+``.extra`` ({name: arrays}), ``.metrics`` (PLGU-LF's ``shared`` mask), ``.num_examples``,
+``.pid`` (the accountant keeps who took part in which round: ``epsilon_known_schedule``).
 """
 
 from __future__ import annotations
@@ -126,8 +127,10 @@ class ClientLevelDP:
     def record(self, updates: Sequence[Any], sampled: int) -> dict[str, float]:
         """Account the round; its server.csv measures (ε after it, the multiplier, clips)."""
         z_eff = self.round_multiplier(updates, sampled)
-        self.accountant.record(sampled, z_eff)
-        row = {"epsilon": round(self.epsilon(), 6), "dp_noise_multiplier": round(z_eff, 6),
+        self.accountant.record(sampled, z_eff, [u.pid for u in updates])
+        row = {"epsilon": round(self.epsilon(), 6),
+               "epsilon_known_schedule": round(self.accountant.known_schedule_epsilon(), 6),
+               "dp_noise_multiplier": round(z_eff, 6),
                "dp_server_clipped": self.clipped, "dp_clip_norm": self.clip}
         self.clipped = 0
         if self.adaptive:  # the clients' bits (a missing one counts as clipped)

@@ -267,9 +267,9 @@ class ResultsWriter:
         _write_json(self.dir / "summary.json", summary)
 
 
-#: server.csv's privacy measures copied into rounds.csv: client-level ε, sample-level's
-#: largest per-client ε (docs/privacy.md)
-PRIVACY_KEYS = ("epsilon", "epsilon_max")
+#: server.csv's privacy measures copied into rounds.csv: client-level ε (and to whoever knows
+#: the schedule), sample-level's largest per-client ε (docs/privacy.md)
+PRIVACY_KEYS = ("epsilon", "epsilon_known_schedule", "epsilon_max")
 
 
 def privacy_spent(server_rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -202,9 +202,13 @@ def privacy_line(values: Any, server_rows: list[dict[str, Any]]) -> str | None:
         return None
     if mode == "client-level":
         delta = client_delta(values)
+        known = rows[-1].get("epsilon_known_schedule")
+        known_text = "" if known in (None, "") else (
+            f"; to whoever knows who trained when (fit.csv), up to "
+            f"ε = {float(known):.4g}")
         return (f"privacy: client-level DP, noise on the {values['privacy.noise']}, "
                 f"ε = {float(rows[-1][key]):.4g} at δ = {delta:.3g} after round "
-                f"{rows[-1]['round']} (docs/privacy.md)")
+                f"{rows[-1]['round']}{known_text} (docs/privacy.md)")
     return (f"privacy: sample-level DP-SGD, largest per-client ε = {float(rows[-1][key]):.4g} "
             f"(each at its δ: fit.csv dp_delta) after round {rows[-1]['round']} "
             f"(docs/privacy.md)")
