@@ -90,6 +90,13 @@ def test_size_problems_name_data_subsample():
     assert pf.size_problems(small_config(clients=10, **{"data.partition": "iid",
                                                         "data.subsample": 20}).values) == []
     assert pf.size_problems(small_config(clients=10, **{"data.subsample": 100}).values) == []
+    # a partition file lists each client's rows (overlapping ones allowed): 40,000 clients
+    # of FMNIST's 70,000 images is not refused by a count of distinct samples
+    assert pf.size_problems(small_config(clients=40_000, **{
+        "data.partition": "file", "data.partition-file": "parts.json",
+        "data.subsample": None}).values) == []
+    assert len(pf.size_problems(small_config(clients=40_000, **{
+        "data.partition": "iid", "data.subsample": None}).values)) == 1
     (line,) = pf.size_problems(small_config(clients=8000, **{"data.subsample": None}).values)
     assert line == ("'clients' = 8000 (fmnist has 70000 samples) cannot give 8000 clients "
                     "'data.min-samples' = 10 each (Dirichlet): 80000 samples needed; lower "

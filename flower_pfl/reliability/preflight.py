@@ -209,11 +209,16 @@ def size_problems(values: Mapping[str, Any]) -> list[str]:
     data is read: each client needs a train and a test sample (2 of the pooled samples);
     Dirichlet, ``data.min-samples`` each.  The pooled count is ``data.subsample`` or the
     dataset's size (:data:`flower_pfl.learning.data.POOLED_SIZE`; a ``data.root`` holding
-    fewer is judged when the partition is made)."""
+    fewer is judged when the partition is made).  A ``natural`` or ``file`` partition lists
+    every client's samples itself (a file may let clients share them: ``"overlap": true``),
+    so no count of distinct samples applies: the partition's own checks (every client
+    present and non-empty) run when it is read."""
     from flower_pfl.learning.data import POOLED_SIZE
 
     dataset = values["data.dataset"]
     if dataset not in POOLED_SIZE:  # the synthetic task: samples per client, no pool
+        return []
+    if values["data.partition"] in ("natural", "file"):
         return []
     clients, sub = int(values["clients"]), values["data.subsample"]
     pooled = min(int(sub), POOLED_SIZE[dataset]) if sub else POOLED_SIZE[dataset]
