@@ -128,6 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         print(f"{args.config}: OK (strategy {cfg.strategy}, {cfg['clients']} clients, "
               f"{cfg['rounds']} rounds)")
+        from flower_pfl.learning.data_summary import describe
+
+        for line in describe(cfg.values):  # what was inferred: classes, features, clients
+            print(f"  {line}")
         return 0
     if args.command == "deploy":
         return deploy_command(args, cfg)

@@ -193,10 +193,16 @@ def test_a_per_site_declaration_is_refused_naming_the_key(tmp_path, change, matc
         site_cfg(tmp_path, **change)
 
 
-def test_the_declaration_keys_are_refused_for_a_pooled_source(tmp_path):
-    with pytest.raises(config.ConfigError, match=r"'data.classes' = .* is read only with "
-                                                 r"data.dataset = 'site'"):
+def test_the_declaration_keys_are_refused_where_nothing_reads_them(tmp_path):
+    """data.classes orders a pooled source of your own (issue 67), never a built-in set;
+    data.input-shape is read only per site."""
+    with pytest.raises(config.ConfigError, match=r"'data.classes' = .* orders your own data's "
+                                                 r"classes, not the built-in"):
         site_cfg(tmp_path, **{"data.dataset": "fmnist", "data.input-shape": None,
+                              "data.normalize": "auto"})
+    with pytest.raises(config.ConfigError, match=r"'data.input-shape' = .* is read only with "
+                                                 r"data.dataset = 'site'"):
+        site_cfg(tmp_path, **{"data.dataset": "fmnist", "data.classes": None,
                               "data.normalize": "auto"})
 
 

@@ -19,12 +19,16 @@ class SourceError(RuntimeError):
 class Loaded:
     """A source's pooled samples: ``x`` uint8 ``(N, C, H, W)`` images or float32 ``(N, F)``
     features, ``y`` int64 ``(N,)`` in ``0..K-1``, ``classes`` the K original label values
-    (as strings), ``columns`` extra per-sample columns (for a natural partition)."""
+    (as strings), ``columns`` extra per-sample columns (for a natural partition),
+    ``skipped`` the hidden and system entries the reader passed over (relative paths),
+    ``features`` a table's feature columns in order (empty for images and arrays)."""
 
     x: np.ndarray
     y: np.ndarray
     classes: list[str]
     columns: dict[str, np.ndarray] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    features: list[str] = field(default_factory=list)
 
 
 def labelled(x: np.ndarray, raw: np.ndarray, what: str,

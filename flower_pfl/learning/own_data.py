@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,7 +32,7 @@ from flower_pfl.learning import sources
 
 #: the data.* keys that change what a source's reader returns (part of the pooled tag)
 READ_KEYS = ("data.root", "data.image-size", "data.features", "data.label",
-             "data.partition-by", "data.normalize")
+             "data.partition-by", "data.normalize", "data.classes")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class SourceInfo:
 
 
 _INFO: dict[str, SourceInfo] = {}
+#: dataset -> the hidden and system entries its reader skipped (relative paths)
+SKIPPED: dict[str, list[str]] = {}
+#: dataset -> a table's feature columns, in order
+FEATURES: dict[str, list[str]] = {}
 _SETTINGS: dict[str, dict[str, Any]] = {}
 _LOADED: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray],
                                      SourceInfo]] = {}
@@ -131,7 +136,8 @@ def load_own(dataset: str, settings: Mapping[str, Any]
     except sources.SourceError as exc:
         raise DataError(str(exc)) from exc
     blob = json.dumps({"dataset": dataset, "data": digest,
-                       **{k: settings.get(k) for k in READ_KEYS}}, sort_keys=True)
+                       **{k: settings.get(k) for k in READ_KEYS
+                          if k != "data.classes" or settings.get(k)}}, sort_keys=True)
     tag = hashlib.sha256(blob.encode()).hexdigest()[:16]
     key = (tag, settings.get("cache-dir"))
     if key not in _LOADED:
@@ -143,6 +149,9 @@ def load_own(dataset: str, settings: Mapping[str, Any]
                 loaded = sources.load_source(dataset, settings)
             except sources.SourceError as exc:
                 raise DataError(str(exc)) from exc
+            declare_order(loaded, settings.get("data.classes"), dataset)
+            if loaded.skipped:
+                print(f"flower-pfl: {skipped_line(dataset, loaded.skipped)}", file=sys.stderr)
             mean, std = _normalisation(loaded.x, settings.get("data.normalize") or "auto")
             cache.mkdir(parents=True, exist_ok=True)
             for part, array in (("x", loaded.x), ("y", loaded.y)):
@@ -151,17 +160,50 @@ def load_own(dataset: str, settings: Mapping[str, Any]
             atomic_write(cols, lambda fh: np.savez(fh, **extra), mode="wb")
             atomic_write_text(meta, json.dumps({
                 "classes": loaded.classes, "mean": mean, "std": std,
+                "skipped": loaded.skipped, "features": loaded.features,
                 "kind": "image" if loaded.x.dtype == np.uint8 else "table"}))
         x, y = (np.load(files[p], mmap_mode="r") for p in "xy")
         with np.load(cols, allow_pickle=False) as z:
             columns = {name: z[name] for name in z.files}
         m = json.loads(meta.read_text())
+        SKIPPED[dataset] = list(m.get("skipped", []))
+        FEATURES[dataset] = list(m.get("features", []))
         _LOADED[key] = (x, y, columns, SourceInfo(
             tuple(int(s) for s in x.shape[1:]), len(m["classes"]), tuple(m["classes"]),
             m["kind"], tuple(m["mean"]), tuple(m["std"])))
     x, y, columns, new = _LOADED[key]
     register(dataset, new)
     return x, y, columns
+
+
+def skipped_line(dataset: str, skipped: list[str]) -> str:
+    """One line naming the hidden and system entries a reader of ``dataset`` skipped."""
+    shown = ", ".join(skipped[:8]) + (f", ... ({len(skipped) - 8} more)" if len(skipped) > 8
+                                      else "")
+    return (f"data.dataset = {dataset!r}: skipped {len(skipped)} hidden or system "
+            f"entr{'y' if len(skipped) == 1 else 'ies'} (not data): {shown}")
+
+
+def declare_order(loaded: sources.Loaded, declared: Any, dataset: str) -> None:
+    """Give ``loaded``'s classes the order ``data.classes`` declares (``declared[i]`` is
+    class i; names compared as text), in place; None keeps the sorted order.  The declared
+    names must be exactly the data's: a class of the data not declared, or a declared class
+    without samples, raises DataError naming the key."""
+    from flower_pfl.learning.data_common import DataError
+
+    if not declared:
+        return
+    names = [str(c) for c in declared]
+    extra = [c for c in loaded.classes if c not in names]
+    absent = [c for c in names if c not in loaded.classes]
+    if extra or absent:
+        raise DataError(f"'data.classes' = {names} must name exactly the classes of "
+                        f"data.dataset = {dataset!r}, which are {loaded.classes}: "
+                        + "; ".join(([f"{extra} not declared"] if extra else [])
+                                    + ([f"{absent} without samples"] if absent else [])))
+    order = np.array([names.index(c) for c in loaded.classes], dtype=np.int64)
+    loaded.y = order[loaded.y]
+    loaded.classes = names
 
 
 def register(dataset: str, source: SourceInfo) -> None:

@@ -92,12 +92,19 @@ def config_problems(values: Mapping[str, Any]) -> list[str]:
 
 def declared_problems(values: Mapping[str, Any]) -> list[str]:
     """Problems of ``data.classes`` / ``data.input-shape`` whatever the source: set where
-    nothing reads them (not ``site``), or malformed."""
+    nothing reads them (``data.input-shape``: not ``site``; ``data.classes``: a built-in
+    name; a pooled source of your own takes it as its class order), or malformed."""
+    from flower_pfl.learning.sources import BUILTIN
+
     out = []
-    for key in DECLARED:
-        if values.get(key) is not None and values["data.dataset"] != SITE:
-            out.append(f"'{key}' = {values[key]!r} is read only with data.dataset = 'site' "
-                       f"(per-site data); other sources infer it from their data")
+    dataset = values["data.dataset"]
+    if values.get("data.classes") is not None and dataset in BUILTIN:
+        out.append(f"'data.classes' = {values['data.classes']!r} orders your own data's "
+                   f"classes, not the built-in data.dataset = {dataset!r}'s")
+    if values.get("data.input-shape") is not None and dataset != SITE:
+        out.append(f"'data.input-shape' = {values['data.input-shape']!r} is read only with "
+                   f"data.dataset = 'site' (per-site data); other sources infer it from "
+                   f"their data")
     names = [str(c) for c in values.get("data.classes") or []]
     if len(set(names)) != len(names):
         out.append(f"'data.classes' = {values['data.classes']!r} names a class twice")

@@ -43,26 +43,87 @@ def _image_array(images: Iterable[Any], count: int, grey: bool, size: int | None
     return out
 
 
+#: torchvision's ImageFolder extensions (compared lower-case)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+#: entries an operating system or a tool leaves in a folder (besides every name that starts
+#: with a dot: .ipynb_checkpoints, .DS_Store, macOS' ._* companions, .git): never data
+SYSTEM_ENTRIES = ("__MACOSX", "Thumbs.db", "desktop.ini", "@eaDir", "$RECYCLE.BIN",
+                  "System Volume Information", "__pycache__")
+
+
+def hidden(name: str) -> bool:
+    """A hidden or system entry (:data:`SYSTEM_ENTRIES`, or a name starting with a dot)."""
+    return name.startswith(".") or name in SYSTEM_ENTRIES
+
+
+def _folders(path: Path, skipped: list[str], top: Path) -> list[Path]:
+    """The sorted visible subfolders of ``path``; hidden and system entries (folders and
+    files) named in ``skipped`` (relative to ``top``, a folder with a trailing ``/``)."""
+    out = []
+    for p in sorted(path.iterdir()):
+        if hidden(p.name):
+            skipped.append(f"{p.relative_to(top)}{'/' if p.is_dir() else ''}")
+        elif p.is_dir():
+            out.append(p)
+    return out
+
+
+def _class_files(root: Path, skipped: list[str], top: Path, what: str
+                 ) -> tuple[list[str], list[str]]:
+    """(files, class names) of ``root/<class>/**/<image>`` in ImageFolder's order (classes
+    sorted, then ``sorted(os.walk(...))`` and sorted file names), hidden entries skipped."""
+    import os
+
+    classes = _folders(root, skipped, top)
+    if not classes:
+        raise SourceError(f"{what}: no class folder in {root} (one subfolder per class is "
+                          f"needed)")
+    files: list[str] = []
+    names: list[str] = []
+    for folder in classes:
+        walked = []
+        for dirpath, dirs, fnames in os.walk(folder, followlinks=True):
+            for d in [d for d in dirs if hidden(d)]:
+                skipped.append(f"{(Path(dirpath) / d).relative_to(top)}/")
+                dirs.remove(d)
+            walked.append((dirpath, fnames))
+        found = 0
+        for dirpath, fnames in sorted(walked):
+            for fname in sorted(fnames):
+                if hidden(fname):
+                    skipped.append(str((Path(dirpath) / fname).relative_to(top)))
+                elif fname.lower().endswith(IMAGE_SUFFIXES):
+                    files.append(os.path.join(dirpath, fname))
+                    names.append(folder.name)
+                    found += 1
+        if not found:
+            raise SourceError(f"{what}: class folder {folder.relative_to(top)}/ holds no "
+                              f"image ({', '.join(IMAGE_SUFFIXES)})")
+    return files, names
+
+
 def read_imagefolder(path: Path, settings: dict[str, Any]) -> Loaded:
-    """``path/<class>/*`` or ``path/<split>/<class>/*`` (splits pooled in sorted order)."""
+    """``path/<class>/*`` or ``path/<split>/<class>/*`` (splits pooled in sorted order), as
+    torchvision's ``ImageFolder`` reads them but with hidden and system entries
+    (:func:`hidden`: ``.ipynb_checkpoints/``, ``.DS_Store``, ``._*``, ``__MACOSX/``) skipped
+    at every level, so one never becomes a class nor hides the split folders; the
+    :class:`Loaded`'s ``skipped`` names them."""
     from PIL import Image
-    from torchvision.datasets import ImageFolder
 
     what = f"data.dataset: image folder {path}"
     if not path.is_dir():
         raise SourceError(f"{what} is not a directory")
-    subdirs = sorted(p for p in path.iterdir() if p.is_dir())
+    skipped: list[str] = []
+    subdirs = _folders(path, skipped, path)
     nested = bool(subdirs) and all(p.name.lower() in SPLIT_NAMES for p in subdirs)
-    roots = subdirs if nested else [path]
     files: list[str] = []
     names: list[str] = []
-    for root in roots:
-        try:
-            found = ImageFolder(str(root))
-        except (FileNotFoundError, RuntimeError) as exc:
-            raise SourceError(f"{what}: {exc} (one subfolder per class is needed)") from exc
-        files += [p for p, _ in found.samples]
-        names += [found.classes[c] for _, c in found.samples]
+    for root in (subdirs if nested else [path]):
+        more, named = _class_files(root, skipped, path, what)
+        files += more
+        names += named
+    skipped = sorted(set(skipped))
+
     def modes() -> Iterable[str]:
         for f in files:  # the header only: PIL decodes lazily
             with Image.open(f) as im:
@@ -76,9 +137,11 @@ def read_imagefolder(path: Path, settings: dict[str, Any]) -> Loaded:
 
     grey = all(mode in GREY for mode in modes())
     x = _image_array(decoded(), len(files), grey, settings.get("data.image-size"), what)
-    return labelled(x, np.array(names), what,
-                    {"path": np.array([str(Path(f).relative_to(path)) for f in files])},
-                    settings.get("min-classes", 2))
+    out = labelled(x, np.array(names), what,
+                   {"path": np.array([str(Path(f).relative_to(path)) for f in files])},
+                   settings.get("min-classes", 2))
+    out.skipped = skipped
+    return out
 
 
 def read_table(path: Path, settings: dict[str, Any]) -> Loaded:
@@ -140,8 +203,10 @@ def _frame(frame: Any, settings: dict[str, Any], what: str) -> Loaded:
                frame[c].astype(str).to_numpy(dtype=str)
                for c in frame.columns if c not in feats and c != label}
     raw = frame[label]
-    return labelled(x, raw.to_numpy() if is_numeric_dtype(raw) else raw.astype(str).to_numpy(
+    out = labelled(x, raw.to_numpy() if is_numeric_dtype(raw) else raw.astype(str).to_numpy(
         dtype=str), what, columns, settings.get("min-classes", 2))
+    out.features = [str(f) for f in feats]
+    return out
 
 
 def read_hf(name: str, settings: dict[str, Any]) -> Loaded:

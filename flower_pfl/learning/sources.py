@@ -6,8 +6,10 @@ A source is named by ``data.dataset``:
 * ``imagefolder:PATH`` (or ``imagefolder:`` with ``data.root``, or a bare directory path):
   one subfolder per class (``PATH/<class>/<image>``), or nested split folders
   (``PATH/train/<class>/...``, ``PATH/test/<class>/...``: pooled, as the built-in sets
-  pool their train and test sets).  Read by torchvision's ``ImageFolder`` (offline); the
-  classes are the sorted subfolder names.  Images become uint8 ``(N, C, H, W)``: ``C`` =
+  pool their train and test sets).  Read as torchvision's ``ImageFolder`` reads it
+  (offline), hidden and system entries skipped (``.ipynb_checkpoints/``, ``._*``,
+  ``.DS_Store``, ``__MACOSX/``: :func:`~.source_readers.hidden`); the classes are the
+  sorted subfolder names, or ``data.classes``' order.  Images become uint8 ``(N, C, H, W)``: ``C`` =
   1 where every image is greyscale, else 3 (RGB); ``H, W`` the images' own size (all
   equal) or ``data.image-size`` (resized, bilinear).
 * ``table:PATH`` (or a bare ``.csv``, ``.parquet``, ``.npz`` path): rows are samples;
@@ -24,9 +26,10 @@ A source is named by ``data.dataset``:
   features, ``y`` ``(N,)`` integer labels.  The module is looked up on ``sys.path`` and in
   the working directory.
 
-Labels of every source are mapped to ``0..K-1`` in sorted order of their values (the
-class names are kept).  Extra table columns (strings or numbers) are kept as *columns*
-for a ``natural`` partition.  No torch at import.
+Labels of every source are mapped to ``0..K-1`` in sorted order of their values, or in the
+order ``data.classes`` declares (the class names are kept:
+:func:`~flower_pfl.learning.own_data.declare_order`).  Extra table columns (strings or
+numbers) are kept as *columns* for a ``natural`` partition.  No torch at import.
 """
 
 from __future__ import annotations
