@@ -22,6 +22,7 @@ from flower_pfl.clients import (  # noqa: F401 - imported to bind (MODULES below
     fedper,
     fedprox,
     fedrep,
+    fedrod,
     fedsam,
     ifca,
     lgfedavg,

@@ -25,6 +25,7 @@ from flower_pfl.strategies import (  # noqa: F401 - imported to bind (MODULES be
     fedper,
     fedprox,
     fedrep,
+    fedrod,
     fedsam,
     heurfedamp,
     ifca,
