@@ -54,24 +54,66 @@ class ClientFailure(Exception):
         self.reason = reason
 
 
-# Flower's reason for a ClientApp's exception (run_clientapp): "<class 'T'>:<'message'>"
-CLIENT_EXCEPTION = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.S)
+# Flower's reason for a ClientApp's exception (run_clientapp, the simulation's worker):
+# "<class 'T'>:<'message'>"; under Ray T is "ray.exceptions.RayTaskError(ClientAppException)"
+# and the message Ray's traceback of the actor, the user's exception in its middle
+CLIENT_EXCEPTION = re.compile(r"^<class '([^']+)'>:<'(.*)'>$", re.S)
 MAX_REASON = 4000  # characters of a client's exception kept (a whole tensor would not fit)
+#: a terminal's colour codes (Ray colours its tracebacks' process titles)
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+#: a traceback's exception line: an unindented dotted name, then ": message" or nothing
+EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|"
+                            r"Failure|Fault)|[A-Za-z_][\w]*\.[\w.]*[A-Z]\w*)(?::\s?(.*))?$")
+#: a traceback's first line: Python's, or Ray's process title for an actor's traceback
+TRACEBACK_HEAD = re.compile(r"^(Traceback \(most recent call last\)|ray::\S+\(\) \()")
+#: Flower's wrapper of a ClientApp's exception (its text repeats the cause's message)
+WRAPPERS = ("ClientAppException", "RayTaskError")
 REJOIN = ("start its `flower-pfl supernode` again with the same command (it rejoins under "
           "its node id with its state from --state-dir); the run goes on without it meanwhile")
 
 
 def _whole(text: str) -> str:
+    """``text`` up to MAX_REASON characters: the middle cut, so a traceback keeps its head
+    (where it ran) and its end (what was raised)."""
     cut = len(text) - MAX_REASON
-    return text if cut <= 0 else f"{text[:MAX_REASON]} ... ({cut} more characters)"
+    if cut <= 0:
+        return text
+    head = MAX_REASON // 3
+    return f"{text[:head]} ... ({cut} characters cut) ... {text[-(MAX_REASON - head):]}"
+
+
+def root_exception(text: str) -> str | None:
+    """The first exception line (``Type: message``) of a traceback in ``text`` (Python's,
+    or Ray's, which heads each part with the actor's ``ray::Class.method() (pid=...)``),
+    ANSI codes stripped, skipping Flower's and Ray's wrappers (:data:`WRAPPERS`): with ``raise ...
+    from ex`` the cause's traceback comes first, so this is the user's exception.  None
+    where ``text`` holds no traceback."""
+    lines = ANSI.sub("", text).splitlines()
+    after = False
+    for line in lines:
+        if TRACEBACK_HEAD.match(line):
+            after = True
+            continue
+        if not after or not line or line[0].isspace():
+            continue
+        match = EXCEPTION_LINE.match(line)
+        if match is None:
+            continue
+        after = False
+        name, message = match.group(1).rsplit(".", 1)[-1], match.group(2)
+        if not any(w in name for w in WRAPPERS):
+            return f"{name}: {message}" if message else name
+    return None
 
 
 def failure_reason(exc: BaseException) -> str:
     """Why a message to a client failed, with the fix: no reply, its node gone (Flower's
-    Node/Message Unavailable errors), or the client's own exception in full (up to
-    MAX_REASON characters: its message names the fix, e.g. a refused shard's remake
-    command)."""
-    text = str(exc)
+    Node/Message Unavailable errors), or the client's own exception: its type and message
+    first, on the first line (under Ray read out of the actor's traceback,
+    :func:`root_exception`; then, on the next lines, that traceback), the text with ANSI
+    codes stripped and cut in the middle at MAX_REASON characters (its message names the
+    fix, e.g. a refused shard's remake command)."""
+    text = ANSI.sub("", str(exc))
     if "Expected one Message but got: 0" in text:
         return "no reply (timed out or node disconnected)"
     if "Message contains an Error" not in text:
@@ -88,7 +130,11 @@ def failure_reason(exc: BaseException) -> str:
                 "Fix: if it went away, " + REJOIN + "; if it is slow, raise round-timeout")
     match = CLIENT_EXCEPTION.match(reason)
     if match:  # flower_pfl.learning.shards.ShardError -> ShardError
-        reason = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2)}"
+        kind, message = match.group(1).rsplit(".", 1)[-1], match.group(2)
+        root = root_exception(message)
+        if root is not None:  # Ray: the user's exception, then Ray's traceback
+            return f"client raised {root}\n{_whole(message.strip())}"
+        reason = f"{kind}: {message}"
     return "client raised: " + _whole(reason)
 
 

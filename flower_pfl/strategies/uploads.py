@@ -146,11 +146,17 @@ class UploadAcceptance(StrategyState):
 
     def require_min_fit_answers(self, server_round: int, updates: list[ClientUpdate],
                                 failed: list[tuple[int, str]]) -> None:
-        """Raise RoundError when fewer than ``min-fit-answers`` uploads were accepted."""
+        """Raise RoundError when fewer than ``min-fit-answers`` uploads were accepted, after
+        the round's server.csv row (``fit_ok``, ``fit_failed``: the summary's coverage counts
+        the failed fits of the round that ended the run).  The error names each failure by
+        its reason's first line (a client's exception: its type and message)."""
         minimum = int(self.cfg.values.get("min-fit-answers", 1))
         if len(updates) < minimum:
+            self.log_server(fit_ok=len(updates), fit_failed=len(failed),
+                            fit_failed_ids=" ".join(str(p) for p, _ in sorted(failed)))
+            self.results.log_server(server_round, self.round_server_log)
             raise RoundError(
                 f"round {server_round}: {len(updates)} valid update(s) from "
                 f"{len(updates) + len(failed)} sampled client(s), fewer than min-fit-answers = "
-                f"{minimum}; failures: " + "; ".join(f"partition-id {p}: {r}"
-                                                     for p, r in failed[:10]))
+                f"{minimum}; failures: " + "; ".join(
+                    f"partition-id {p}: {r.splitlines()[0] if r else r}" for p, r in failed[:10]))
