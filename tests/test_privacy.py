@@ -386,3 +386,25 @@ def test_the_closing_privacy_line_names_both_epsilons():
     # a run resumed from a checkpoint written before the column existed: the first part only
     assert privacy_line(values, [{"round": 3, "epsilon": 0.8}]).endswith(
         "after round 3 (docs/privacy.md)")
+
+
+def test_under_client_level_dp_the_sample_is_not_drawn_from_the_runs_seed(tmp_path):
+    from flower_pfl import config
+    from flower_pfl.strategies.fedavg import FedAvg
+
+    def samples(privacy):
+        conf = {"strategy": "fedavg", "clients": 40, "fraction-fit": 0.25, "model": "mclr",
+                "seed": 3}
+        cfg = config.validate({**conf, "privacy": privacy} if privacy else conf)
+        s = FedAvg(cfg, initial_arrays=[np.zeros(3, np.float32)], results_dir=tmp_path)
+        s.proxies = {pid: None for pid in range(40)}
+        return [s.sample(r) for r in range(1, 7)]
+
+    plain = samples(None)
+    assert plain == samples(None) and all(len(p) == 10 for p in plain)  # seeded: the same
+    dp = {"mode": "client-level", "clip-norm": 1.0, "noise-multiplier": 1.0}
+    first, second = samples(dp), samples(dp)
+    assert all(len(p) == 10 for p in first)
+    # operating-system entropy: two runs of the same seed sample differently (the chance
+    # that 6 rounds of 10 of 40 agree is below 1e-50) and neither follows the seed's draws
+    assert first != second and first != plain

@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 from logging import INFO, WARNING
 
+import numpy as np
 from flwr.common import GetPropertiesIns, GetPropertiesRes
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
@@ -28,8 +29,21 @@ from flwr.server.client_proxy import ClientProxy
 from flower_pfl.strategies.federation import FederationError, TaggedProxy, failure_reason
 from flower_pfl.strategies.state import StrategyState
 
-#: how long the first handshake waits for the federation's nodes (and each node's answer)
+#: how long the first handshake waits for the federation's nodes (and each node's answer),
+#: plus :data:`PER_NODE_WAIT_S` per node (:func:`handshake_wait_s`)
 WAIT_FOR_NODES_S = 120.0
+#: the handshake's wait per node of the federation: Flower's simulation engine creates one
+#: context per node before it delivers any message (~1 ms a node on a 2-core machine, ~90 s
+#: at 100,000) and each handshake message then costs ~4-6 ms; 10 ms a node covers both
+PER_NODE_WAIT_S = 0.01
+
+
+def handshake_wait_s(num_nodes: int) -> float:
+    """Seconds the first handshake waits for ``num_nodes`` nodes, and the lifetime of each
+    handshake message: ``WAIT_FOR_NODES_S + PER_NODE_WAIT_S x num_nodes`` (120.2 s for 20
+    nodes, 220 s for 10,000, 1,120 s for 100,000), so a message sent while the engine is
+    still starting a large federation does not expire before it is delivered."""
+    return WAIT_FOR_NODES_S + PER_NODE_WAIT_S * int(num_nodes)
 
 #: most messages in flight at once (one waiting thread each; see :func:`message_threads`)
 MAX_MESSAGE_THREADS = 256
@@ -56,7 +70,15 @@ class NodeTracking(StrategyState):
         k = max(int(self.cfg["min-fit-clients"]), int(round(self.cfg["fraction-fit"] *
                                                             self.num_clients)))
         k = min(k, len(available))
-        return sorted(self.rng.choice(available, size=k, replace=False).tolist())
+        return sorted(self.sample_rng().choice(available, size=k, replace=False).tolist())
+
+    def sample_rng(self) -> np.random.Generator:
+        """The generator of the client sample: the strategy's seeded one, or under
+        client-level DP its noise's generator (operating-system entropy), so that the
+        sample cannot be re-drawn from the run's seed in config.json: amplification by
+        subsampling assumes whoever gets the results does not know it (docs/privacy.md,
+        "Who knows the sample")."""
+        return self.dp.rng if self.dp is not None else self.rng
 
     def proxy_pid(self, proxy: ClientProxy) -> int:
         """The partition-id behind ``proxy`` (-1: a node that never answered the handshake)."""
@@ -72,7 +94,8 @@ class NodeTracking(StrategyState):
         (a new node id) is mapped to its partition-id again."""
         if not self._federation_checked:
             if client_manager.num_available() < self.num_clients:
-                client_manager.wait_for(self.num_clients, timeout=int(WAIT_FOR_NODES_S))
+                client_manager.wait_for(self.num_clients,
+                                        timeout=int(handshake_wait_s(self.num_clients)))
         available = client_manager.all()
         if not self._federation_checked and len(available) != self.num_clients:
             raise FederationError(
@@ -84,10 +107,11 @@ class NodeTracking(StrategyState):
         unknown = [p for cid, p in available.items() if cid not in self.pid_of_cid]
         if unknown:
             ins = GetPropertiesIns({})  # a client answers its partition-id, nothing else
+            wait = handshake_wait_s(self.num_clients)
 
             def ask(proxy: ClientProxy) -> GetPropertiesRes | None:
                 try:
-                    return proxy.get_properties(ins, WAIT_FOR_NODES_S, None)
+                    return proxy.get_properties(ins, wait, None)
                 except Exception as exc:  # noqa: BLE001 - any failure = no handshake answer
                     if not self._federation_checked:
                         raise FederationError(f"node {proxy.cid} did not answer the partition-id "
