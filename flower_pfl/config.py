@@ -36,6 +36,7 @@ from flower_pfl.hyper import (
     tab_message,
 )
 from flower_pfl.learning.schedule import SCHEDULES
+from flower_pfl.newcomers import NEWCOMER_FIELDS, newcomer_checks
 from flower_pfl.privacy.fields import PRIVACY_FIELDS, privacy_checks
 
 #: the app's folder: simulation.yaml, pyproject.toml, strategies/ and clients/ beside flower_pfl/
@@ -140,9 +141,10 @@ _TRAIN_AND_AFTER: dict[str, Field] = {
                                      nullable=True),
 }
 
-FIELDS: dict[str, Field] = {**_CORE, **DATA_FIELDS, **_TRAIN_AND_AFTER, **PRIVACY_FIELDS}
+FIELDS: dict[str, Field] = {**_CORE, **DATA_FIELDS, **_TRAIN_AND_AFTER, **PRIVACY_FIELDS,
+                            **NEWCOMER_FIELDS}
 
-SECTIONS = {"data", "train", "client-resources", "server", "privacy", "hyper"}
+SECTIONS = {"data", "train", "client-resources", "server", "privacy", "hyper", "newcomers"}
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -291,6 +293,12 @@ def validate(tree: Mapping[str, Any] | None, source: str = "<dict>") -> RunConfi
         cross_check = REGISTRY[str(name)].cross_check  # a known name: no problem so far
         if cross_check is not None:
             problems.extend(cross_check(values, hyper))
+        rule = REGISTRY[str(name)].newcomer
+        if values["newcomers.clients"] is not None and (rule is None or rule.refused):
+            problems.append(f"'newcomers.clients' is set but strategy '{name}' has no newcomer "
+                            f"rule: " + (rule.refused if rule is not None and rule.refused else
+                                         "its contract declares none yet (docs/newcomers.md "
+                                         "lists the strategies that have one)"))
     if problems:
         raise ConfigError(f"invalid configuration in {source}:\n  - " + "\n  - ".join(problems))
     return RunConfig(values=values, hyper=hyper, source=source)
@@ -332,7 +340,7 @@ def _recipe_checks(values: Mapping[str, Any]) -> list[str]:
 
 def _cross_checks(values: Mapping[str, Any]) -> list[str]:
     problems = (_model_checks(values) + _recipe_checks(values) + data_checks(values)
-                + privacy_checks(values))
+                + privacy_checks(values) + newcomer_checks(values))
     if values["min-fit-clients"] > values["clients"]:
         problems.append(f"'min-fit-clients' = {values['min-fit-clients']} exceeds 'clients' = "
                         f"{values['clients']}")

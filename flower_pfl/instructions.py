@@ -186,6 +186,27 @@ class ReceivedModel(Wire):
     evaluate_received: bool = False
 
 
+@dataclass(frozen=True)
+class NewcomerEval(Wire):
+    """A held-out newcomer's evaluation (strategies/evaluation.py; clients/base.py
+    ``evaluate_newcomer``, docs/newcomers.md): adapt by the method's newcomer rule for
+    ``budget_steps`` local SGD steps (0: the run's local training) and answer accuracy
+    before and after; nothing it computes is sent back but those metrics."""
+
+    newcomer: bool = False
+    budget_steps: int = 0
+
+
+@dataclass(frozen=True)
+class NewcomerReply(Reply):
+    """A newcomer's answer: the metric of the model the server would give it (before) and
+    of the model its rule adapted (after), and the local steps the rule took."""
+
+    newcomer_before: float
+    newcomer_after: float
+    newcomer_steps: int
+
+
 # ================================================= differential privacy (docs/privacy.md)
 @dataclass(frozen=True)
 class PrivateFit(Wire):
@@ -215,4 +236,5 @@ class SampleLevelReply(Reply):
 
 #: every declaration, for the round-trip test (tests/test_instructions.py)
 DECLARATIONS: tuple[type[Wire], ...] = (RoundInstruction, EvaluateInstruction, ReceivedModel,
-                                        PrivateFit, PrivateReply, SampleLevelReply)
+                                        NewcomerEval, NewcomerReply, PrivateFit,
+                                        PrivateReply, SampleLevelReply)

@@ -161,8 +161,8 @@ def test_the_client_app_and_every_client_load_no_strategy_module():
 def test_instructions_hold_only_the_wire_machinery_and_round_level_messages():
     classes = {n.name for n in ast.parse((PKG / "instructions.py").read_text()).body
                if isinstance(n, ast.ClassDef)}
-    round_level = {"RoundInstruction", "EvaluateInstruction", "ReceivedModel", "PrivateFit",
-                   "PrivateReply", "SampleLevelReply"}
+    round_level = {"RoundInstruction", "EvaluateInstruction", "ReceivedModel", "NewcomerEval",
+                   "NewcomerReply", "PrivateFit", "PrivateReply", "SampleLevelReply"}
     assert classes == {"WireError", "Spec", "Wire", "Reply"} | round_level
     assert {d.__name__ for d in instructions.DECLARATIONS} == round_level
     # every paper's wire class is declared by its contract's entries

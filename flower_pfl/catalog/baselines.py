@@ -20,6 +20,7 @@ from flower_pfl.contract import (
     Decision,
     Entry,
     Mechanism,
+    Newcomer,
     Params,
     in_,
     param,
@@ -192,6 +193,14 @@ class APFLInstruction(Wire):
     adapt_alpha: bool
 
 
+#: newcomer rules (docs/newcomers.md): a held-out client that never trained
+FINE_TUNE = Newcomer("the global model, fine-tuned for the budget (FedAvg-FT)", "derived")
+SCRATCH = Newcomer("its own model trained from the initial model for the budget", "derived")
+DITTO_NEWCOMER = Newcomer("v = argmin f_i(v) + lambda/2 dist(v, w*)^2 from v = w*, the "
+                          "budget's SGD steps (Alg. 1's personal solve)", "paper")
+PERFEDAVG_NEWCOMER = Newcomer("the global (meta) model after the budget's SGD steps of size "
+                              "alpha (its few-step adaptation)", "paper")
+
 #: Local's decision: nothing leaves a client
 NOTHING = ("nothing leaves a Local client (no upload: ε = 0 without DP); there is nothing "
            "to protect")
@@ -201,6 +210,7 @@ FEDAVG = Entry(
     "fedavg",
     "FedAvg (McMahan et al. 2017): one global model, sample-weighted mean of client models.",
     privacy=Decision(WHOLE_MODEL, None, None),
+    newcomer=FINE_TUNE,
 )
 
 
@@ -208,6 +218,7 @@ LOCAL = Entry(
     "local",
     "Separate/Local training: every client trains only its own model; no weights exchanged.",
     privacy=Decision("nothing", NOTHING, NOTHING),
+    newcomer=SCRATCH,
 )
 
 
@@ -218,6 +229,7 @@ FEDAVG_FT = Entry(
     params=FedAvgFTParams,
     privacy=Decision(WHOLE_MODEL, None, None),
     wire=(FineTuneEval,),
+    newcomer=FINE_TUNE,
 )
 
 
@@ -228,6 +240,7 @@ FEDPROX = Entry(
     params=FedProxParams,
     privacy=Decision(WHOLE_MODEL, None, None),
     wire=(FedProxFit,),
+    newcomer=FINE_TUNE,
 )
 
 
@@ -238,6 +251,7 @@ FEDPROX_FT = Entry(
     params=FedProxFTParams,
     privacy=Decision(WHOLE_MODEL, None, None),
     wire=(FedProxFit, FineTuneEval),
+    newcomer=FINE_TUNE,
 )
 
 
@@ -250,6 +264,7 @@ SCAFFOLD = Entry(
     privacy=Decision("w_i and the control delta dc_i, clipped together", None, None),
     mechanism=Mechanism("SCAFFOLD", "its control variate c_i from an earlier round",
                         "c_i = 0: the correction is c alone"),
+    newcomer=FINE_TUNE,
 )
 
 
@@ -277,6 +292,7 @@ DITTO = Entry(
     mechanism=Mechanism("Ditto", "personal v_i carried over from an earlier round",
                         "v_i starts at the global model; an untrained client evaluates w"),
     wire=(DittoFit,),
+    newcomer=DITTO_NEWCOMER,
 )
 
 
@@ -290,6 +306,7 @@ PERFEDAVG = Entry(
     privacy=Decision(WHOLE_MODEL, None,
                      OWN_LOOP.format(what="Per-FedAvg's meta-gradient step")),
     wire=(PerFedAvgFit, PerFedAvgEval),
+    newcomer=PERFEDAVG_NEWCOMER,
 )
 
 ENTRIES = [FEDAVG, LOCAL, FEDAVG_FT, FEDPROX, FEDPROX_FT, SCAFFOLD, APFL, DITTO, PERFEDAVG]

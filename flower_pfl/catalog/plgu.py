@@ -16,6 +16,7 @@ from flower_pfl.contract import (
     Decision,
     Entry,
     Mechanism,
+    Newcomer,
     Params,
     in_,
     param,
@@ -146,6 +147,12 @@ class FedRepFit(Wire):
     reading: str
 
 
+#: newcomer rules (docs/newcomers.md)
+FINE_TUNE = Newcomer("the global model, fine-tuned for the budget (FedAvg-FT)", "derived")
+HEAD_ONLY = Newcomer("a head trained for the budget on the frozen global body (the body "
+                     "untouched)", "paper")
+
+
 FEDSAM = Entry(
     "fedsam",
     "FedSAM (Qu et al., ICML 2022): SAM as the local optimizer, w += mean Delta.",
@@ -153,6 +160,7 @@ FEDSAM = Entry(
     privacy=Decision("Delta_i = w_i - w (already a delta)", None,
                      OWN_LOOP.format(what="SAM's two-pass step"), reference="zero"),
     wire=(SAMFit, SharedReply),
+    newcomer=FINE_TUNE,
 )
 
 
@@ -190,6 +198,7 @@ FEDREP = Entry(
                      OWN_LOOP.format(what="FedRep's head-then-body loop")),
     mechanism=Mechanism("FedRep", *HEAD),
     wire=(FedRepFit,),
+    newcomer=HEAD_ONLY,
 )
 
 
@@ -203,6 +212,7 @@ PLGU_GREP = Entry(
                      OWN_LOOP.format(what="LWSAM's two-pass step")),
     mechanism=Mechanism("PLGU-GRep", *HEAD),
     wire=(FedRepFit,),
+    newcomer=HEAD_ONLY,
 )
 
 

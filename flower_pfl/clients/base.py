@@ -32,6 +32,8 @@ from flower_pfl.clients.state import ClientState
 from flower_pfl.config import RunConfig
 from flower_pfl.instructions import (
     EvaluateInstruction,
+    NewcomerEval,
+    NewcomerReply,
     ReceivedModel,
     RoundInstruction,
     SampleLevelReply,
@@ -53,6 +55,8 @@ from flower_pfl.reliability.uploads import EXTRA_ARRAYS, parse_parts, split_part
 from flower_pfl.reporting.metric_kind import metric_of
 
 _CFG_CACHE: dict[str, RunConfig] = {}
+#: the mini-batch order's salt of a newcomer's adaptation (``generator``)
+NEWCOMER_SALT = 7
 
 #: a message's config as the client reads it (``FitIns.config`` / ``EvaluateIns.config``)
 MessageConfig = Mapping[str, Scalar]
@@ -115,6 +119,22 @@ class PFLClient(NumPyClient):
         """The model evaluated as this client's personalized model."""
         raise NotImplementedError
 
+    def newcomer_start(self, parameters: NDArrays, config: MessageConfig) -> NamedLayers:
+        """A held-out newcomer's model before adaptation: the model the server would give it
+        (default: what it sent, else the initial model)."""
+        return self.new_model(parameters if parameters else None)
+
+    def adapt_newcomer(self, model: NamedLayers, config: MessageConfig, steps: int
+                       ) -> NamedLayers:
+        """The method's newcomer rule (docs/newcomers.md; declared in its contract's
+        ``Entry.newcomer``): ``model`` (:meth:`newcomer_start`'s) adapted with ``steps``
+        local SGD steps on the newcomer's own training data; ``config`` is the server's
+        newcomer instruction (:class:`~flower_pfl.instructions.NewcomerEval` and the
+        method's own declarations).  Default: plain fine-tuning of the model (FedAvg-FT).
+        Nothing it writes is kept (:meth:`evaluate_newcomer`)."""
+        self.local_train(model, num_steps=steps, salt=NEWCOMER_SALT)
+        return model
+
     # ------------------------------------------------------------------ Flower methods
     def get_properties(self, config: MessageConfig) -> dict[str, Scalar]:
         return {"partition-id": self.pid}
@@ -156,6 +176,9 @@ class PFLClient(NumPyClient):
                  ) -> tuple[float, int, dict[str, Scalar]]:
         self.setup(config)
         self.eval_steps = 0  # local_train counts what personal_model trains (FT, Per-FedAvg)
+        sent = NewcomerEval.from_config(config)
+        if sent.newcomer:
+            return self.evaluate_newcomer(parameters, config, sent)
         model = self.personal_model(parameters, config)
         loss, score = self.test(model)
         meta = self.state.get_values("meta") or {"fit-rounds": 0}
@@ -172,6 +195,30 @@ class PFLClient(NumPyClient):
         if EvaluateInstruction.from_config(config).eval_global and parameters:
             g_loss, g_score = self.test(self.new_model(parameters))
             metrics.update({f"global_{metric}": g_score, "global_loss": g_loss})
+        return loss, self.data.num_test, metrics
+
+    def evaluate_newcomer(self, parameters: NDArrays, config: MessageConfig,
+                          sent: NewcomerEval) -> tuple[float, int, dict[str, Scalar]]:
+        """A held-out newcomer's evaluation: the metric of :meth:`newcomer_start`'s model
+        (before) and of :meth:`adapt_newcomer`'s (after) with ``budget-steps`` local steps
+        (0: the run's local training).  Everything it writes to its state is thrown away
+        (one transaction, aborted); the reply is metrics only (:class:`NewcomerReply`), no
+        arrays, outside every fit: under DP it spends none of the federation's budget."""
+        steps = sent.budget_steps or self.spec.num_steps(self.data.num_train)
+        metric = metric_of(self.cfg.values)
+        self.state.begin(self.round)
+        try:
+            _, before = self.test(self.newcomer_start(parameters, config))
+            self.eval_steps = 0
+            model = self.adapt_newcomer(self.newcomer_start(parameters, config), config, steps)
+            loss, after = self.test(model)
+        finally:
+            self.state.abort()
+        reply = NewcomerReply(newcomer_before=float(before), newcomer_after=float(after),
+                              newcomer_steps=int(self.eval_steps)).to_config()
+        metrics: dict[str, Scalar] = {"partition-id": self.pid, metric: after,
+                                      "num-train": self.data.num_train, "fit-rounds": 0,
+                                      **reply, **devices.fit_report(self.device, peak=False)}
         return loss, self.data.num_test, metrics
 
     # ------------------------------------------------------------------------ helpers

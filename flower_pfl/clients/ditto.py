@@ -17,9 +17,9 @@ from flwr.common import NDArrays
 from flower_pfl.algorithms.prox import Prox
 from flower_pfl.catalog import baselines
 from flower_pfl.catalog.baselines import DittoFit
-from flower_pfl.clients.base import MessageConfig, Metrics
+from flower_pfl.clients.base import NEWCOMER_SALT, MessageConfig, Metrics
 from flower_pfl.clients.fedavg import FedAvgClient
-from flower_pfl.learning.models import NamedLayers
+from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.learning.training import params_of
 from flower_pfl.registry import client_for
 
@@ -43,6 +43,16 @@ class DittoClient(FedAvgClient):
     def personal_model(self, parameters: NDArrays, config: MessageConfig
                        ) -> NamedLayers:
         return self._personal(parameters)
+
+    def adapt_newcomer(self, model: NamedLayers, config: MessageConfig, steps: int
+                       ) -> NamedLayers:
+        """Ditto's personal solve for a newcomer: ``steps`` SGD steps on f_i(v) +
+        lambda/2 ||v - w*||^2 from v = w* (``model``; lambda: the newcomer instruction's
+        :class:`DittoFit`)."""
+        center = params_of(self.new_model(get_arrays(model)))  # w*, fixed while v trains
+        self.local_train(model, regularizer=Prox(center, DittoFit.from_config(config).lam),
+                         num_steps=steps, salt=NEWCOMER_SALT)
+        return model
 
     def _personal(self, parameters: NDArrays) -> NamedLayers:
         """v_i from context.state; before the first fit, the global model received."""

@@ -16,6 +16,9 @@ layer and is shared.  One round:
 
 The personalized model is (h_i, current global body). With a one-layer model (mclr) the
 body is empty: FedRep then IS local training of the head (the strategy warns).
+
+A held-out newcomer (docs/newcomers.md) starts from (initial head, global body) and trains
+the head alone for the budget's steps, the body frozen (FedRep's new-client experiment).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from flwr.common import NDArrays
 
 from flower_pfl.catalog import plgu
 from flower_pfl.catalog.plgu import FedRepFit
-from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
+from flower_pfl.clients.base import NEWCOMER_SALT, MessageConfig, Metrics, PFLClient
 from flower_pfl.clients.fedsam import LWSAMClientMixin, layer_tensors
 from flower_pfl.learning.models import NamedLayers, get_arrays, head_count, head_split
 from flower_pfl.registry import client_for
@@ -98,3 +101,16 @@ class FedRepClient(LWSAMClientMixin, PFLClient):
     def personal_model(self, parameters: NDArrays, config: MessageConfig
                        ) -> NamedLayers:
         return self.assemble(parameters)
+
+    def newcomer_start(self, parameters: NDArrays, config: MessageConfig) -> NamedLayers:
+        """(the initial head, the global body phi sent): what the server gives a newcomer."""
+        return self.assemble(parameters)
+
+    def adapt_newcomer(self, model: NamedLayers, config: MessageConfig, steps: int
+                       ) -> NamedLayers:
+        """The head h trained for ``steps`` plain SGD steps on the frozen body (eq. 9)."""
+        head_t = [p for layer in layer_tensors(model)[-head_count(model):] for p in layer]
+        out = self.lwsam_train(model, [], [], 0.0, plain=head_t, num_steps=steps,
+                               salt=NEWCOMER_SALT)
+        self.eval_steps += int(out.get("local_steps", 0))
+        return model

@@ -12,7 +12,8 @@ gives ceil(n / (2B)) FO or ceil(n / (3B)) HF meta-updates (each consumes 2 or 3 
 
 Personalized evaluation (Per-FedAvg-P): from the global model, ``personal-steps`` SGD
 steps of size alpha on the client's TRAINING data (``training.train``), then the test
-split; the global model itself is Per-FedAvg-G.
+split; the global model itself is Per-FedAvg-G.  A held-out newcomer (docs/newcomers.md)
+adapts the same way with the newcomer budget's steps.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch.nn import functional as F
 from flower_pfl.algorithms.baselines_math import batches_per_step, perfedavg_step
 from flower_pfl.catalog import baselines
 from flower_pfl.catalog.baselines import PerFedAvgEval, PerFedAvgFit
-from flower_pfl.clients.base import MessageConfig, Metrics
+from flower_pfl.clients.base import NEWCOMER_SALT, MessageConfig, Metrics
 from flower_pfl.clients.fedavg import FedAvgClient
 from flower_pfl.learning.models import NamedLayers, get_arrays
 from flower_pfl.learning.training import batches
@@ -60,4 +61,12 @@ class PerFedAvgClient(FedAvgClient):
         model = self.new_model(parameters)
         sent = PerFedAvgEval.from_config(config)
         self.local_train(model, num_steps=sent.personal_steps, salt=1, lr=sent.alpha)
+        return model
+
+    def adapt_newcomer(self, model: NamedLayers, config: MessageConfig, steps: int
+                       ) -> NamedLayers:
+        """Per-FedAvg's few-step adaptation for a newcomer: ``steps`` SGD steps of size
+        alpha (:class:`PerFedAvgEval`) from the meta-model ``model``."""
+        self.local_train(model, num_steps=steps, salt=NEWCOMER_SALT,
+                         lr=PerFedAvgEval.from_config(config).alpha)
         return model

@@ -7,6 +7,8 @@
                        did (``clients_evaluated``) and that round's fit (``fit_accepted``
                        of ``fit_sampled``; :mod:`flower_pfl.reporting.coverage`)
 * ``clients.csv``   -- a row per client per evaluation round (``device`` of its last fit;
+                       a held-out newcomer's row: ``newcomer`` 1, ``newcomer_before`` /
+                       ``newcomer_after``, docs/newcomers.md;
                        ``trained`` 0 = no accepted fit yet: its metric is of a model it
                        never trained a round on; summary.json ``untrained_evaluated`` says
                        which)
@@ -84,11 +86,15 @@ class ResultsWriter:
                   global_: Mapping[str, float] | None, clients: Sequence[Mapping[str, Any]],
                   lower_is_better: bool | None = None,
                   trained: Mapping[str, float] | None = None,
-                  trained_clients: int | None = None) -> None:
+                  trained_clients: int | None = None,
+                  newcomers: Mapping[str, float] | None = None) -> None:
         """One evaluation round.  ``lower_is_better`` (optional) is the caller's direction; it
         must be the writer's own (:func:`metric_of` the configuration), never a second rule.
         ``trained``: the same statistics over the clients that have trained (``trained`` 1
-        in their rows; None: none has), ``trained_clients`` how many they are."""
+        in their rows; None: none has), ``trained_clients`` how many they are; ``newcomers``:
+        the held-out newcomers' columns (:func:`flower_pfl.newcomers.newcomer_stats`: before
+        and after means, participation gap, adaptation gain; ``personal_*`` are then the
+        participants')."""
         if lower_is_better is not None and lower_is_better != self.lower_is_better:
             raise ValueError(f"round {server_round}: the caller says lower_is_better="
                              f"{lower_is_better}, the run's metric {self.metric!r} says "
@@ -112,6 +118,8 @@ class ResultsWriter:
             row["personal_trained_clients"] = int(trained_clients)
             for k in TRAINED_KEYS:
                 row[f"personal_trained_{k}"] = trained[k] if trained else float("nan")
+        if newcomers is not None:
+            row.update(newcomers)
         self.rounds.append(row)
         row["personal_bmta"] = self._best("personal_mean")
         append_csv(self.dir / "rounds.csv", row)

@@ -37,6 +37,9 @@ if TYPE_CHECKING:  # torch is imported when the first record is written
 MISSING = ("tracking: tensorboard needs the TensorBoard package, which is not installed in "
            "this environment: pip install 'flower-pfl[tensorboard]' (or pip install "
            "tensorboard), or set tracking: none")
+#: rounds.csv's held-out newcomer columns (flower_pfl/newcomers.py ``newcomer_stats``)
+NEWCOMER_KEYS = ("newcomers_before_mean", "newcomers_after_mean", "participation_gap",
+                 "adaptation_gain")
 STATS = ("mean", "weighted_mean", "worst10_mean", "top10_mean", "worst5_mean", "std", "bmta")
 
 
@@ -133,6 +136,9 @@ class TensorBoardTracker:
                     name = {"worst10_mean": "worst10", "top10_mean": "top10",
                             "worst5_mean": "worst5", "bmta": "best_mean"}.get(stat, stat)
                     self.scalar(f"{prefix}/{name}", row[key], step)
+        for key in NEWCOMER_KEYS:  # held-out newcomers (docs/newcomers.md)
+            if _finite(row.get(key)) is not None:
+                self.scalar(f"newcomers/{key}", float(row[key]), step)
         m = self.metric
         for column, tag in ((m, f"clients/personalized_{m}"),
                             (f"global_{m}", f"clients/global_{m}")):

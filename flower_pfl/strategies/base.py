@@ -73,6 +73,7 @@ from flower_pfl import raynode, registry
 from flower_pfl.config import RunConfig
 from flower_pfl.contract import Mechanism, Params
 from flower_pfl.learning.params import ParamSpec
+from flower_pfl.newcomers import held_out
 from flower_pfl.privacy.server_side import ClientLevelDP
 from flower_pfl.reporting.metric_kind import lower_is_better, metric_of
 from flower_pfl.reporting.results import ResultsWriter
@@ -139,9 +140,14 @@ class PersonalizedStrategy(NodeTracking, FitPayloads, UploadAcceptance, PrivateR
         self.pid_of_cid: dict[str, int] = {}
         self.proxies: dict[int, ClientProxy] = {}
         self.eval_history: list[dict[str, float]] = []
+        self.newcomers = held_out(cfg.values)  # drawn before round 1, never sampled
         self.results = ResultsWriter(Path(results_dir) if results_dir else default_results_dir(cfg),
                                      {"source": cfg.source, "values": dict(cfg.values),
-                                      "hyper": self.hyper})
+                                      "hyper": self.hyper,
+                                      **({"newcomers": self.newcomers} if self.newcomers
+                                         else {})})
+        if self.newcomers:
+            self.results.set_summary("newcomers", self.newcomers)
         self._round_server_log: dict[str, Any] = {}
         # the per-client metric, decided once: accuracy, or the synthetic task's mse (an
         # error: lower is better); flower_pfl.reporting.results' metric_of and

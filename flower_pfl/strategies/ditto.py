@@ -28,3 +28,7 @@ class Ditto(FedAvg):
         return DittoFit(lam=self.params.lambda_,
                         personal_steps=0 if isinstance(steps, str) else steps  # str: 'auto'
                         ).to_config()
+
+    def newcomer_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
+        """A newcomer's personal solve reads lambda (:class:`DittoFit`)."""
+        return self.fit_config(pid, server_round)

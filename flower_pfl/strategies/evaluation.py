@@ -42,10 +42,11 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from flower_pfl.instructions import EvaluateInstruction
+from flower_pfl.instructions import EvaluateInstruction, NewcomerEval, NewcomerReply
 from flower_pfl.learning import devices
 from flower_pfl.learning.metrics import summarize
 from flower_pfl.learning.splits import UNSEEN_KEY
+from flower_pfl.newcomers import is_newcomer_round, newcomer_stats
 from flower_pfl.reporting.coverage import coverage_line
 from flower_pfl.strategies.federation import RoundError, TaggedProxy
 from flower_pfl.strategies.state import StrategyState
@@ -65,6 +66,28 @@ class EvaluationReporting(StrategyState):
         fine-tuning steps).  Default: none."""
         return {}
 
+    def newcomer_payload(self, pid: int, server_round: int
+                         ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
+        """What held-out newcomer ``pid`` is sent for its rule (``adapt_newcomer``, its
+        client): :meth:`eval_payload` (the model the server would give it) and
+        :meth:`newcomer_config` (the rule's parameters), with its :class:`NewcomerEval`."""
+        arrays, extra = self.eval_payload(pid, server_round)
+        budget = self.cfg.values.get("newcomers.budget-steps") or 0
+        return arrays, {**extra, **self.newcomer_config(pid, server_round),
+                        **NewcomerEval(newcomer=True, budget_steps=int(budget)).to_config()}
+
+    def newcomer_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
+        """The paper's values a newcomer's rule reads beyond :meth:`eval_config` (Ditto's
+        lambda).  Default: none."""
+        return {}
+
+    def evaluated_now(self, server_round: int) -> set[int]:
+        """The partition-ids this evaluation round asks: the participants, and the held-out
+        newcomers in their rounds (``newcomers.every``, the last round)."""
+        held = set(self.newcomers)
+        out = set(range(self.num_clients)) - held
+        return out | held if is_newcomer_round(self.cfg.values, server_round) else out
+
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         if not self.is_eval_round(server_round):
@@ -72,8 +95,10 @@ class EvaluationReporting(StrategyState):
         self.handshake(client_manager)
         instructions: list[tuple[ClientProxy, EvaluateIns]] = []
         eval_global = bool(self.cfg["eval-global"] and self.has_global_model)
-        for pid in sorted(self.proxies):
-            arrays, extra = self.eval_payload(pid, server_round)
+        asked, held = self.evaluated_now(server_round), set(self.newcomers)
+        for pid in sorted(p for p in self.proxies if p in asked):
+            arrays, extra = (self.newcomer_payload if pid in held else
+                             self.eval_payload)(pid, server_round)
             config = self.base_config(
                 server_round, {**EvaluateInstruction(eval_global).to_config(), **extra}, pid)
             instructions.append((TaggedProxy(self.proxies[pid], pid),
@@ -83,8 +108,13 @@ class EvaluationReporting(StrategyState):
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
         failed = self.record_failures(server_round, "evaluate", list(failures))
+        held = set(self.newcomers)
+        newcomer_rows = sorted((newcomer_row(res, self.metric) for _, res in results
+                                if int(res.metrics["partition-id"]) in held),
+                               key=lambda r: r["partition-id"])
         answered = {client_row(res, self.metric)["partition-id"] for _, res in results}
-        missing = sorted(set(range(self.num_clients)) - answered - {p for p, _ in failed})
+        missing = sorted(self.evaluated_now(server_round) - answered - {p for p, _ in failed})
+        results = [(p, r) for p, r in results if int(r.metrics["partition-id"]) not in held]
         if missing and self.is_eval_round(server_round):
             log(WARNING, "[flower-pfl] round %d: partition-id(s) %s not connected; evaluation "
                 "statistics are over the %d client(s) that answered", server_round, missing,
@@ -109,8 +139,14 @@ class EvaluationReporting(StrategyState):
         trained = [r for r in rows if r["trained"]]
         trained_stats = (summarize([r[m] for r in trained], [r["num-test"] for r in trained],
                                    lower_is_better) if trained else None)
-        self.results.log_round(server_round, personal, global_, rows, trained=trained_stats,
-                               trained_clients=len(trained))
+        newcomers = None
+        if newcomer_rows:
+            newcomers = newcomer_stats(personal["mean"],
+                                       [r["newcomer_before"] for r in newcomer_rows],
+                                       [r["newcomer_after"] for r in newcomer_rows])
+        self.results.log_round(server_round, personal, global_, rows + newcomer_rows,
+                               trained=trained_stats, trained_clients=len(trained),
+                               newcomers=newcomers)
         if any("unseen-classes" in res.metrics for _, res in results):  # docs/own-data.md
             self.results.set_summary(UNSEEN_KEY, sum(
                 int(res.metrics.get("unseen-classes", 0)) > 0 for _, res in results))
@@ -121,7 +157,14 @@ class EvaluationReporting(StrategyState):
             personal["weighted_mean"], personal["std"], personal["worst10_mean"],
             personal["top10_mean"], personal["min"], best,
             f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
-            self.num_clients - len(rows), devices.describe(rows))
+            self.num_clients - len(held) - len(rows), devices.describe(rows))
+        if newcomers:
+            log(INFO, "[flower-pfl] round %d: newcomers (%d held out, never trained) %s before "
+                "%.4f after %.4f (%s) | participants %.4f | participation gap %+.4f | "
+                "adaptation gain %+.4f", server_round, len(newcomer_rows), m,
+                newcomers["newcomers_before_mean"], newcomers["newcomers_after_mean"],
+                f"{self.entry.newcomer.rule}" if self.entry.newcomer else "its rule",
+                personal["mean"], newcomers["participation_gap"], newcomers["adaptation_gain"])
         exhausted = self.budget_exhausted_after(server_round)  # privacy: no next round
         if server_round >= self.cfg["rounds"] or exhausted:
             self.report_run_end(rows, trained_stats, {
@@ -133,7 +176,9 @@ class EvaluationReporting(StrategyState):
         metrics: dict[str, Scalar] = {f"personal_{k}": v for k, v in personal.items()}
         metrics["personal_bmta"] = best
         metrics["eval_answered"] = len(rows)
-        metrics["eval_missing"] = self.num_clients - len(rows)
+        metrics["eval_missing"] = self.num_clients - len(held) - len(rows)
+        if newcomers:
+            metrics.update(newcomers)
         if global_:
             metrics.update({f"global_{k}": v for k, v in global_.items()})
         loss = float(np.average([r["loss"] for r in rows], weights=[r["num-test"] for r in rows]))
@@ -206,3 +251,15 @@ def client_row(res: EvaluateRes, metric: str) -> dict[str, Any]:
         row["global_loss"] = float(m["global_loss"])
     row.update(devices.select(m))  # the device of its last fit (flower_pfl.learning.devices)
     return row
+
+
+def newcomer_row(res: EvaluateRes, metric: str) -> dict[str, Any]:
+    """A held-out newcomer's answer as a ``clients.csv`` row: ``newcomer`` 1, its metric
+    before and after its rule (the metric column: after) and the steps the rule took."""
+    sent = NewcomerReply.from_config(res.metrics)
+    return {"partition-id": int(res.metrics["partition-id"]), metric: sent.newcomer_after,
+            "loss": float(res.loss), "num-test": int(res.num_examples),
+            "num-train": int(res.metrics.get("num-train", 0)), "fit-rounds": 0,
+            "trained": 0, "newcomer": 1, "newcomer_before": sent.newcomer_before,
+            "newcomer_after": sent.newcomer_after, "newcomer_steps": sent.newcomer_steps,
+            **devices.select(res.metrics)}

@@ -10,8 +10,9 @@ A mixin of ``PersonalizedStrategy`` (it uses ``self.cfg``, ``self.cfg_json``,
   exactly ``clients`` nodes (one source of truth with ``simulation.yaml``), later a node
   that is gone is not an error and a node that comes back is mapped again;
 * :meth:`NodeTracking.sample` picks ``max(min-fit-clients, round(fraction-fit *
-  clients))`` of the connected partition-ids with the strategy's own seeded generator
-  (reproducible sampling, independent of node ids);
+  participants))`` of the connected partition-ids that are not held-out newcomers
+  (flower_pfl/newcomers.py) with the strategy's own seeded generator (reproducible
+  sampling, independent of node ids);
 * :meth:`NodeTracking.proxy_pid` names the partition-id behind a proxy.
 """
 
@@ -65,10 +66,12 @@ class NodeTracking(StrategyState):
     """Partition-ids of the connected nodes, and the seeded sample of each round."""
 
     def sample(self, server_round: int) -> list[int]:
-        """Partition-ids of this round's clients (seeded; independent of node ids)."""
-        available = sorted(self.proxies)
+        """Partition-ids of this round's clients (seeded; independent of node ids): never a
+        held-out newcomer (flower_pfl/newcomers.py), ``fraction-fit`` of the participants."""
+        held_out = set(self.newcomers)
+        available = sorted(p for p in self.proxies if p not in held_out)
         k = max(int(self.cfg["min-fit-clients"]), int(round(self.cfg["fraction-fit"] *
-                                                            self.num_clients)))
+                                                            (self.num_clients - len(held_out)))))
         k = min(k, len(available))
         return sorted(self.sample_rng().choice(available, size=k, replace=False).tolist())
 

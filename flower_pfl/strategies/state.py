@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # types only: importing this module stays as cheap as before
     from flwr.server.client_proxy import ClientProxy
 
     from flower_pfl.config import RunConfig
-    from flower_pfl.contract import Mechanism
+    from flower_pfl.contract import Entry, Mechanism
     from flower_pfl.learning.params import ParamSpec
     from flower_pfl.privacy.server_side import ClientLevelDP
     from flower_pfl.reliability.uploads import UploadTemplate
@@ -68,6 +68,10 @@ class StrategyState:
     warned: set[Any]
 
     # -- the federation (nodes.py) -----------------------------------------------------
+    #: the paper's contract (its newcomer rule: ``entry.newcomer``)
+    entry: Entry
+    #: the held-out newcomers' partition-ids (flower_pfl/newcomers.py): never sampled
+    newcomers: list[int]
     #: Flower's node id -> partition-id, and partition-id -> the node's current proxy
     pid_of_cid: dict[str, int]
     proxies: dict[int, ClientProxy]
