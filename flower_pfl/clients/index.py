@@ -19,6 +19,7 @@ from flower_pfl.clients import (  # noqa: F401 - imported to bind (MODULES below
     fedavg,
     fedbabu,
     fedbn,
+    fedfomo,
     fedper,
     fedprox,
     fedrep,

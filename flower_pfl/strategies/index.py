@@ -22,6 +22,7 @@ from flower_pfl.strategies import (  # noqa: F401 - imported to bind (MODULES be
     fedavg,
     fedbabu,
     fedbn,
+    fedfomo,
     fedper,
     fedprox,
     fedrep,
