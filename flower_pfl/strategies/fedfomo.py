@@ -14,7 +14,8 @@ Evaluation: a client with a stored model evaluates its own (nothing sent); one w
 gets its M peers of highest affinity (no exploration) and evaluates their first-order
 update of the initial model (its newcomer rule).  ``max-update-norm`` holds an upload to
 the client's previous stored model (the initial one before its first upload).  The last
-round's P is saved as ``affinity.npy`` / ``.png``.
+round's P is saved as the message-passing strategies' weight matrix,
+``attention.npy`` / ``.png``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ def weights_of(reply: FedFomoReply) -> list[float]:
 @strategy_for(catalog.FEDFOMO)
 class FedFomo(MessagePassingStrategy):
     params: catalog.FedFomoParams
-    matrix_name = "affinity"
     checkpointed: tuple[str, ...] = ("affinity",)
 
     def __init__(self, cfg: RunConfig, initial_arrays: Sequence[np.ndarray] | None = None,
