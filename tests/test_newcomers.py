@@ -108,9 +108,19 @@ def test_newcomer_records_before_after_gap_and_gain(tmp_path):
     assert math.isclose(final["participation_gap"], after - pmean, abs_tol=1e-9)
 
 
-def test_nothing_a_newcomer_computes_reaches_the_server(tmp_path):
+def test_nothing_a_newcomer_computes_reaches_the_server(tmp_path, monkeypatch):
     """Every reply of a newcomer is read: evaluation metrics only (no arrays, no fit), and
-    its state holds nothing after it adapted."""
+    its state holds nothing after it adapted, even where its rule writes to it."""
+    from flower_pfl.clients.ditto import DittoClient
+
+    rule = DittoClient.adapt_newcomer
+
+    def writing(self, model, config, steps):  # a rule that stores what it adapted
+        out = rule(self, model, config, steps)
+        self.save_personal(out, "ditto-v")
+        return out
+
+    monkeypatch.setattr(DittoClient, "adapt_newcomer", writing)
     cfg = small_config(strategy="ditto", rounds=1, **TINY,
                        **{"newcomers.clients": [2], "newcomers.budget-steps": 3})
     manager = inprocess.make_federation(cfg["clients"])
