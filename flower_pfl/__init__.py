@@ -24,6 +24,9 @@ __version__ = "0.1.0"
 
 #: what ``flower_pfl.<name>`` finds in :mod:`flower_pfl.api` (imported on first use)
 API = ("run", "load_config", "RunResult", "RunFailed", "ConfigError", "PreflightError")
+#: the public names: what ``dir(flower_pfl)`` and ``from flower_pfl import *`` give (not
+#: this module's helpers, nor the subpackages an import has loaded)
+__all__ = [*API, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -37,4 +40,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *API])
+    """The public names only (:data:`__all__`)."""
+    return sorted(__all__)

@@ -122,9 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             preflight_apart(cfg, new_results_dir(cfg))
         except Exception as exc:  # noqa: BLE001 - PreflightError, FileExistsError
-            given = "".join(f" --set {s}" for s in sets)
-            print(f"flower-pfl: {args.config}{given} passes validation, but `flower-pfl run` "
-                  f"cannot start it here: {exc}", file=sys.stderr)
+            given = "".join(f" --set {s}" for s in sets)  # the reason first, then the echo
+            print(f"flower-pfl: cannot start: {exc}\n  (`flower-pfl run` would refuse it "
+                  f"here; the configuration, {args.config}{given}, passes validation)",
+                  file=sys.stderr)
             return 2
         print(f"{args.config}: OK (strategy {cfg.strategy}, {cfg['clients']} clients, "
               f"{cfg['rounds']} rounds)")

@@ -37,3 +37,16 @@ def warn_once(given: MutableSet[K], key: K, message: str, *args: object) -> bool
 
     log(WARNING, message, *args)
     return True
+
+
+def record_every_warning() -> None:
+    """Inside ``warnings.catch_warnings(record=True)``: record every warning each time
+    (``always``) except the deprecations that libraries raise about each other (typer's
+    about click when Flower's CLI is imported, ...): a user can act on none of them, and
+    Python hides them by default.  A deprecation attributed to flower_pfl is kept."""
+    import warnings
+
+    warnings.simplefilter("always")
+    for category in (DeprecationWarning, PendingDeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+        warnings.filterwarnings("always", category=category, module=r"flower_pfl(\.|$)")

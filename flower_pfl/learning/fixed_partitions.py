@@ -60,8 +60,10 @@ def natural_partition(column: np.ndarray, num_clients: int, key: str) -> list[np
     sample; ``key`` names the column's setting for errors): client ``i`` holds the rows of
     the ``i``-th id of :func:`natural_ids` in sorted order (numbers numerically: ids 2 and
     10 are clients 0 and 1)."""
+    from unittest import mock
+
     from datasets import Dataset
-    from flwr_datasets.partitioner import NaturalIdPartitioner
+    from flwr_datasets.partitioner import NaturalIdPartitioner, natural_id_partitioner
 
     ids = natural_ids(column, key)
     distinct = len(np.unique(ids))
@@ -70,8 +72,10 @@ def natural_partition(column: np.ndarray, num_clients: int, key: str) -> list[np
                         f"{num_clients}; set clients: {distinct}")
     part = NaturalIdPartitioner(partition_by="client")
     part.dataset = Dataset.from_dict({"client": ids.tolist(), "idx": list(range(len(ids)))})
-    return [np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
-            for i in range(num_clients)]
+    # flwr-datasets draws a progress bar over the rows (microseconds; even under quiet)
+    with mock.patch.object(natural_id_partitioner, "tqdm", lambda rows, **_: rows):
+        return [np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
+                for i in range(num_clients)]
 
 
 def _read(path: Path, id_column: np.ndarray | None) -> tuple[dict[int, list[int]], bool]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from flower_pfl.atomic import atomic_write_text
 from flower_pfl.child import run_python
+from flower_pfl.warnings_once import record_every_warning
 
 #: the child of :func:`preflight_apart`: request (pickle) in, answer (JSON) out
 _PREFLIGHT_CHILD = ("import sys\n"
@@ -36,7 +37,7 @@ def preflight_child(request: str, answer: str) -> None:
         values, results_dir, initial_out, scope, hyper, search = pickle.load(fh)
     error = None
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        record_every_warning()  # not libraries' deprecations
         try:
             preflight(values, results_dir, initial_out, scope, hyper, search)
         except Exception as exc:  # noqa: BLE001 - PreflightError, DataError, ...: its message

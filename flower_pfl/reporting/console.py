@@ -31,7 +31,7 @@ from flower_pfl.reporting.coverage import coverage_line
 from flower_pfl.reporting.log_lines import classify, fmt_metric, fmt_s, format_round
 from flower_pfl.reporting.metric_kind import lower_is_better, run_metric
 from flower_pfl.reporting.run_files import read_summary
-from flower_pfl.warnings_once import first_time
+from flower_pfl.warnings_once import first_time, record_every_warning
 
 
 def summary_lines(results_dir: Path, wall_s: float | None = None,
@@ -155,7 +155,7 @@ class RunConsole:
             yield
             return
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+            record_every_warning()  # not libraries' deprecations
             yield
         for w in caught:
             self.feed(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}")
