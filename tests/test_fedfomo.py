@@ -105,3 +105,15 @@ def test_a_short_run_sends_peers_from_round_two(tmp_path):
     with open(tmp_path / "clients.csv") as fh:
         assert len([r for r in csv.DictReader(fh) if r["round"] == "2"]) == cfg["clients"]
     assert s.matrix.seen.all()
+
+
+def test_a_held_out_newcomer_is_scored_on_its_rule_without_a_local_step(tmp_path):
+    """A held-out newcomer (never sampled) evaluates the first-order update of the initial
+    model by its peers, as its contract's rule says: no adaptation step, the same score
+    before and after."""
+    cfg = small_config(strategy="fedfomo", rounds=2, **{**TINY, "newcomers.clients": [1]})
+    inprocess.run(cfg, tmp_path)
+    with open(tmp_path / "clients.csv") as fh:
+        new = [r for r in csv.DictReader(fh) if r["round"] == "2" and r["newcomer"] == "1"]
+    assert [r["partition-id"] for r in new] == ["1"] and new[0]["newcomer_steps"] == "0"
+    assert new[0]["newcomer_before"] == new[0]["newcomer_after"]

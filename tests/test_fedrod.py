@@ -5,6 +5,7 @@ generic model."""
 
 from __future__ import annotations
 
+import csv
 import math
 
 import numpy as np
@@ -123,3 +124,14 @@ def test_a_short_run_keeps_each_personal_head(tmp_path):
         assert phi is not None and float(np.abs(phi[0]).max()) > 0
     text = (tmp_path / "rounds.csv").read_text()
     assert "personal_mean" in text and "global_mean" in text
+
+
+def test_a_held_out_newcomer_is_scored_on_its_rule_without_a_local_step(tmp_path):
+    """A held-out newcomer (never sampled) evaluates the generic model, as its contract's
+    rule says: no adaptation step, the same score before and after."""
+    cfg = small_config(strategy="fedrod", rounds=2, **{**DNN, "newcomers.clients": [1]})
+    inprocess.run(cfg, tmp_path)
+    with open(tmp_path / "clients.csv") as fh:
+        new = [r for r in csv.DictReader(fh) if r["round"] == "2" and r["newcomer"] == "1"]
+    assert [r["partition-id"] for r in new] == ["1"] and new[0]["newcomer_steps"] == "0"
+    assert new[0]["newcomer_before"] == new[0]["newcomer_after"]

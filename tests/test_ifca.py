@@ -124,3 +124,14 @@ def test_a_short_run_trains_the_chosen_clusters(tmp_path):
         rows = [r for r in csv.DictReader(fh) if r["round"] == "2"]
     assert len(rows) == cfg["clients"]
     assert len(s.clusters) == k
+
+
+def test_a_held_out_newcomer_is_scored_on_its_rule_without_a_local_step(tmp_path):
+    """A held-out newcomer (never sampled) evaluates its estimated cluster model, as its contract's
+    rule says: no adaptation step, the same score before and after."""
+    cfg = small_config(strategy="ifca", rounds=2, **{**TINY, "newcomers.clients": [1]})
+    inprocess.run(cfg, tmp_path)
+    with open(tmp_path / "clients.csv") as fh:
+        new = [r for r in csv.DictReader(fh) if r["round"] == "2" and r["newcomer"] == "1"]
+    assert [r["partition-id"] for r in new] == ["1"] and new[0]["newcomer_steps"] == "0"
+    assert new[0]["newcomer_before"] == new[0]["newcomer_after"]

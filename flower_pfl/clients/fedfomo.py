@@ -95,6 +95,17 @@ class FedFomoClient(PFLClient):
         stored = self.state.get_arrays(OWN)
         if stored is not None:
             return self.new_model(stored)
+        return self.newcomer_start(parameters, config)
+
+    def newcomer_start(self, parameters: NDArrays, config: MessageConfig) -> NamedLayers:
+        """A client without a model of its own: the first-order update of the initial model
+        by the peers sent (the initial model when none was)."""
         if not parameters:
             return self.new_model()
-        return self.new_model(self.first_order(self.own(), parameters, config)[0])
+        return self.new_model(self.first_order(get_arrays(self.new_model()), parameters,
+                                               config)[0])
+
+    def adapt_newcomer(self, model: NamedLayers, config: MessageConfig, steps: int
+                       ) -> NamedLayers:
+        """FedFomo's newcomer rule is the first-order update alone: no local step."""
+        return model

@@ -99,6 +99,17 @@ class FedRoDClient(PFLClient):
     def personal_model(self, parameters: NDArrays, config: MessageConfig) -> NamedLayers:
         return self.heads(parameters, joined=True)
 
+    def newcomer_start(self, parameters: NDArrays, config: MessageConfig) -> NamedLayers:
+        """A held-out newcomer's model: the generic model, its personal head at its start
+        (adding nothing)."""
+        generic = self.new_model(parameters)
+        return TwoHeads(generic, start_head(generic), joined=True)
+
+    def adapt_newcomer(self, model: NamedLayers, config: MessageConfig, steps: int
+                       ) -> NamedLayers:
+        """FedRoD's newcomer rule is the generic model as it is: no local step."""
+        return model
+
     def evaluated_model(self, parameters: NDArrays, model: NamedLayers) -> str:
         return ("the generic model the server sent (its personal head at its start adds "
                 "nothing), not a personalized one")

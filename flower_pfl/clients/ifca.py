@@ -67,6 +67,15 @@ class IFCAClient(PFLClient):
         models = self.clusters(parameters, config)
         return self.new_model(models[self.estimate(models)])
 
+    def newcomer_start(self, parameters: NDArrays, config: MessageConfig) -> NamedLayers:
+        """A held-out newcomer's model: the cluster model it estimates (line 5)."""
+        return self.personal_model(parameters, config)
+
+    def adapt_newcomer(self, model: NamedLayers, config: MessageConfig, steps: int
+                       ) -> NamedLayers:
+        """IFCA's newcomer rule is the estimation alone: no local step."""
+        return model
+
     def evaluated_model(self, parameters: NDArrays, model: NamedLayers) -> str:
         if self.chosen is None:
             return super().evaluated_model(parameters, model)
