@@ -38,8 +38,8 @@ FEDBABU = Entry(
     params=FedBABUParams,
     privacy=Decision("the whole model w_i (its head is the one sent, unchanged: a zero delta)",
                      None, None),
-    newcomer=Newcomer("the global model fine-tuned for finetune-epochs epochs on its own "
-                      "training data at evaluation, as every client", "paper"),
+    newcomer=Newcomer("the global model fine-tuned whole for the budget (its "
+                      "personalization, the budget in place of tau epochs)", "paper"),
     wire=(FedBABUEval,),
 )
 

@@ -27,8 +27,9 @@ FEDBN = Entry(
                         "statistics) carried over from an earlier round",
                         "the initial BatchNorm layers; an untrained client evaluates (global "
                         "layers, initial BatchNorm)"),
-    newcomer=Newcomer("the global layers with the initial BatchNorm layers (running mean 0, "
-                      "variance 1), not fitted to its data", "extension"),
+    newcomer=Newcomer("(the global layers, the initial BatchNorm layers) trained for the "
+                      "budget, its BatchNorm statistics fitted to its own batches (FedBN's "
+                      "local update)", "derived"),
 )
 
 ENTRIES = [FEDBN]

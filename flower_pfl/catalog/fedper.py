@@ -18,8 +18,8 @@ FEDPER = Entry(
     "layers (the head) kept by each client; both trained jointly every round.",
     privacy=Decision("the base layers W_B,j (the personal layers never leave)", None, None),
     mechanism=Mechanism("FedPer", *HEAD),
-    newcomer=Newcomer("the global base with the initial head, not trained on its data "
-                      "(the paper evaluates only clients that trained)", "extension"),
+    newcomer=Newcomer("(the global base, the initial head) trained jointly for the budget "
+                      "(FedPer's local update)", "derived"),
 )
 
 ENTRIES = [FEDPER]

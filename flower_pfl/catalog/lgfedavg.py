@@ -19,8 +19,8 @@ LG_FEDAVG = Entry(
     mechanism=Mechanism("LG-FedAvg", "its own local representation (body) carried over from "
                         "an earlier round", "the initial body; an untrained client evaluates "
                         "(initial body, global head)"),
-    newcomer=Newcomer("its initial local representation under the global head, not trained "
-                      "on its data", "extension"),
+    newcomer=Newcomer("(its initial body, the global head) trained jointly for the budget "
+                      "(LG-FedAvg's local update)", "derived"),
 )
 
 ENTRIES = [LG_FEDAVG]

@@ -8,7 +8,8 @@ One round: receive the shared part; assemble (shared part, the kept part from
 train the WHOLE model jointly with the run's local SGD (``local_train``: e epochs of the
 data loss over base and personal layers together, FedPer's "W_B,j, W_P,j <- SGD"); keep
 the personal part, upload the shared part. Its personalized model is (the current shared
-part, its kept part).
+part, its kept part). A held-out newcomer (docs/newcomers.md) starts from (the shared part,
+the kept part at its initial values) and trains both jointly for the budget's steps.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class PersonalPartClient(PFLClient):
         return [a for i, a in enumerate(arrays) if i not in kept], metrics
 
     def personal_model(self, parameters: NDArrays, config: MessageConfig) -> NamedLayers:
+        return self.assemble(parameters)
+
+    def newcomer_start(self, parameters: NDArrays, config: MessageConfig) -> NamedLayers:
+        """(the shared part sent, the kept part at its initial values): a held-out
+        newcomer's model before it adapts (the base's ``adapt_newcomer`` then trains it
+        whole for the budget, as this method's local update does)."""
         return self.assemble(parameters)
 
 
