@@ -148,3 +148,20 @@ def test_docs_newcomers_holds_the_generated_rules_table():
         "print(newcomers.rules_table())'")
     # the table names every strategy's declaration: a rule and basis, or why not
     assert "| `ditto` | v = argmin" in newcomers.rules_table()
+
+
+def test_compare_shows_the_newcomer_columns(tmp_path):
+    from flower_pfl.reporting.compare import compare
+
+    for name in ("fedavg", "ditto"):
+        cfg = small_config(strategy=name, rounds=1, **TINY,
+                           **{"newcomers.clients": [0, 5], "newcomers.budget-steps": 2})
+        inprocess.run(cfg, tmp_path / name)
+    out = compare([tmp_path / "fedavg", tmp_path / "ditto"], tmp_path / "cmp")
+    assert "newcomers_after_mean" in out.metrics and "participation_gap" in out.metrics
+    with open(tmp_path / "cmp" / "table.csv") as fh:
+        table = {r["strategy"]: r for r in csv.DictReader(fh)}
+    for name in ("fedavg", "ditto"):
+        final = json.loads((tmp_path / name / "summary.json").read_text())["final"]
+        assert math.isclose(float(table[name]["participation_gap"]),
+                            100 * final["participation_gap"], abs_tol=1e-6)

@@ -11,8 +11,10 @@ per-client distribution of the last evaluated round (``plots.distribution``).
 Choices:
 
 * Metrics are round-row keys of rounds.csv / summary.json (``personal_mean``,
-  ``global_worst10_mean``, ``personal_trained_mean``, ...): each is a panel, and a table
-  column where the bench's columns do not already hold it.  Default: the bench's panels.
+  ``global_worst10_mean``, ``personal_trained_mean``, ``participation_gap``, ...): each is
+  a panel, and a table column where the bench's columns do not already hold it.  Default:
+  the bench's panels, and the newcomers' after mean and participation gap where a run held
+  newcomers out (docs/newcomers.md).
   A metric some run did not record (``global_mean`` of ``local``) is refused, naming the
   runs and the metrics all of them share.
 * Runs of an accuracy and runs of an error (mse: lower is better) are not compared.
@@ -46,6 +48,7 @@ from flower_pfl.reporting.results import TRAINED_KEYS
 from flower_pfl.reporting.run_files import read_json, read_summary, read_values
 from flower_pfl.reporting.run_readings import last_evaluation
 from flower_pfl.reporting.tables import COLUMNS, cell_numbers, number_cells, settings_line
+from flower_pfl.reporting.tracking import NEWCOMER_KEYS
 
 #: a label longer than this is replaced by the run folder's name
 MAX_LABEL = 48
@@ -55,8 +58,10 @@ NOT_COMPARED = frozenset({"output-dir", "run-name", "tracking", "tracking-dir", 
 #: the metrics a comparison can draw: statistics of the clients' metric per evaluated round
 METRICS = tuple([f"personal_{k}" for k in STAT_KEYS] + ["personal_bmta"]
                 + [f"personal_trained_{k}" for k in TRAINED_KEYS]
-                + [f"global_{k}" for k in STAT_KEYS])
+                + [f"global_{k}" for k in STAT_KEYS] + list(NEWCOMER_KEYS))
 DEFAULT_METRICS = ("personal_mean", "personal_worst10_mean", "global_mean")
+#: the defaults added where a run held newcomers out (docs/newcomers.md)
+NEWCOMER_DEFAULTS = ("newcomers_after_mean", "participation_gap")
 #: a metric the bench's table already shows: its column there
 IN_TABLE = {"personal_mean": "final_mean", "personal_weighted_mean": "final_weighted",
             "personal_worst10_mean": "final_worst10", "personal_top10_mean": "final_top10",
@@ -189,7 +194,8 @@ def check_metrics(runs: Sequence[Run], metrics: Sequence[str] | None) -> list[st
     defaults that some run recorded."""
     recorded = [set(r.rounds[-1]) for r in runs]
     if not metrics:
-        return [m for m in DEFAULT_METRICS if any(m in rec for rec in recorded)]
+        return [m for m in DEFAULT_METRICS + NEWCOMER_DEFAULTS
+                if any(m in rec for rec in recorded)]
     problems = []
     for m in dict.fromkeys(metrics):
         if m not in METRICS:
@@ -340,7 +346,7 @@ def compare(paths: Sequence[str | Path], out: str | Path, metrics: Sequence[str]
     for run in runs:
         _, rows = last_evaluation(run.dir)
         dist[run.label] = [float(row[metric]) for row in rows if row.get(metric) not in
-                           (None, "")]
+                           (None, "") and row.get("newcomer") != "1"]  # participants
     if any(dist.values()):
         files.append(plots.distribution(dist, out / "clients.png", title="per client, last "
                                         "evaluated round", metric=metric))
