@@ -116,3 +116,33 @@ def test_fedrep_newcomer_changes_only_the_head(tmp_path, strategy):
     after = adapted(c, params, config)
     assert all(np.array_equal(before[i], after[i]) for i in body)  # bytes equal
     assert all(float(np.abs(before[i] - after[i]).max()) > 1e-5 for i in head)
+
+
+def test_apfl_newcomer_learns_v_and_alpha_against_the_fixed_global_model(tmp_path):
+    """Two APFL steps by hand in float64 from v = w*, alpha = alpha-init (0.3): each step
+    v -= lr alpha grad f(vbar), alpha -= alpha_lr <grad f(vbar), v - w*>, w* fixed; the
+    result alpha v + (1 - alpha) w*."""
+    from flower_pfl.catalog.baselines import APFLInstruction
+
+    c, params, config = newcomer_client("apfl", tmp_path, **{"hyper.apfl.alpha-init": 0.3,
+                                                              "hyper.apfl.alpha-lr": 0.5})
+    sent = APFLInstruction.from_config(config)
+    assert (sent.alpha_init, sent.alpha_lr) == (0.3, 0.5)
+    model = model_for(c.cfg).double()
+    names = [n for n, _ in model.named_parameters()]
+    w = [torch.as_tensor(a, dtype=torch.float64) for a in params]
+    v, alpha = [t.clone() for t in w], 0.3
+    x, y = c.data.x_train, c.data.y_train
+    for idx in batches(len(y), c.spec.batch_size, 2, c.generator(NEWCOMER_SALT),
+                       c.spec.drop_last):
+        vbar = [(alpha * a + (1 - alpha) * b).requires_grad_(True) for a, b in zip(v, w)]
+        out = torch.func.functional_call(model, dict(zip(names, vbar)), (x[idx].double(),))
+        g = torch.autograd.grad(F.cross_entropy(out, y[idx]), vbar)
+        d_alpha = sum(float((gi * (a - b)).sum()) for gi, a, b in zip(g, v, w))
+        v = [a - c.spec.lr * alpha * gi for a, gi in zip(v, g)]
+        alpha = min(1.0, max(0.0, alpha - sent.alpha_lr * d_alpha))
+    want = [(alpha * a + (1 - alpha) * b).numpy() for a, b in zip(v, w)]
+    got = adapted(c, params, config)
+    for g_, w_ in zip(got, want):
+        np.testing.assert_allclose(g_, w_, atol=2e-6)
+    assert max(float(np.abs(g_ - p).max()) for g_, p in zip(got, params)) > 1e-4

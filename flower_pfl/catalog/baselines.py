@@ -198,6 +198,9 @@ FINE_TUNE = Newcomer("the global model, fine-tuned for the budget (FedAvg-FT)", 
 SCRATCH = Newcomer("its own model trained from the initial model for the budget", "derived")
 DITTO_NEWCOMER = Newcomer("v = argmin f_i(v) + lambda/2 dist(v, w*)^2 from v = w*, the "
                           "budget's SGD steps (Alg. 1's personal solve)", "paper")
+APFL_NEWCOMER = Newcomer("v from w* and alpha from alpha-init, learned through the mixture "
+                         "against the fixed global w* for the budget; alpha v + (1 - alpha) w* "
+                         "evaluated", "derived")
 PERFEDAVG_NEWCOMER = Newcomer("the global (meta) model after the budget's SGD steps of size "
                               "alpha (its few-step adaptation)", "paper")
 
@@ -280,6 +283,7 @@ APFL = Entry(
                         "round", "v_i = w and alpha_i = alpha-init; an untrained client "
                         "evaluates w"),
     wire=(APFLInstruction,),
+    newcomer=APFL_NEWCOMER,
 )
 
 

@@ -12,6 +12,11 @@ server sends for evaluation (a client that never trained evaluates that w).
 
 Choices: v_i starts at the first global model received; eta = train.lr; eta_alpha =
 ``alpha-lr``; alpha_i is clipped to [0, 1].
+
+A held-out newcomer (docs/newcomers.md): v from the global w*, alpha from ``alpha-init``,
+both learned through the mixture for the budget's steps against w* held fixed (w is
+reset to w* after each step: the newcomer trains no global model); alpha v + (1 - alpha) w*
+is evaluated.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from torch.nn import functional as F
 from flower_pfl.algorithms.baselines_math import apfl_step, mixture
 from flower_pfl.catalog import baselines
 from flower_pfl.catalog.baselines import APFLInstruction
-from flower_pfl.clients.base import MessageConfig, Metrics, PFLClient
-from flower_pfl.learning.models import NamedLayers, get_arrays
+from flower_pfl.clients.base import NEWCOMER_SALT, MessageConfig, Metrics, PFLClient
+from flower_pfl.learning.models import NamedLayers, get_arrays, set_arrays
 from flower_pfl.learning.training import batches
 from flower_pfl.registry import client_for
 
@@ -69,3 +74,27 @@ class APFLClient(PFLClient):
                                                         list(w.parameters()), alpha)):
                 p.copy_(mixed)
         return w
+
+    def adapt_newcomer(self, model: NamedLayers, config: MessageConfig, steps: int
+                       ) -> NamedLayers:
+        """APFL's v and alpha for a newcomer, learned against the fixed global w* (``model``):
+        ``steps`` APFL steps (``apfl_step``) from v = w*, alpha = alpha-init, w put back
+        to w* after each; returns alpha v + (1 - alpha) w*."""
+        sent = APFLInstruction.from_config(config)
+        w_star = get_arrays(model)
+        w, v = self.new_model(w_star).train(), self.new_model(w_star).train()
+        alpha = sent.alpha_init
+        x, y = self.data.x_train, self.data.y_train
+        for idx in batches(len(y), self.spec.batch_size, steps, self.generator(NEWCOMER_SALT),
+                           self.spec.drop_last):
+            alpha, _, _ = apfl_step(w, v, alpha, x[idx].to(self.device), y[idx].to(self.device),
+                                    self.spec.lr, sent.alpha_lr, F.cross_entropy,
+                                    adapt_alpha=sent.adapt_alpha)
+            set_arrays(w, w_star)  # the global model stays w*
+            self.eval_steps += 1
+        with torch.no_grad():
+            for p, mixed in zip(model.parameters(), mixture(list(v.parameters()),
+                                                            list(w.parameters()),
+                                                            torch.tensor(alpha))):
+                p.copy_(mixed)
+        return model
