@@ -374,7 +374,9 @@ def check_model(values: Mapping[str, Any], hyper: Mapping[str, Any] | None,
     """PreflightError where the configured model cannot be built (a factory: UserModelError,
     or a head that cannot be used), one forward pass on ``batch`` (samples ``(B, *input)``)
     fails or gives no ``(B, classes)`` tensor (a factory's: exactly the dataset's classes;
-    a built-in: at least ``labels``), or a factory's model fails
+    a built-in: at least ``labels``), under sample-level DP the model cannot take one
+    DP-SGD step (:func:`~flower_pfl.reliability.dp_preflight.dp_step_problem`: BatchNorm,
+    in-place activations, anything opacus raises), or a factory's model fails
     :func:`~flower_pfl.learning.user_model.user_model_problems` (``train_sizes``: each
     client's training samples; the strategy's needs: :func:`strategy_needs`)."""
     import torch
@@ -414,6 +416,10 @@ def check_model(values: Mapping[str, Any], hyper: Mapping[str, Any] | None,
             or (own and out.shape[1] != classes):
         raise PreflightError(f"model '{name}' gives {tuple(out.shape[1:])} outputs per sample "
                              f"but dataset '{dataset}' has {classes} classes")
+    if values.get("privacy.mode") == "sample-level":  # the run's model takes a DP-SGD step
+        from flower_pfl.reliability.dp_preflight import dp_step_problem
+
+        raise_problems([p for p in [dp_step_problem(model, batch, out.shape[1], values)] if p])
     if not isinstance(model, um.UserModel):
         return
     size, drop = int(values["train.batch-size"]), bool(values["train.drop-last"])
