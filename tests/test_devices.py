@@ -137,3 +137,24 @@ def test_cuda_devices_counts_and_says_why_there_is_none(monkeypatch):
     assert devices.cuda_devices() == (0, f"torch {torch.__version__} finds no CUDA device")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert devices.cuda_devices() == (0, f"torch {torch.__version__} finds no CUDA device")
+
+
+def test_a_node_asked_for_cuda_on_a_cpu_machine_says_so_at_start(tmp_path, monkeypatch):
+    """Issue 67: a SuperNode given the run's YAML with device: cuda on a machine without
+    CUDA says at start that its fits will fail, and the fix; device: cpu is named as is."""
+    import torch
+
+    from flower_pfl.running.sites import supernode_parser, supernode_plan
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run = tmp_path / "run.yaml"
+    for device, want in [("cuda", "device cuda (device in {run}) -- BUT THIS MACHINE HAS NO "
+                                  "CUDA DEVICE (torch {v}): every fit and evaluation sent here "
+                                  "will fail. Fix: device: auto in the run's YAML"),
+                         ("cpu", "device cpu (device in {run});")]:
+        run.write_text(f"device: {device}\n")
+        args = supernode_parser().parse_args(
+            ["--superlink", "h:1", "--insecure", "--partition-id", "0", "--num-partitions",
+             "2", "--state-dir", str(tmp_path / "s"), "--config", str(run)])
+        _, _, about = supernode_plan(args)
+        assert want.format(run=run, v=torch.__version__) in about

@@ -190,11 +190,35 @@ def supernode_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str],
         env["CUDA_VISIBLE_DEVICES"] = args.gpu  # its ClientApp processes inherit it
     security = (f"TLS, CA {ca}; node key {key}" if ca else "INSECURE: no TLS, no node auth")
     device = f"GPU {args.gpu} (CUDA_VISIBLE_DEVICES)" if args.gpu is not None else \
-        "the YAML's device (no --gpu)"
+        node_device(args)
     about = (f"SuperNode for partition-id {args.partition_id} of {num} -> SuperLink "
              f"{args.superlink} ({security}); {about_data}; state-dir {state_dir}; "
              f"device {device}; engine {args.engine}")
     return cmd, env, about
+
+
+def node_device(args: argparse.Namespace) -> str:
+    """The device this node's clients will train on, as far as it can know at start (no
+    ``--gpu``): the run's ``device`` where ``--config`` gives the run's YAML, and where it
+    asks for CUDA on a machine without one, that its fits will fail and the fix."""
+    if not args.config:
+        return "the run's device (its YAML's device key; no --gpu)"
+    from flower_pfl import config as config_mod
+
+    try:
+        want = config_mod.load(Path(args.config), args.set or None)["device"]
+    except config_mod.ConfigError as exc:
+        raise LaunchError(f"--config {args.config}: {exc}") from exc
+    if want != "cuda":
+        return f"{want} (device in {args.config})"
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda (device in {args.config}; {torch.cuda.device_count()} visible)"
+    return (f"cuda (device in {args.config}) -- BUT THIS MACHINE HAS NO CUDA DEVICE (torch "
+            f"{torch.__version__}): every fit and evaluation sent here will fail. Fix: "
+            f"device: auto in the run's YAML (CUDA where a node has one, else the CPU), or "
+            f"start this node on a machine with a GPU")
 
 
 def site_data_line(args: argparse.Namespace, data: Path) -> str:
