@@ -146,3 +146,20 @@ def test_apfl_newcomer_learns_v_and_alpha_against_the_fixed_global_model(tmp_pat
     for g_, w_ in zip(got, want):
         np.testing.assert_allclose(g_, w_, atol=2e-6)
     assert max(float(np.abs(g_ - p).max()) for g_, p in zip(got, params)) > 1e-4
+
+
+def test_pfedme_newcomer_solves_its_inner_problem_around_the_global_model(tmp_path):
+    from flower_pfl.catalog.pfedbred import PFedBreDFit
+
+    c, params, config = newcomer_client("pfedme", tmp_path, **{
+        "train.steps": None, "train.lr": 0.05,  # pFedMe's own solver: refused otherwise
+        "hyper.pfedme.lambda": 5.0, "hyper.pfedme.alpha": 0.02,
+        "hyper.pfedme.local-iterations": 2, "hyper.pfedme.prox-steps": 1})
+    sent = PFedBreDFit.from_config(config)
+    assert (sent.lam, sent.alpha) == (5.0, 0.02) and sent.alpha != c.spec.lr
+    want = by_hand(c, params, 2, sent.alpha, prox=(sent.lam, params))
+    got = adapted(c, params, config)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=2e-6)
+    plain = by_hand(c, params, 2, sent.alpha)  # without the prox term it ends elsewhere
+    assert max(float(np.abs(g - p).max()) for g, p in zip(got, plain)) > 1e-5

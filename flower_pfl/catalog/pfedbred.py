@@ -20,6 +20,7 @@ from flower_pfl.contract import (
     Decision,
     Entry,
     Mechanism,
+    Newcomer,
     Params,
     in_,
     param,
@@ -246,6 +247,8 @@ PFEDME = Entry(
     cross_check=_stability, refuses=refuses("pfedme"),
     privacy=ENVELOPE,
     wire=(PFedBreDFit, PFedBreDReply),
+    newcomer=Newcomer("theta from the global w, the budget's SGD steps of size alpha on the "
+                      "inner problem f_i(theta) + lambda/2 dist(theta, w)^2", "paper"),
 )
 
 ENTRIES = [PFEDBRED, PFEDBRED_LG, PFEDBRED_MEG, PFEDBRED_MH, PFEDBRED_MH_LOOKAHEAD, PFEDME]

@@ -13,6 +13,9 @@ context.state (mirrored to the node's state-dir in deployment) keeps theta_{i,R}
 w_{i,R} (key ``pfedbred-w``) that the next round's meta-step uses.  A client's first round
 starts both from the received w^(t-1).  The math is flower_pfl/algorithms/pfedbred_math.py; the
 hyper-parameters come from the strategy in the fit config.
+
+A held-out newcomer (docs/newcomers.md; pFedMe): theta from the global w, the budget's SGD
+steps of size alpha on the inner problem f_i(theta) + lambda/2 ||theta - w||^2 (mu = w).
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import torch
 from flwr.common import NDArrays
 
 from flower_pfl.algorithms import pfedbred_math as pm
+from flower_pfl.algorithms.prox import Prox
 from flower_pfl.catalog import pfedbred
 from flower_pfl.catalog.pfedbred import PFedBreDFit, PFedBreDReply
-from flower_pfl.clients.base import MessageConfig, Metrics, PersonalStateClient
-from flower_pfl.learning.models import get_arrays
-from flower_pfl.learning.training import batches
+from flower_pfl.clients.base import NEWCOMER_SALT, MessageConfig, Metrics, PersonalStateClient
+from flower_pfl.learning.models import NamedLayers, get_arrays
+from flower_pfl.learning.training import batches, params_of
 from flower_pfl.registry import client_for
 
 MEMORY_KEY = "pfedbred-w"
@@ -63,3 +67,14 @@ class PFedBreDClient(PersonalStateClient):
             gap = sum(float(((a - b) ** 2).sum()) for a, b in
                       zip(w.parameters(), theta.parameters())) ** 0.5
         return w_arrays, {**stats, **PFedBreDReply(w_theta_gap=gap).to_config()}
+
+    def adapt_newcomer(self, model: NamedLayers, config: MessageConfig, steps: int
+                       ) -> NamedLayers:
+        """pFedMe's inner problem for a newcomer: ``steps`` SGD steps of size alpha on
+        f_i(theta) + lambda/2 ||theta - w||^2 from theta = w (``model``, the global w; mu =
+        w: pFedMe's prior), lambda and alpha from the instruction's :class:`PFedBreDFit`."""
+        sent = PFedBreDFit.from_config(config)
+        center = params_of(self.new_model(get_arrays(model)))  # w, fixed
+        self.local_train(model, regularizer=Prox(center, sent.lam), num_steps=steps,
+                         salt=NEWCOMER_SALT, lr=sent.alpha)
+        return model

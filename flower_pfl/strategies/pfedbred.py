@@ -64,6 +64,10 @@ class PFedBreD(PersonalizedStrategy):
         """eta, eta-alpha and envelope (eq. 14, line 9); None for pFedMe, which has none."""
         return self.params if isinstance(self.params, catalog.MetaStepParams) else None
 
+    def newcomer_config(self, pid: int, server_round: int) -> Mapping[str, Scalar]:
+        """A newcomer's inner problem reads lambda and alpha (:class:`PFedBreDFit`)."""
+        return self.fit_payload(pid, server_round)[1]
+
     def fit_payload(self, pid: int, server_round: int
                     ) -> tuple[list[np.ndarray], Mapping[str, Scalar]]:
         p, meta = self.params, self.meta_step()
