@@ -118,3 +118,18 @@ def test_validate_prints_classes_features_skipped_entries_and_clients(tmp_path, 
     assert "features (in order): f1, f2, noise" in out
     assert "clients: 4 (partition natural; client: samples): 0 (a) 8, 1 (b) 8, 2 (c) 7, " \
            "3 (d) 7" in out
+
+
+def test_another_declared_class_order_is_another_partition(tmp_path):
+    """The labels follow data.classes, so the partition's cache name does too: a
+    pathological partition (one class per client) of the reordered labels is rebuilt."""
+    from flower_pfl.learning import partitions
+
+    root = make_imagefolder(tmp_path / "imgs", counts=COUNTS)
+    more = {"data.partition": "pathological", "data.classes-per-client": 1}
+    plain = own_config(str(root), tmp_path, **more).values
+    moved = own_config(str(root), tmp_path, **more,
+                       **{"data.classes": ["class2", "class0", "class1"]}).values
+    assert partitions.partition_key(plain) != partitions.partition_key(moved)
+    assert partitions.partition_key(plain) == partitions.partition_key(
+        own_config(str(root), tmp_path, **more, **{"data.classes": None}).values)

@@ -211,7 +211,7 @@ PARTITION_KEYS = ("data.dataset", "data.partition", "data.alpha", "data.classes-
 #: keys of partitions made before them stay as they were: a random split, no own source)
 LATER_KEYS = {"data.root": None, "data.split": "random", "data.partition-by": None,
               "data.partition-file": None, "data.image-size": None, "data.features": None,
-              "data.label": None, "data.normalize": "auto"}
+              "data.label": None, "data.normalize": "auto", "data.classes": None}
 
 
 def make_partition(labels: np.ndarray, cfg: Mapping[str, Any],
