@@ -41,3 +41,23 @@ def test_a_natural_partition_draws_no_progress_bar(capfd):
     parts = fixed_partitions.natural_partition(np.repeat(np.arange(12), 50), 12, "k")
     assert [len(p) for p in parts] == [50] * 12
     assert capfd.readouterr().err == ""
+
+
+def test_importing_flowers_cli_under_the_launchers_capture_records_no_deprecation():
+    """What put typer's DeprecationWarnings (about click) at the top of a run: the launcher
+    records the warnings raised while it checks the run (``RunConsole.own_warnings``), and
+    the first import of Flower's CLI, hence typer, happened inside.  A fresh interpreter,
+    so typer is imported for the first time: the old filter (``always``) records them."""
+    import subprocess
+    import sys
+
+    probe = ("import warnings\n"
+             "from flower_pfl.warnings_once import record_every_warning\n"
+             "with warnings.catch_warnings(record=True) as caught:\n"
+             "    {setup}\n"
+             "    import typer\n"
+             "print(sum(issubclass(w.category, DeprecationWarning) for w in caught))\n")
+    counts = [int(subprocess.run([sys.executable, "-c", probe.format(setup=setup)],
+                                 capture_output=True, text=True, check=True).stdout)
+              for setup in ("record_every_warning()", "warnings.simplefilter('always')")]
+    assert counts[0] == 0 and counts[1] > 0
