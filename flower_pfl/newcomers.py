@@ -126,11 +126,6 @@ def newcomer_checks(values: Mapping[str, Any]) -> list[str]:
         problems.append(f"'min-fit-answers' = {values['min-fit-answers']} can never be met: "
                         f"a round samples {min(sampled, participants)} of the {participants} "
                         f"participants (newcomers are never sampled)")
-    if values.get("privacy.mode") == "client-level":
-        problems.append("'newcomers.clients' is set with privacy.mode 'client-level': its "
-                        "accountant counts every configured client as one the round may "
-                        "sample (q = m / clients), but newcomers are never sampled, so ε "
-                        "would be understated; hold no client out, or use sample-level")
     every = values.get("newcomers.every")
     if every is not None and every % int(values["eval-every"]):
         problems.append(f"'newcomers.every' = {every} is not a multiple of 'eval-every' = "

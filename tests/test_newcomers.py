@@ -40,9 +40,6 @@ def test_default_has_no_newcomer_and_bad_input_is_refused_by_name():
         small_config(**{"newcomers.clients": 2, "newcomers.every": 3, "eval-every": 2})
     with pytest.raises(config.ConfigError, match="unknown key 'newcomers.count'"):
         small_config(**{"newcomers.count": 2})
-    with pytest.raises(config.ConfigError, match="ε would be understated"):
-        small_config(**{"newcomers.clients": 2, "privacy.mode": "client-level",
-                        "privacy.clip-norm": 1.0, "privacy.noise-multiplier": 1.0})
     # a strategy whose contract declares no rule is refused with the reason
     with pytest.raises(config.ConfigError, match="strategy 'selffl' has no newcomer rule"):
         small_config(strategy="selffl", **{"newcomers.clients": 2})

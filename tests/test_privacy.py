@@ -408,3 +408,18 @@ def test_under_client_level_dp_the_sample_is_not_drawn_from_the_runs_seed(tmp_pa
     # operating-system entropy: two runs of the same seed sample differently (the chance
     # that 6 rounds of 10 of 40 agree is below 1e-50) and neither follows the seed's draws
     assert first != second and first != plain
+
+
+def test_held_out_newcomers_are_not_in_the_accountants_population():
+    from flower_pfl import config
+
+    # 20 clients, 4 held out: a round samples 0.5 x 16 = 8 of the 16 participants, and the
+    # accountant's q is 8/16 (with N = 20 it would be 8/20: ε understated)
+    cfg = config.validate({"strategy": "fedavg", "clients": 20, "fraction-fit": 0.5,
+                           "model": "mclr", "newcomers": {"clients": [0, 5, 9, 19]},
+                           "privacy": {"mode": "client-level", "clip-norm": 1.0,
+                                       "noise-multiplier": 1.0}})
+    dp = ClientLevelDP(cfg.values)
+    assert (dp.accountant.num_clients, dp.sampled) == (16, 8)
+    dp.record([Up([np.zeros(1)], pid=p) for p in range(1, 9)], sampled=8)
+    assert dp.epsilon() == pytest.approx(ClientLevelAccountant(16, 1e-5).epsilon((8, 1.0)))

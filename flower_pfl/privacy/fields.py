@@ -77,10 +77,20 @@ WHY_NOT = {"privacy.target-epsilon": " (sample-level ε is per client, from opac
            "round; it is reported as epsilon_max)"}
 
 
+def participants(values: Mapping[str, Any]) -> int:
+    """N of the accounting: the clients a round may sample, i.e. ``clients`` less the
+    held-out newcomers (flower_pfl/newcomers.py), who never train and spend no ε."""
+    from flower_pfl.newcomers import count_of
+
+    clients = int(values["clients"])
+    return clients - count_of(values.get("newcomers.clients"), clients)
+
+
 def sampled_per_round(values: Mapping[str, Any]) -> int:
-    """m: the clients a round samples (strategies/nodes.py's rule)."""
-    m = max(int(values["min-fit-clients"]), int(round(values["fraction-fit"] * values["clients"])))
-    return min(m, int(values["clients"]))
+    """m: the clients a round samples (strategies/nodes.py's rule, over the participants)."""
+    n = participants(values)
+    m = max(int(values["min-fit-clients"]), int(round(values["fraction-fit"] * n)))
+    return min(m, n)
 
 
 #: the default δ is at most this (and at most 1/(10 n))
@@ -106,8 +116,9 @@ def delta_for(values: Mapping[str, Any], n: int) -> float:
 
 
 def client_delta(values: Mapping[str, Any]) -> float:
-    """δ of client-level DP: ``privacy.delta``, or :func:`default_delta` of N = clients."""
-    return delta_for(values, int(values["clients"]))
+    """δ of client-level DP: ``privacy.delta``, or :func:`default_delta` of N, the
+    :func:`participants`."""
+    return delta_for(values, participants(values))
 
 
 def weak_delta(delta: float, n: int, unit: str) -> str | None:
@@ -182,7 +193,7 @@ def privacy_checks(values: Mapping[str, Any]) -> list[str]:
     if mode == "client-level" and not problems and target is not None:
         from flower_pfl.privacy.accountant import ClientLevelAccountant  # dp-accounting
 
-        first = ClientLevelAccountant(int(values["clients"]), client_delta(values)).epsilon(
+        first = ClientLevelAccountant(participants(values), client_delta(values)).epsilon(
             (sampled_per_round(values), float(values["privacy.noise-multiplier"])))
         if first > target:
             problems.append(f"'privacy.target-epsilon' = {target} is below the ε of a single "

@@ -25,7 +25,7 @@ from flower_pfl.privacy import adaptive
 from flower_pfl.privacy import noise as nz
 from flower_pfl.privacy.accountant import ClientLevelAccountant
 from flower_pfl.privacy.clipping import clip_update
-from flower_pfl.privacy.fields import client_delta, sampled_per_round
+from flower_pfl.privacy.fields import client_delta, participants, sampled_per_round
 from flower_pfl.privacy.policy import decision
 
 
@@ -40,7 +40,8 @@ class ClientLevelDP:
         self.target = values["privacy.target-epsilon"]
         self.sampled = sampled_per_round(values)
         self.reference = decision(str(values["strategy"])).reference
-        self.accountant = ClientLevelAccountant(int(values["clients"]), client_delta(values))
+        # N: the clients a round may sample (held-out newcomers never are)
+        self.accountant = ClientLevelAccountant(participants(values), client_delta(values))
         #: OS entropy: the noise must not be predictable from the run's seed (config.json)
         self.rng = rng if rng is not None else np.random.default_rng()
         self.clipped = 0  # uploads of the current round whose update the server shortened
