@@ -21,8 +21,12 @@ from flower_pfl.contract import MORE_ROUNDS
 from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
+#: mechanisms whose use is not "the client had an accepted upload before", each tested on
+#: its own rule: Self-FL (eq. 8/10, tests/test_selffl.py), FedFomo (a peer of positive
+#: weight moved the model: below)
+OWN_RULE = ("selffl", "fedfomo")
 HISTORY = sorted(name for name, entry in registry.REGISTRY.items()
-                 if entry.mechanism is not None and name != "selffl")
+                 if entry.mechanism is not None and name not in OWN_RULE)
 SMALL = {"clients": 4, "fraction-fit": 0.5, "model": "dnn", "data.subsample": 1200,
          "train.steps": 2, "train.batch-size": 16}
 
@@ -122,3 +126,23 @@ def test_never_sampled_client_row_says_it_never_trained(tmp_path, caplog):
     assert summary["untrained_clients"] == sorted(int(r["partition-id"]) for r in untrained)
     hits = _lines(caplog, "3 of 4 clients never trained")
     assert len(hits) == 1 and hits[0].levelno == logging.WARNING
+
+
+def test_fedfomo_counts_the_fits_a_peer_of_positive_weight_moved(tmp_path, monkeypatch):
+    from flower_pfl.catalog.fedfomo import FedFomoReply
+    from flower_pfl.strategies.fedfomo import FedFomo
+
+    weights: list[str] = []  # each accepted upload's reported peer weights, as sent
+    aggregate = FedFomo.aggregate_updates
+
+    def spy(self, server_round, updates):
+        weights.extend(FedFomoReply.from_config(u.metrics).peer_weights for u in updates)
+        return aggregate(self, server_round, updates)
+
+    monkeypatch.setattr(FedFomo, "aggregate_updates", spy)
+    cfg = small_config(strategy="fedfomo", rounds=3, **_small("fedfomo"))
+    s = inprocess.run(cfg, tmp_path / "run")
+    moved = sum(1 for w in weights if sum(float(x) for x in w.split(",") if x) > 0)
+    summary = json.loads((s.results.dir / "summary.json").read_text())
+    assert len(weights) == 6 and summary["mechanism"]["client_rounds"] == 6
+    assert summary["mechanism"]["used"] == moved and 0 < moved < 6  # neither all nor none
