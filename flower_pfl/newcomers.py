@@ -82,6 +82,13 @@ def count_of(spec: Any, clients: int) -> int:
     return int(spec)
 
 
+def participants(values: Mapping[str, Any]) -> int:
+    """How many clients take part: ``clients`` less the held-out newcomers (the population
+    a round samples from, and the count the participants' statistics cover)."""
+    clients = int(values["clients"])
+    return clients - count_of(values.get("newcomers.clients"), clients)
+
+
 def held_out(values: Mapping[str, Any]) -> list[int]:
     """The held-out partition-ids of a validated configuration, sorted: the given list, or
     ``count_of`` ids drawn without replacement from ``range(clients)`` by

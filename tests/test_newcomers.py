@@ -13,6 +13,7 @@ import pytest
 
 from flower_pfl import config, newcomers
 from flower_pfl.instructions import NewcomerReply
+from flower_pfl.reporting.coverage import run_coverage
 from flower_pfl.running import inprocess
 from tests.conftest import small_config
 
@@ -100,9 +101,14 @@ def test_newcomer_records_before_after_gap_and_gain(tmp_path):
     assert math.isclose(float(last["personal_mean"]), pmean, abs_tol=1e-9)
     assert math.isclose(float(last["participation_gap"]), after - pmean, abs_tol=1e-9)
     assert math.isclose(float(last["adaptation_gain"]), after - before, abs_tol=1e-9)
-    assert int(last["clients_evaluated"]) == 6
-    final = json.loads((tmp_path / "summary.json").read_text())["final"]
-    assert math.isclose(final["participation_gap"], after - pmean, abs_tol=1e-9)
+    # the participants' numbers cover the 4 participants, all of them: a complete run
+    assert int(last["clients_evaluated"]) == 4
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert math.isclose(summary["final"]["participation_gap"], after - pmean, abs_tol=1e-9)
+    cover = summary["coverage"]
+    assert (cover["clients"], cover["final_clients_covered"], cover["final_missing"],
+            cover["complete"]) == (4, 4, [], True)
+    assert run_coverage(tmp_path) == cover  # read back from the run's files alike
 
 
 def test_nothing_a_newcomer_computes_reaches_the_server(tmp_path, monkeypatch):

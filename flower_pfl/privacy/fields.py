@@ -79,11 +79,11 @@ WHY_NOT = {"privacy.target-epsilon": " (sample-level ε is per client, from opac
 
 def participants(values: Mapping[str, Any]) -> int:
     """N of the accounting: the clients a round may sample, i.e. ``clients`` less the
-    held-out newcomers (flower_pfl/newcomers.py), who never train and spend no ε."""
-    from flower_pfl.newcomers import count_of
+    held-out newcomers (:func:`flower_pfl.newcomers.participants`), who never train and
+    spend no ε."""
+    from flower_pfl import newcomers
 
-    clients = int(values["clients"])
-    return clients - count_of(values.get("newcomers.clients"), clients)
+    return newcomers.participants(values)
 
 
 def sampled_per_round(values: Mapping[str, Any]) -> int:

@@ -23,15 +23,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from flower_pfl.newcomers import held_out
 from flower_pfl.reporting.run_files import read_rows, read_values
 
 
 def coverage_record(clients: int, evaluated: Mapping[int, int],
                     final_pids: Sequence[int] | None,
-                    fits: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+                    fits: Sequence[Mapping[str, Any]],
+                    held_out: Sequence[int] = ()) -> dict[str, Any]:
     """The run's coverage.
 
-    ``clients``: the configured count n; ``evaluated``: round -> how many clients answered
+    ``clients``: the configured count; the numbers cover its participants, n = ``clients``
+    less the ``held_out`` newcomers (flower_pfl/newcomers.py: evaluated apart, counted
+    in neither ``evaluated`` nor ``final_pids``); ``evaluated``: round -> how many clients answered
     that evaluation round; ``final_pids``: the partition-ids of the last evaluated round
     (None: not known); ``fits``: server.csv rows (``sampled``, ``fit_ok``, ``fit_failed``
     per round).  Returns ``clients``, ``final_round`` and ``final_clients_covered`` (k of
@@ -43,6 +47,9 @@ def coverage_record(clients: int, evaluated: Mapping[int, int],
         return sum(int(float(f.get(key) or 0)) for f in fits)
 
     rounds = sorted(evaluated)
+    held = {int(p) for p in held_out}
+    everyone = int(clients)
+    clients = everyone - len(held)
     record: dict[str, Any] = {"clients": int(clients),
                               "rounds_short": [r for r in rounds if evaluated[r] < clients],
                               "fit_sampled": total("sampled"), "fit_accepted": total("fit_ok"),
@@ -51,7 +58,8 @@ def coverage_record(clients: int, evaluated: Mapping[int, int],
         record["final_round"] = rounds[-1]
         record["final_clients_covered"] = int(evaluated[rounds[-1]])
         if final_pids is not None:
-            record["final_missing"] = sorted(set(range(clients)) - {int(p) for p in final_pids})
+            record["final_missing"] = sorted(set(range(everyone)) - held
+                                             - {int(p) for p in final_pids})
     record["complete"] = not record["rounds_short"] and record["fit_failed"] == 0
     return record
 
@@ -110,11 +118,14 @@ def run_coverage(run_dir: Path) -> dict[str, Any] | None:
         return None
     per_round: dict[int, list[int]] = {}
     for r in read_rows(run_dir, "clients"):
-        per_round.setdefault(int(r["round"]), []).append(int(r["partition-id"]))
+        if str(r.get("newcomer", "")) not in ("1", "1.0"):  # held out: evaluated apart
+            per_round.setdefault(int(r["round"]), []).append(int(r["partition-id"]))
     final = per_round[max(per_round)] if per_round else None
-    return coverage_record(int(read_values(run_dir).get("clients", 0)),
+    values = read_values(run_dir)
+    return coverage_record(int(values.get("clients", 0)),
                            {k: len(v) for k, v in per_round.items()}, final,
-                           read_rows(run_dir, "server"))
+                           read_rows(run_dir, "server"),
+                           held_out(values) if values.get("newcomers.clients") else ())
 
 
 def client_failures(run_dir: Path) -> str | None:

@@ -47,6 +47,7 @@ from flower_pfl import raynode
 from flower_pfl.atomic import atomic_write_text
 from flower_pfl.learning import devices
 from flower_pfl.learning.metrics import STAT_KEYS, best_mean
+from flower_pfl.newcomers import held_out
 from flower_pfl.reporting import tracking
 from flower_pfl.reporting.coverage import coverage_record
 from flower_pfl.reporting.heatmaps import matrix_title, true_groups, write_heatmap_png
@@ -104,7 +105,8 @@ class ResultsWriter:
         row.update({f"personal_{k}": personal[k] for k in STAT_KEYS})
         if global_ is not None:
             row.update({f"global_{k}": global_[k] for k in STAT_KEYS})
-        row["clients_evaluated"] = len(clients)  # coverage: k of the configured n
+        # coverage: k of the n participants (a held-out newcomer's row is evaluated apart)
+        row["clients_evaluated"] = sum(1 for c in clients if not c.get("newcomer"))
         fit = next((r for r in reversed(self.server_rows) if r.get("round") == server_round),
                    None)
         if fit is not None and "fit_ok" in fit:  # this round's fit (server.csv: every round)
@@ -244,14 +246,16 @@ class ResultsWriter:
     def coverage(self) -> dict[str, Any] | None:
         """How many clients the rounds held so far cover (:func:`coverage_record` of them);
         None without a configured client count."""
-        clients = self.config.get("values", {}).get("clients")
+        values = self.config.get("values", {})
+        clients = values.get("clients")
         if clients is None:
             return None
         return coverage_record(
             int(clients), {int(r["round"]): int(r["clients_evaluated"])
                            for r in self.rounds if "clients_evaluated" in r},
-            [c["partition-id"] for c in self.last_clients] if self.last_clients else None,
-            self.server_rows)
+            [c["partition-id"] for c in self.last_clients if not c.get("newcomer")]
+            if self.last_clients else None,
+            self.server_rows, held_out(values) if values.get("newcomers.clients") else ())
 
     def write_summary(self) -> None:
         """Rewrite ``summary.json`` from the rounds held (after every round; after a resume

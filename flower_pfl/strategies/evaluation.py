@@ -159,7 +159,7 @@ class EvaluationReporting(StrategyState):
             f" | global {m} mean {global_['mean']:.4f}" if global_ else "", len(rows),
             self.num_clients - len(held) - len(rows), devices.describe(rows))
         if newcomers:
-            log(INFO, "[flower-pfl] round %d: newcomers (%d held out, never trained) %s before "
+            log(INFO, "[flower-pfl] round %d: newcomers (%d held out) %s before "
                 "%.4f after %.4f (%s) | participants %.4f | participation gap %+.4f | "
                 "adaptation gain %+.4f", server_round, len(newcomer_rows), m,
                 newcomers["newcomers_before_mean"], newcomers["newcomers_after_mean"],
