@@ -122,11 +122,13 @@ def test_sample_level_one_round_on_the_dnn(tmp_path):
     with open(tmp_path / "fit.csv", newline="") as fh:
         fits = list(csv.DictReader(fh))
     assert len(fits) == 4
-    for row in fits:  # each client's ε: opacus' accountant for its own q and steps
-        n = int(row["num-examples"])
+    for row in fits:  # each client's ε: opacus' accountant for its own q and steps, at the
+        n = int(row["num-examples"])  # default δ of its n examples: min(1/(10 n), 1e-5)
         ref = RDPAccountant()
         ref.history = [(1.0, min(1.0, 32 / n), int(float(row["local_steps"])))]
-        assert float(row["dp_epsilon"]) == pytest.approx(ref.get_epsilon(1.0 / n), rel=1e-9)
+        assert float(row["dp_delta"]) == min(1 / (10 * n), 1e-5)
+        assert float(row["dp_epsilon"]) == pytest.approx(ref.get_epsilon(float(row["dp_delta"])),
+                                                         rel=1e-9)
     with open(tmp_path / "server.csv", newline="") as fh:
         server = list(csv.DictReader(fh))
     assert float(server[0]["epsilon_max"]) == pytest.approx(
